@@ -1,0 +1,58 @@
+# Two commands do all the set-up on a fresh machine (python3 with pip and venv):
+#   make reproduce   every study at its default parameters, then the site
+#   make test        the whole test suite
+# Set-up (.venv + pinned packages + editable attnum) runs only when requirements.txt or
+# pyproject.toml changed since the last install.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PARAMS ?= default
+STUDY ?= length_scaling
+GRID ?=
+
+.PHONY: setup reproduce test lab sweep publish bench clean clean-results distclean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	@touch $@
+
+reproduce: $(STAMP)
+	$(PY) -m attnum run-all --params $(PARAMS)
+	$(PY) -m attnum publish
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+
+sweep: $(STAMP)
+	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default]"; exit 2; }
+	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)'
+
+publish: $(STAMP)
+	$(PY) -m attnum publish
+
+bench: $(STAMP)
+	$(PY) -m attnum bench
+
+# Removes caches, the rendered site and leftovers of interrupted runs; never results.
+clean:
+	rm -rf .pytest_cache build lib/*.egg-info outputs/site outputs/.site.building
+	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
+	find outputs -maxdepth 2 -name '.*.running-*' -type d -prune -exec rm -rf {} + 2>/dev/null || true
+
+# Deletes every study result: only when asked explicitly.
+clean-results:
+	@test "$(CONFIRM)" = yes || { echo "refusing: run 'make clean-results CONFIRM=yes' to delete outputs/*"; exit 2; }
+	find outputs -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,57 @@
+"""Acceptance rules: does a kernel's output pass?
+
+* ``fixed_relative_rule``: a fixed relative tolerance (0.1% in seed 000).
+* ``dynamic_threshold``: seed 000's length-, range- and dtype-scaled threshold,
+  transcribed verbatim from its formula (papers.md section 1).
+* ``reference_relative_rule``: the FlashAttention / PyTorch test-suite rule
+  ``err_kernel <= c * err_same_precision_reference + dtype_floor``, with the
+  FlashAttention Hopper tests' floor ``2 * max|(ref + 0.3 - 0.3) - ref|``
+  computed in the low dtype (testing-and-tools.md).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .precision import round_to
+
+RULES = ("fixed_0.1pct", "dynamic_threshold", "reference_relative")
+
+
+def fixed_relative_rule(rel_err: float, rtol: float = 1e-3) -> bool:
+    return bool(rel_err <= rtol)
+
+
+def length_scale(n: int) -> float:
+    return 0.8 + 0.15 * math.log2(n / 512)
+
+
+def range_scale(x_max: float) -> float:
+    return 1 + 0.05 * (x_max - 10) if x_max > 10 else 1.0
+
+
+def precision_scale(fmt: str) -> float:
+    return 1.0 if fmt == "fp32" else 1.2
+
+
+def dynamic_threshold(n: int, x_max: float, fmt: str) -> float:
+    """Seed 000: min(1e-4 * length_scale * range_scale * precision_scale, 5e-3)."""
+    return min(1e-4 * length_scale(n) * range_scale(x_max) * precision_scale(fmt), 5e-3)
+
+
+def dynamic_threshold_rule(rel_err: float, n: int, x_max: float, fmt: str) -> bool:
+    return bool(rel_err <= dynamic_threshold(n, x_max, fmt))
+
+
+def dtype_floor(golden: torch.Tensor, fmt: str) -> float:
+    """2 * max|(g + 0.3 - 0.3) - g| with every step rounded to ``fmt`` (FA Hopper tests)."""
+    g = round_to(golden.to(torch.float64), fmt)
+    shifted = round_to(round_to(g + 0.3, fmt) - 0.3, fmt)
+    return 2.0 * (shifted - g).abs().max().item()
+
+
+def reference_relative_rule(err_kernel: float, err_reference: float, floor: float = 0.0,
+                            c: float = 2.0) -> bool:
+    """FlashAttention's rule: max error at most ``c`` times the same-precision reference's, plus a floor."""
+    return bool(err_kernel <= c * err_reference + floor)

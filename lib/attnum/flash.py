@@ -1,0 +1,160 @@
+"""Tiled FlashAttention forward emulator with online softmax.
+
+The algorithm, stage by stage, follows FlashAttention-2 (Dao 2023, Alg. 1)
+for ``loop_order="q_outer"`` and FlashAttention-1 (Dao et al. 2022, Alg. 1)
+for ``loop_order="k_outer"``; every stored or rounded value goes through the
+precision policy (see ``attnum.precision``).
+
+Vectorisation: the only Python loop is over key blocks. For each key block,
+all query rows that the block can reach are processed at once (the query
+blocks run "in parallel", as thread blocks do on a GPU), so peak memory is
+O(N * block_k) per head plus O(N * d) of state. A query row's numerics depend
+only on the key-block partition, so ``block_q`` matters only where whole
+(query block, key block) tiles are skipped: causal masking, where a key block
+is processed by every query block that reaches it, the diagonal tile included.
+
+Options later studies use:
+  * ``fused_scale_max``: FlashAttention-3's exponent ``exp2(s*c - m*c)`` with
+    c = scale*log2(e), evaluated as one FMA on the raw score s and the rounded
+    product m*c; at s = m the exponent is the rounding error of m*c, not 0
+    (seed 004, cause 1). Otherwise subtract the max first, then scale.
+  * ``mask_fill``: ``"-inf"`` (NaN-safe) or a finite sentinel such as -5e4
+    that replaces masked raw scores *and* starts the running max, as
+    FlashInfer did (seed 002; papers.md section 6).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .precision import LOG2E, PrecisionPolicy, get_policy
+from .reference import _check_qkv, default_scale
+
+LOOP_ORDERS = ("q_outer", "k_outer")
+
+
+def _parse_mask_fill(mask_fill) -> float:
+    if isinstance(mask_fill, str):
+        if mask_fill not in ("-inf", "finfo_min"):
+            raise ValueError(f"mask_fill must be '-inf', 'finfo_min' or a finite float, got {mask_fill!r}")
+        return -math.inf if mask_fill == "-inf" else float(torch.finfo(torch.float32).min)
+    value = float(mask_fill)
+    if math.isnan(value) or value > 0:
+        raise ValueError(f"mask_fill must be -inf or a negative number, got {mask_fill!r}")
+    return value
+
+
+def _exponent_base_e(s, m, scale: float, fused: bool, pol: PrecisionPolicy):
+    """exp of the scaled, max-subtracted scores, in the carrier dtype (before P rounding).
+
+    ``s`` and ``m`` are raw (unscaled) scores. ``m`` = -inf rows give exp(-inf) = 0.
+    """
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    if not fused:
+        # subtract-then-scale: at s = m the exponent is exactly 0, so P = 1 exactly.
+        return torch.exp(pol.round(pol.round(s - m, "stats") * scale, "stats"))
+    # fused: FA3 computes max_scaled = m * c once, then fma(s, c, -max_scaled) per element.
+    c = pol.round(torch.tensor(scale * LOG2E, dtype=s.dtype, device=s.device), "stats")
+    m_scaled = pol.round(m * c, "stats")
+    if s.dtype == torch.float64:
+        x = s * c - m_scaled
+    else:
+        # an fp32 FMA rounds once: the fp64 product of two fp32 values is exact.
+        x = (s.double() * c.double() - m_scaled.double()).to(s.dtype)
+    return torch.exp2(pol.round(x, "stats"))
+
+
+def _rescale(m_old, m_new, scale: float, pol: PrecisionPolicy):
+    """exp((m_old - m_new) * scale); 1 where no finite score has been seen yet."""
+    both_empty = ~torch.isfinite(m_new)
+    diff = torch.where(both_empty, torch.zeros_like(m_new), m_old - m_new)
+    return torch.exp(pol.round(pol.round(diff, "stats") * scale, "stats"))
+
+
+def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scale: float | None = None,
+                    causal: bool = False, attn_bias: torch.Tensor | None = None, block_q: int = 128,
+                    block_k: int = 128, loop_order: str = "q_outer", fused_scale_max: bool = False,
+                    mask_fill="-inf"):
+    """Emulated FlashAttention forward. Returns ``(out, lse)``.
+
+    ``out`` has shape (batch, heads, n_q, head_dim) in the carrier dtype holding
+    values of the policy's output format; ``lse`` (batch, heads, n_q) is the
+    natural-log log-sum-exp of the scaled scores, in the policy's lse format.
+    Rows whose every key is masked give out = 0 and lse = -inf.
+    """
+    _check_qkv(q, k, v)
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    if loop_order not in LOOP_ORDERS:
+        raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {loop_order!r}")
+    pol = get_policy(policy)
+    fill = _parse_mask_fill(mask_fill)
+    carrier = pol.carrier
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    offset = n_k - n_q  # causal alignment: query i sees keys <= i + offset
+    bias = None if attn_bias is None else attn_bias.to(carrier).expand(q.shape[:2] + (n_q, n_k))
+
+    stat_shape = q.shape[:-1] + (1,)
+    m = torch.full(stat_shape, fill, dtype=carrier, device=q.device)
+    l = torch.zeros(stat_shape, dtype=carrier, device=q.device)
+    acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=carrier, device=q.device)
+
+    for k_start in range(0, n_k, block_k):
+        k_stop = min(k_start + block_k, n_k)
+        # -- which query rows reach this key block (causal: skip whole tiles) --
+        row0 = 0
+        if causal:
+            first_row = k_start - offset
+            if first_row >= n_q:
+                break
+            row0 = max(0, first_row) // block_q * block_q
+        rows = slice(row0, n_q)
+        q_blk, k_blk, v_blk = q[..., rows, :], k[..., k_start:k_stop, :], v[..., k_start:k_stop, :]
+
+        # -- compute qk: raw scores, accumulated and stored in the score format --
+        s = pol.round(q_blk @ k_blk.transpose(-1, -2), "score")
+        if bias is not None:
+            s = pol.round(s + bias[..., rows, k_start:k_stop] / scale, "score")
+        if causal:
+            qi = torch.arange(row0, n_q, device=q.device)[:, None] + offset
+            kj = torch.arange(k_start, k_stop, device=q.device)[None, :]
+            s = s.masked_fill(kj > qi, fill)
+        if bias is not None and math.isfinite(fill):
+            s = torch.where(torch.isneginf(s), torch.full_like(s, fill), s)
+
+        m_old, l_old, acc_old = m[..., rows, :], l[..., rows, :], acc[..., rows, :]
+        if loop_order == "q_outer":
+            # -- FA2: running max, rescale, unnormalised accumulator in registers --
+            m_new = pol.round(torch.maximum(m_old, s.amax(dim=-1, keepdim=True)), "stats")
+            p = _exponent_base_e(s, m_new, scale, fused_scale_max, pol)
+            alpha = _rescale(m_old, m_new, scale, pol)
+            l_new = pol.round(alpha * l_old + p.sum(dim=-1, keepdim=True), "stats")
+            pv = pol.round(pol.round(p, "p") @ v_blk, "out_acc")
+            acc_new = pol.round(alpha * acc_old + pv, "out_acc")
+        else:
+            # -- FA1: block-local max, normalised O written back after every block --
+            m_blk = pol.round(s.amax(dim=-1, keepdim=True), "stats")
+            p = _exponent_base_e(s, m_blk, scale, fused_scale_max, pol)
+            l_blk = pol.round(p.sum(dim=-1, keepdim=True), "stats")
+            m_new = pol.round(torch.maximum(m_old, m_blk), "stats")
+            alpha_old = _rescale(m_old, m_new, scale, pol)
+            alpha_blk = _rescale(m_blk, m_new, scale, pol)
+            l_new = pol.round(alpha_old * l_old + alpha_blk * l_blk, "stats")
+            pv = pol.round(pol.round(p, "p") @ v_blk, "out_acc")
+            numer = pol.round(l_old * alpha_old * acc_old + alpha_blk * pv, "out_acc")
+            acc_new = pol.round(numer / torch.where(l_new > 0, l_new, torch.ones_like(l_new)), "output")
+        m[..., rows, :], l[..., rows, :], acc[..., rows, :] = m_new, l_new, acc_new
+
+    # -- epilogue: normalise, store O and the log-sum-exp --
+    empty = ~(l > 0)
+    if loop_order == "q_outer":
+        out = acc / torch.where(empty, torch.ones_like(l), l)
+    else:
+        out = acc
+    out = pol.round(torch.where(empty, torch.zeros_like(out), out), "output")
+    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    lse = torch.where(empty, torch.full_like(l, -math.inf), m_safe * scale + torch.log(l))
+    return out, pol.round(lse.squeeze(-1), "lse")

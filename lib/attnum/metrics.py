@@ -1,0 +1,145 @@
+"""Error metrics between a kernel's output and the golden value.
+
+Conventions: ``a`` is the value under test, ``b`` the reference (usually the
+fp64 golden). Relative errors divide by the reference. All reductions run in
+float64. Position strata follow seed 000: the first 10% of query rows, the
+middle 80%, the last 10%.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .precision import ulp, unit_roundoff
+
+STRATA = ("first_10pct", "middle_80pct", "last_10pct")
+
+
+def _pair(a, b):
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch: {tuple(a.shape)} vs {tuple(b.shape)}")
+    return a.to(torch.float64), b.to(torch.float64)
+
+
+def max_abs_error(a, b) -> float:
+    a, b = _pair(a, b)
+    return (a - b).abs().max().item()
+
+
+def mean_abs_error(a, b) -> float:
+    a, b = _pair(a, b)
+    return (a - b).abs().mean().item()
+
+
+def rel_l2_error(a, b) -> float:
+    """||a - b||_2 / ||b||_2 over all elements (0 when both are 0)."""
+    a, b = _pair(a, b)
+    num, den = torch.linalg.vector_norm(a - b).item(), torch.linalg.vector_norm(b).item()
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    return num / den
+
+
+def max_rel_error(a, b) -> float:
+    """max |a - b| / |b| over elements with b != 0 (elementwise; blows up near zeros of b)."""
+    a, b = _pair(a, b)
+    nz = b != 0
+    if not bool(nz.any()):
+        return 0.0
+    return ((a - b).abs()[nz] / b.abs()[nz]).max().item()
+
+
+def ulp_error(a, b, fmt: str) -> torch.Tensor:
+    """|a - b| in units of the last place of ``b`` in ``fmt``, elementwise."""
+    a, b = _pair(a, b)
+    return (a - b).abs() / ulp(b, fmt)
+
+
+def row_rel_l2(a, b) -> torch.Tensor:
+    """Relative L2 error of every query row (norm over the last dim): shape a.shape[:-1]."""
+    a, b = _pair(a, b)
+    den = torch.linalg.vector_norm(b, dim=-1)
+    num = torch.linalg.vector_norm(a - b, dim=-1)
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)),
+                       torch.where(num > 0, torch.full_like(num, math.inf), torch.zeros_like(num)))
+
+
+def row_max_abs(a, b) -> torch.Tensor:
+    a, b = _pair(a, b)
+    return (a - b).abs().amax(dim=-1)
+
+
+def strata_bounds(n: int) -> dict[str, slice]:
+    """Row ranges of the three position strata of an ``n``-row sequence."""
+    if n < 3:
+        raise ValueError(f"position strata need at least 3 rows, got {n}")
+    lo = max(1, int(round(0.1 * n)))
+    hi = min(n - 1, n - lo)
+    return {"first_10pct": slice(0, lo), "middle_80pct": slice(lo, hi), "last_10pct": slice(hi, n)}
+
+
+def stratified(row_values: torch.Tensor, reduce: str = "mean") -> dict[str, float]:
+    """Reduce per-row values (..., n) over each position stratum ("mean", "median" or "max")."""
+    out = {}
+    for name, rows in strata_bounds(row_values.shape[-1]).items():
+        vals = row_values[..., rows].to(torch.float64).flatten()
+        out[name] = {"mean": vals.mean, "median": vals.median, "max": vals.max}[reduce]().item()
+    return out
+
+
+def error_summary(a, b, fmt: str) -> dict[str, float]:
+    """The standard set of scalar errors of one output against its reference."""
+    ulps = ulp_error(a, b, fmt)
+    return {
+        "max_abs": max_abs_error(a, b),
+        "mean_abs": mean_abs_error(a, b),
+        "rel_l2": rel_l2_error(a, b),
+        "max_rel": max_rel_error(a, b),
+        "max_ulp": ulps.max().item(),
+        "mean_ulp": ulps.mean().item(),
+    }
+
+
+def growth_lines(n, fmt: str) -> dict[str, np.ndarray]:
+    """The probabilistic sqrt(N)*u and worst-case N*u growth lines (Higham; Higham & Mary 2019)."""
+    n = np.asarray(n, dtype=float)
+    u = unit_roundoff(fmt)
+    return {"sqrt_n_u": np.sqrt(n) * u, "n_u": n * u}
+
+
+def _linear_fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares y = a + b x; returns (a, b, R^2)."""
+    design = np.stack([np.ones_like(x), x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(design, y, rcond=None)
+    resid = y - (a + b * x)
+    ss_tot = float(((y - y.mean()) ** 2).sum())
+    r2 = 1.0 - float((resid ** 2).sum()) / ss_tot if ss_tot > 0 else float("nan")
+    return float(a), float(b), r2
+
+
+GROWTH_MODELS = ("log2_n", "sqrt_n", "power_law")
+
+
+def fit_growth(n, err) -> dict[str, dict[str, float]]:
+    """Fit error against length three ways.
+
+    ``log2_n``: err = a + b log2 N (seed 000's claim of logarithmic growth);
+    ``sqrt_n``: err = a + b sqrt(N) (probabilistic rounding-error growth);
+    ``power_law``: log err = a + b log N, so b is the growth exponent.
+    Each entry has intercept, slope and R^2 (of the fit in its own space).
+    """
+    n = np.asarray(n, dtype=float)
+    err = np.asarray(err, dtype=float)
+    ok = np.isfinite(err) & (err > 0)
+    if ok.sum() < 3:
+        nan = {"intercept": math.nan, "slope": math.nan, "r2": math.nan}
+        return {m: dict(nan) for m in GROWTH_MODELS}
+    n, err = n[ok], err[ok]
+    fits = {
+        "log2_n": _linear_fit(np.log2(n), err),
+        "sqrt_n": _linear_fit(np.sqrt(n), err),
+        "power_law": _linear_fit(np.log(n), np.log(err)),
+    }
+    return {m: {"intercept": a, "slope": b, "r2": r2} for m, (a, b, r2) in fits.items()}

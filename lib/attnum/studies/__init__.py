@@ -1,0 +1,1 @@
+"""The computations behind each study notebook (the notebooks hold the story)."""

@@ -1,0 +1,217 @@
+"""Study 01: how attention-kernel error grows with sequence length.
+
+Every measurement compares a kernel's output with the fp64 golden value
+computed on the *same* rounded inputs, so input rounding is not counted as
+kernel error. Kernels: ``reference`` (unblocked attention, rounded per the
+policy) and ``flash`` (the tiled online-softmax emulator). Policies: the
+``all_<dtype>`` family rounds every intermediate (Golden et al.'s
+microbenchmark), the ``fa2_<dtype>`` family is what production kernels do.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from .. import acceptance
+from ..flash import flash_attention
+from ..inputs import normal_qkv
+from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, row_rel_l2, strata_bounds
+from ..precision import policy_for, round_to
+from ..reference import golden_attention, reference_attention
+
+KERNELS = ("reference", "flash")
+FAMILIES = ("all", "fa2")
+ERROR_METRICS = ("max_abs", "mean_abs", "rel_l2", "max_rel", "max_ulp")
+SELF_CHECK_MAX_LEN = 2048  # the golden self-check (two chunkings) costs a second golden run
+
+ATTRS = {
+    "max_abs_err": ("1", "max |O - O_golden| over all elements"),
+    "mean_abs_err": ("1", "mean |O - O_golden|"),
+    "rel_l2_err": ("1", "relative L2 error ||O - O_golden|| / ||O_golden||"),
+    "max_rel_err": ("1", "max elementwise relative error |O - O_golden| / |O_golden|"),
+    "max_ulp_err": ("ulp", "max error in units in the last place of the output format"),
+    "input_abs_max": ("1", "max |q|, |k|, |v| of the rounded inputs"),
+    "dtype_floor": ("1", "FA test-suite floor 2 max|(g + 0.3 - 0.3) - g| in the output format"),
+    "dynamic_threshold": ("1", "seed 000 dynamic threshold on the relative error"),
+    "passes": ("1", "1 if the rule accepts the kernel output, else 0"),
+    "pass_rate": ("1", "fraction of seeds whose output the rule accepts"),
+    "flash_fp64_max_abs_err": ("1", "max |O_flash(fp64 policy) - O_golden| on the fp32 inputs"),
+    "golden_self_max_abs_err": ("1", "max |golden(chunk a) - golden(chunk b)| on the fp32 inputs (N <= 2048)"),
+    "flash_to_reference_ratio": ("1", "flash error / reference error (max abs), same policy"),
+    "fit_intercept": ("1", "intercept of the growth fit of median error"),
+    "fit_slope": ("1", "slope of the growth fit of median error"),
+    "fit_r2": ("1", "coefficient of determination of the growth fit"),
+    "block_max_abs_err": ("1", "max |O - O_golden| of the flash emulator at a block configuration"),
+    "block_rel_l2_err": ("1", "relative L2 error of the flash emulator at a block configuration"),
+    "strata_rel_l2_err": ("1", "mean per-row relative L2 error within a position stratum (causal)"),
+    "strata_max_abs_err": ("1", "max |O - O_golden| within a position stratum (causal)"),
+    "row_profile_rel_l2_err": ("1", "mean per-row relative L2 error in bins of query position (causal)"),
+    "block_seq_len": ("1", "sequence length of the block-size experiment"),
+    "causal_seq_len": ("1", "sequence length of the causal position-stratified experiment"),
+}
+
+
+def with_attrs(ds: xr.Dataset) -> xr.Dataset:
+    for name in ds.data_vars:
+        units, long_name = ATTRS[name]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    return ds
+
+
+def _inputs(fmt, seq_len, seed, batch, heads, head_dim, device):
+    """Inputs rounded to ``fmt`` (what the kernel reads) and their fp64 golden output."""
+    q, k, v = (round_to(t, fmt) for t in normal_qkv(batch, heads, seq_len, head_dim, seed=seed, device=device))
+    return q, k, v
+
+
+def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, block_q=128, block_k=128,
+                 families=FAMILIES, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+    """Errors of both kernels, both policy families, every dtype, length and seed."""
+    shape = (len(KERNELS), len(families), len(dtypes), len(seq_lens), len(seeds))
+    err = {m: np.full(shape, np.nan) for m in ERROR_METRICS}
+    passes = np.zeros((len(acceptance.RULES),) + shape, dtype=np.int8)
+    floors = np.full((len(dtypes), len(seq_lens), len(seeds)), np.nan)
+    xmax = np.full((len(dtypes), len(seq_lens), len(seeds)), np.nan)
+    fp64_err = np.full((len(seq_lens), len(seeds)), np.nan)
+    self_err = np.full((len(seq_lens), len(seeds)), np.nan)
+    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
+    for i, n, j, seed in tqdm(work, desc="lengths x seeds", disable=not progress):
+        q64, k64, v64 = normal_qkv(batch, heads, n, head_dim, seed=seed, device=device)
+        for d, fmt in enumerate(dtypes):
+            q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
+            gold = golden_attention(q, k, v, chunk=golden_chunk)
+            if fmt == "fp32" and n <= SELF_CHECK_MAX_LEN:
+                # the golden value must not depend on how queries are chunked
+                other = golden_attention(q, k, v, chunk=max(1, golden_chunk // 3))
+                self_err[i, j] = (gold - other).abs().max().item()
+            if fmt == "fp32":
+                out64, _ = flash_attention(q, k, v, "fp64", block_q=block_q, block_k=block_k)
+                fp64_err[i, j] = (out64 - gold).abs().max().item()
+            xmax[d, i, j] = max(t.abs().max().item() for t in (q, k, v))
+            floors[d, i, j] = acceptance.dtype_floor(gold, fmt)
+            # Identical policies (all_fp32 == fa2_fp32) share one evaluation.
+            cache: dict = {}
+
+            def run_kernel(kernel, pol):
+                key = (kernel, pol.formats())
+                if key not in cache:
+                    cache[key] = (reference_attention(q, k, v, pol) if kernel == "reference" else
+                                  flash_attention(q, k, v, pol, block_q=block_q, block_k=block_k)[0])
+                return cache[key]
+
+            # same-precision reference of the FA/PyTorch test suites: plain attention, all in fmt
+            pt_err = error_summary(run_kernel("reference", policy_for("all", fmt)), gold, fmt)["max_abs"]
+            for f, family in enumerate(families):
+                pol = policy_for(family, fmt)
+                for kk, kernel in enumerate(KERNELS):
+                    summary = error_summary(run_kernel(kernel, pol), gold, fmt)
+                    for m in ERROR_METRICS:
+                        err[m][kk, f, d, i, j] = summary[m]
+                    passes[0, kk, f, d, i, j] = acceptance.fixed_relative_rule(summary["rel_l2"], 1e-3)
+                    passes[1, kk, f, d, i, j] = acceptance.dynamic_threshold_rule(summary["rel_l2"], n, xmax[d, i, j], fmt)
+                    passes[2, kk, f, d, i, j] = acceptance.reference_relative_rule(
+                        summary["max_abs"], pt_err, floors[d, i, j], c=2.0)
+            del cache
+    dims = ("kernel", "policy", "dtype", "seq_len", "seed")
+    coords = {"kernel": list(KERNELS), "policy": list(families), "dtype": list(dtypes),
+              "seq_len": list(seq_lens), "seed": list(seeds), "rule": list(acceptance.RULES)}
+    ds = xr.Dataset({f"{m}_err": (dims, err[m]) for m in ERROR_METRICS}, coords=coords)
+    ds["passes"] = (("rule",) + dims, passes)
+    ds["dtype_floor"] = (("dtype", "seq_len", "seed"), floors)
+    ds["input_abs_max"] = (("dtype", "seq_len", "seed"), xmax)
+    ds["dynamic_threshold"] = (("dtype", "seq_len"), np.array(
+        [[acceptance.dynamic_threshold(n, float(np.nanmax(xmax[d, i])), fmt) for i, n in enumerate(seq_lens)]
+         for d, fmt in enumerate(dtypes)]))
+    ds["flash_fp64_max_abs_err"] = (("seq_len", "seed"), fp64_err)
+    ds["golden_self_max_abs_err"] = (("seq_len", "seed"), self_err)
+    return ds
+
+
+def summarize_lengths(ds: xr.Dataset) -> xr.Dataset:
+    """Add pass rates, flash/reference ratios and growth fits of the median error."""
+    out = ds.copy()
+    out["pass_rate"] = ds["passes"].astype(float).mean("seed")
+    out["flash_to_reference_ratio"] = ds["max_abs_err"].sel(kernel="flash") / ds["max_abs_err"].sel(kernel="reference")
+    metrics = ["max_abs", "rel_l2"]
+    fits = np.full((len(metrics), ds.sizes["kernel"], ds.sizes["policy"], ds.sizes["dtype"], len(GROWTH_MODELS), 3), np.nan)
+    n = ds["seq_len"].values
+    for a, m in enumerate(metrics):
+        med = ds[f"{m}_err"].median("seed")
+        for b, kernel in enumerate(ds["kernel"].values):
+            for c, pol in enumerate(ds["policy"].values):
+                for d, fmt in enumerate(ds["dtype"].values):
+                    res = fit_growth(n, med.sel(kernel=kernel, policy=pol, dtype=fmt).values)
+                    for e, model in enumerate(GROWTH_MODELS):
+                        fits[a, b, c, d, e] = [res[model]["intercept"], res[model]["slope"], res[model]["r2"]]
+    dims = ("error_metric", "kernel", "policy", "dtype", "growth_model")
+    out = out.assign_coords(error_metric=metrics, growth_model=list(GROWTH_MODELS))
+    for idx, name in enumerate(("fit_intercept", "fit_slope", "fit_r2")):
+        out[name] = (dims, fits[..., idx])
+    return out
+
+
+def block_sweep(seq_len, block_configs, loop_orders, dtypes, seeds, *, batch=1, heads=2, head_dim=64,
+                families=FAMILIES, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+    """Flash-emulator error over block shapes and loop orders at one length (Golden et al. Fig 6)."""
+    parsed = [tuple(int(x) for x in cfg.split("x")) for cfg in block_configs]
+    shape = (len(block_configs), len(loop_orders), len(families), len(dtypes), len(seeds))
+    max_abs, rel_l2 = np.full(shape, np.nan), np.full(shape, np.nan)
+    work = [(d, fmt, s, seed) for d, fmt in enumerate(dtypes) for s, seed in enumerate(seeds)]
+    for d, fmt, s, seed in tqdm(work, desc="block configs", disable=not progress):
+        q, k, v = _inputs(fmt, seq_len, seed, batch, heads, head_dim, device)
+        gold = golden_attention(q, k, v, chunk=golden_chunk)
+        for b, (bq, bk) in enumerate(parsed):
+            for o, order in enumerate(loop_orders):
+                for f, family in enumerate(families):
+                    out, _ = flash_attention(q, k, v, policy_for(family, fmt), block_q=bq, block_k=bk,
+                                             loop_order=order)
+                    summary = error_summary(out, gold, fmt)
+                    max_abs[b, o, f, d, s], rel_l2[b, o, f, d, s] = summary["max_abs"], summary["rel_l2"]
+    dims = ("block_config", "loop_order", "policy", "dtype", "seed")
+    coords = {"block_config": list(block_configs), "loop_order": list(loop_orders), "policy": list(families),
+              "dtype": list(dtypes), "seed": list(seeds),
+              "block_q": ("block_config", [p[0] for p in parsed]),
+              "block_k": ("block_config", [p[1] for p in parsed]),
+              "block_area": ("block_config", [p[0] * p[1] for p in parsed])}
+    ds = xr.Dataset({"block_max_abs_err": (dims, max_abs), "block_rel_l2_err": (dims, rel_l2)}, coords=coords)
+    ds["block_seq_len"] = seq_len
+    return ds
+
+
+def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, block_q=128, block_k=128,
+                  families=FAMILIES, profile_bins=32, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+    """Causal attention: error by query position (first 10% / middle 80% / last 10%, seed 000)."""
+    shape = (len(KERNELS), len(families), len(dtypes), len(seeds))
+    strata_rel = np.full(shape[:3] + (len(STRATA),) + shape[3:], np.nan)
+    strata_max = np.full_like(strata_rel, np.nan)
+    profile = np.full(shape[:3] + (profile_bins,) + shape[3:], np.nan)
+    bounds = strata_bounds(seq_len)
+    edges = np.linspace(0, seq_len, profile_bins + 1).astype(int)
+    work = [(d, fmt, s, seed) for d, fmt in enumerate(dtypes) for s, seed in enumerate(seeds)]
+    for d, fmt, s, seed in tqdm(work, desc="causal", disable=not progress):
+        q, k, v = _inputs(fmt, seq_len, seed, batch, heads, head_dim, device)
+        gold = golden_attention(q, k, v, causal=True, chunk=golden_chunk)
+        for f, family in enumerate(families):
+            pol = policy_for(family, fmt)
+            outs = {"reference": reference_attention(q, k, v, pol, causal=True),
+                    "flash": flash_attention(q, k, v, pol, causal=True, block_q=block_q, block_k=block_k)[0]}
+            for kk, kernel in enumerate(KERNELS):
+                rows = row_rel_l2(outs[kernel], gold).flatten(0, -2).mean(0)  # mean over batch, heads
+                absdiff = (outs[kernel].double() - gold).abs().amax(dim=-1).flatten(0, -2).amax(0)
+                for t, name in enumerate(STRATA):
+                    strata_rel[kk, f, d, t, s] = rows[bounds[name]].mean().item()
+                    strata_max[kk, f, d, t, s] = absdiff[bounds[name]].max().item()
+                for b in range(profile_bins):
+                    profile[kk, f, d, b, s] = rows[edges[b]:edges[b + 1]].mean().item()
+    coords = {"kernel": list(KERNELS), "policy": list(families), "dtype": list(dtypes), "seed": list(seeds),
+              "stratum": list(STRATA), "position_bin": np.arange(profile_bins),
+              "position_bin_center": ("position_bin", (edges[:-1] + edges[1:]) / 2.0)}
+    ds = xr.Dataset({
+        "strata_rel_l2_err": (("kernel", "policy", "dtype", "stratum", "seed"), strata_rel),
+        "strata_max_abs_err": (("kernel", "policy", "dtype", "stratum", "seed"), strata_max),
+        "row_profile_rel_l2_err": (("kernel", "policy", "dtype", "position_bin", "seed"), profile),
+    }, coords=coords)
+    ds["causal_seq_len"] = seq_len
+    return ds
