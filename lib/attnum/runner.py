@@ -120,6 +120,9 @@ def _check_scalar(key: str, value, rule: dict, what: str = "") -> None:
     lo, hi = rule.get("min"), rule.get("max")
     if lo is not None and value < lo or hi is not None and value > hi:
         raise ParameterError(f"{where}: {value!r} is out of range; allowed: {lo} <= value <= {hi}")
+    if rule.get("pattern") and not re.fullmatch(rule["pattern"], str(value)):
+        raise ParameterError(f"{where}: {value!r} does not match {rule['pattern']!r}"
+                             + (f" ({rule['pattern_help']})" if rule.get("pattern_help") else ""))
     if rule.get("power_of_two") and (value < 1 or value & (value - 1)):
         raise ParameterError(f"{where}: {value!r} must be a power of two")
 

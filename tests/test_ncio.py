@@ -1,0 +1,92 @@
+import json
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from attnum import ncio
+
+
+def _dataset(value=1.0):
+    ds = xr.Dataset({"rel_l2_err": (("seq_len", "seed"), np.full((3, 2), value))},
+                    coords={"seq_len": [128, 256, 512], "seed": [0, 1]})
+    ds["rel_l2_err"].attrs.update(units="1", long_name="relative L2 error")
+    return ds
+
+
+def test_round_trip_keeps_values_and_provenance(tmp_path):
+    ds = _dataset(0.25)
+    ds["rel_l2_err"][1, 0] = np.nan
+    params = {"seq_lens": [128, 256, 512], "device": "cpu"}
+    path = ncio.write_results(ds, tmp_path / "results.nc", study="length_scaling", params=params)
+    back = ncio.open_results(path)
+    np.testing.assert_array_equal(back["rel_l2_err"].values, ds["rel_l2_err"].values)
+    assert back["rel_l2_err"].attrs["units"] == "1" and back["rel_l2_err"].attrs["long_name"]
+    assert json.loads(back.attrs["parameters"]) == params
+    assert back.attrs["study"] == "length_scaling" and back.attrs["Conventions"].startswith("CF")
+    versions = json.loads(back.attrs["package_versions"])
+    assert versions["torch"].startswith("2.") and versions["xarray"]
+    assert len(back.attrs["git_commit"]) in (40, 7) and back.attrs["git_dirty"] in ("true", "false", "unknown")
+    for key in ("device", "created", "hostname"):
+        assert back.attrs[key]
+    with xr.open_dataset(path, engine="netcdf4") as raw:
+        assert raw["rel_l2_err"].encoding.get("zlib") is True
+
+
+def test_missing_cf_attributes_are_refused(tmp_path):
+    ds = _dataset()
+    ds["bare"] = ("seed", [1.0, 2.0])
+    with pytest.raises(ValueError, match="bare lacks 'units'"):
+        ncio.write_results(ds, tmp_path / "r.nc", study="s", params={})
+    assert not (tmp_path / "r.nc").exists()
+
+
+def test_interrupted_write_leaves_no_file_at_the_final_path(tmp_path, monkeypatch):
+    final = tmp_path / "results.nc"
+
+    def broken(self, path, *args, **kwargs):
+        with open(path, "wb") as fh:  # a partial file, then the "crash"
+            fh.write(b"CDF\x01partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", broken)
+    with pytest.raises(KeyboardInterrupt):
+        ncio.write_results(_dataset(), final, study="s", params={})
+    assert not final.exists()
+    assert list(tmp_path.iterdir()) == []  # the temporary file is gone too
+
+
+def test_interrupted_rewrite_keeps_the_previous_file(tmp_path, monkeypatch):
+    final = ncio.write_results(_dataset(1.0), tmp_path / "results.nc", study="s", params={})
+    monkeypatch.setattr(xr.Dataset, "to_netcdf", lambda *a, **k: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError):
+        ncio.write_results(_dataset(2.0), final, study="s", params={})
+    monkeypatch.undo()
+    assert float(ncio.open_results(final)["rel_l2_err"][0, 0]) == 1.0
+
+
+def test_sweep_runs_merge_by_coordinates(tmp_path):
+    for head_dim in (32, 64):
+        run = tmp_path / "length_scaling" / f"default__head_dim={head_dim}"
+        ncio.write_results(_dataset(head_dim / 1000), run / "results.nc", study="length_scaling",
+                           params={"head_dim": head_dim}, sweep_dims=["head_dim"])
+    merged = ncio.open_study("length_scaling", root=tmp_path)
+    assert merged["rel_l2_err"].dims == ("head_dim", "seq_len", "seed")
+    assert merged["head_dim"].values.tolist() == [32, 64]
+    assert float(merged["rel_l2_err"].sel(head_dim=64)[0, 0]) == pytest.approx(0.064)
+    paths = ncio.study_runs("length_scaling", root=tmp_path)
+    with xr.open_mfdataset(paths, combine="by_coords", engine="netcdf4") as mf:
+        assert mf.sizes["head_dim"] == 2
+    with pytest.raises(ValueError, match="not a parameter"):
+        ncio.write_results(_dataset(), tmp_path / "x.nc", study="s", params={}, sweep_dims=["head_dim"])
+
+
+def test_open_study_skips_failed_runs_and_names_missing_ones(tmp_path):
+    ok = tmp_path / "st" / "default"
+    ncio.write_results(_dataset(), ok / "results.nc", study="st", params={})
+    bad = tmp_path / "st" / "smoke.failed"
+    ncio.write_results(_dataset(5.0), bad / "results.nc", study="st", params={})
+    (bad / "FAILED").write_text("boom")
+    assert ncio.study_runs("st", root=tmp_path) == [ok / "results.nc"]
+    with pytest.raises(FileNotFoundError, match="nothing"):
+        ncio.open_study("nothing", root=tmp_path)

@@ -1,0 +1,56 @@
+"""Study 01 end to end: the smoke tier through the runner, then the publisher."""
+import json
+
+import numpy as np
+import pytest
+
+from attnum import ncio, runner
+from attnum.publish import publish
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    outputs = tmp_path_factory.mktemp("outputs")
+    path = runner.run("length_scaling", "smoke", outputs=outputs, progress=False)
+    return outputs, path
+
+
+def test_smoke_run_writes_results_figures_and_record(smoke_run):
+    _, path = smoke_run
+    assert (path / "notebook.ipynb").exists() and (path / "results.nc").exists()
+    assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
+    assert {"error_vs_length.png", "block_effects.png", "causal_profile.png", "pass_rates.png"} <= \
+        {p.name for p in path.glob("*.png")}
+
+
+def test_smoke_results_obey_what_must_hold(smoke_run):
+    _, path = smoke_run
+    ds = ncio.open_results(path / "results.nc")
+    for dim in ("kernel", "policy", "dtype", "seq_len", "seed"):
+        assert dim in ds["rel_l2_err"].dims
+    assert ds["seq_len"].values.tolist() == [64, 128, 256]
+    # fp32 error below bf16 error at every N, for every kernel, policy and seed
+    for metric in ("rel_l2_err", "max_abs_err"):
+        assert (ds[metric].sel(dtype="fp32") < ds[metric].sel(dtype="bf16")).all()
+    assert float(ds["golden_self_max_abs_err"].max()) <= 1e-14  # golden vs itself
+    assert float(ds["flash_fp64_max_abs_err"].max()) <= 1e-12
+    assert np.isfinite(ds["rel_l2_err"]).all()
+    rate = ds["pass_rate"]
+    assert ((rate >= 0) & (rate <= 1)).all() and set(rate["rule"].values) == {
+        "fixed_0.1pct", "dynamic_threshold", "reference_relative"}
+    assert set(ds["stratum"].values) == {"first_10pct", "middle_80pct", "last_10pct"}
+    params = json.loads(ds.attrs["parameters"])
+    assert params["seq_lens"] == [64, 128, 256] and ds.attrs["study"] == "length_scaling"
+
+
+def test_published_index_lists_the_run(smoke_run):
+    outputs, path = smoke_run
+    index = publish(outputs)
+    html = index.read_text()
+    assert "length_scaling/smoke" in html and "results.nc" in html
+    site_run = index.parent / "length_scaling" / "smoke"
+    assert (site_run / "notebook.html").stat().st_size > 10_000
+    assert (site_run / "results.nc").exists()
+    assert "Length scaling" in html
