@@ -159,6 +159,7 @@ def check_parameters(study: str, values: dict) -> None:
 
 def resolve_parameters(study: str, param_set: str = "default", overrides: dict | None = None) -> dict:
     """Parameter set plus overrides, checked. Raises ``ParameterError`` before anything runs."""
+    notebook_path(study)  # an unknown study is named first
     values = dict(load_param_set(study, param_set))
     values.update(overrides or {})
     bad = sorted(set(values) & set(RUNNER_SET))
