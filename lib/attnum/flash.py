@@ -53,7 +53,8 @@ def _exponent_base_e(s, m, scale: float, fused: bool, pol: PrecisionPolicy):
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     if not fused:
         # subtract-then-scale: at s = m the exponent is exactly 0, so P = 1 exactly.
-        return torch.exp(pol.round(pol.round(s - m, "stats") * scale, "stats"))
+        x = pol.round(s - m, "stats")
+        return pol.round(x.mul_(scale), "stats").exp_()
     # fused: FA3 computes max_scaled = m * c once, then fma(s, c, -max_scaled) per element.
     c = pol.round(torch.tensor(scale * LOG2E, dtype=s.dtype, device=s.device), "stats")
     m_scaled = pol.round(m * c, "stats")
@@ -146,7 +147,10 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
             pv = pol.round(pol.round(p, "p") @ v_blk, "out_acc")
             numer = pol.round(l_old * alpha_old * acc_old + alpha_blk * pv, "out_acc")
             acc_new = pol.round(numer / torch.where(l_new > 0, l_new, torch.ones_like(l_new)), "output")
-        m[..., rows, :], l[..., rows, :], acc[..., rows, :] = m_new, l_new, acc_new
+        if row0 == 0:
+            m, l, acc = m_new, l_new, acc_new
+        else:
+            m[..., rows, :], l[..., rows, :], acc[..., rows, :] = m_new, l_new, acc_new
 
     # -- epilogue: normalise, store O and the log-sum-exp --
     empty = ~(l > 0)
