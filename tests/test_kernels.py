@@ -126,3 +126,13 @@ def test_golden_chunking_does_not_change_the_answer():
     a = golden_attention(q, k, v, chunk=300)
     b = golden_attention(q, k, v, chunk=7)
     assert (a - b).abs().max().item() < 1e-14
+
+
+@pytest.mark.parametrize("policy", ["fp64", "fa2_bf16", "all_fp16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_query_chunked_reference_is_the_same_computation(policy, causal):
+    q, _, _ = normal_qkv(1, 2, 300, 32, seed=9)
+    _, k, v = normal_qkv(1, 2, 340, 32, seed=10)
+    whole, lse = reference_attention(q, k, v, policy, causal=causal, return_lse=True)
+    chunked, lse_c = reference_attention(q, k, v, policy, causal=causal, return_lse=True, query_chunk=64)
+    assert torch.equal(whole, chunked) and torch.equal(lse, lse_c)

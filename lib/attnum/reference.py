@@ -16,8 +16,6 @@ import torch
 
 from .precision import PrecisionPolicy, get_policy
 
-MASK_FILLS = ("-inf", "finfo_min")
-
 
 def default_scale(head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim)
@@ -46,14 +44,37 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
 
 def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scale: float | None = None,
                         causal: bool = False, attn_bias: torch.Tensor | None = None,
-                        return_lse: bool = False):
+                        return_lse: bool = False, query_chunk: int | None = None):
     """Unblocked attention under a precision policy.
 
     ``attn_bias`` is an additive mask broadcastable to (batch, heads, n_q, n_k);
     ``-inf`` entries mask keys out. Rows with every key masked give output 0 and
     log-sum-exp ``-inf`` (PyTorch SDPA's convention since ``_safe_softmax``).
+
+    ``query_chunk`` processes that many query rows at a time. Every row still
+    sees all keys at once (no online rescaling), so the arithmetic per row is the
+    unblocked algorithm's; only peak memory drops from O(N^2) to O(N * chunk).
     """
     _check_qkv(q, k, v)
+    if query_chunk:
+        n_q, n_k = q.shape[-2], k.shape[-2]
+        outs, lses = [], []
+        for start in range(0, n_q, query_chunk):
+            rows = slice(start, min(start + query_chunk, n_q))
+            bias = attn_bias
+            if causal:  # express the causal mask of these rows as an additive bias
+                qi = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + (n_k - n_q)
+                causal_bias = torch.zeros(rows.stop - rows.start, n_k, dtype=torch.float64, device=q.device)
+                causal_bias.masked_fill_(torch.arange(n_k, device=q.device)[None, :] > qi, -math.inf)
+                bias = causal_bias if bias is None else bias[..., rows, :] + causal_bias
+            elif bias is not None and bias.shape[-2] != 1:
+                bias = bias[..., rows, :]
+            o, lse = reference_attention(q[..., rows, :], k, v, policy, scale=scale, attn_bias=bias,
+                                         return_lse=True)
+            outs.append(o)
+            lses.append(lse)
+        out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
+        return (out, lse) if return_lse else out
     pol = get_policy(policy)
     carrier = pol.carrier
     scale = default_scale(q.shape[-1]) if scale is None else scale

@@ -67,7 +67,8 @@ def _inputs(fmt, seq_len, seed, batch, heads, head_dim, device):
 
 
 def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, block_q=128, block_k=128,
-                 families=FAMILIES, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+                 families=FAMILIES, device="cpu", golden_chunk=1024, reference_chunk=0,
+                 progress=True) -> xr.Dataset:
     """Errors of both kernels, both policy families, every dtype, length and seed."""
     shape = (len(KERNELS), len(families), len(dtypes), len(seq_lens), len(seeds))
     err = {m: np.full(shape, np.nan) for m in ERROR_METRICS}
@@ -97,7 +98,8 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
             def run_kernel(kernel, pol):
                 key = (kernel, pol.formats())
                 if key not in cache:
-                    cache[key] = (reference_attention(q, k, v, pol) if kernel == "reference" else
+                    cache[key] = (reference_attention(q, k, v, pol, query_chunk=reference_chunk or None)
+                                  if kernel == "reference" else
                                   flash_attention(q, k, v, pol, block_q=block_q, block_k=block_k)[0])
                 return cache[key]
 
@@ -181,7 +183,8 @@ def block_sweep(seq_len, block_configs, loop_orders, dtypes, seeds, *, batch=1, 
 
 
 def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, block_q=128, block_k=128,
-                  families=FAMILIES, profile_bins=32, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+                  families=FAMILIES, profile_bins=32, device="cpu", golden_chunk=1024, reference_chunk=0,
+                  progress=True) -> xr.Dataset:
     """Causal attention: error by query position (first 10% / middle 80% / last 10%, seed 000)."""
     shape = (len(KERNELS), len(families), len(dtypes), len(seeds))
     strata_rel = np.full(shape[:3] + (len(STRATA),) + shape[3:], np.nan)
@@ -195,7 +198,7 @@ def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
         gold = golden_attention(q, k, v, causal=True, chunk=golden_chunk)
         for f, family in enumerate(families):
             pol = policy_for(family, fmt)
-            outs = {"reference": reference_attention(q, k, v, pol, causal=True),
+            outs = {"reference": reference_attention(q, k, v, pol, causal=True, query_chunk=reference_chunk or None),
                     "flash": flash_attention(q, k, v, pol, causal=True, block_q=block_q, block_k=block_k)[0]}
             for kk, kernel in enumerate(KERNELS):
                 rows = row_rel_l2(outs[kernel], gold).flatten(0, -2).mean(0)  # mean over batch, heads
