@@ -21,6 +21,9 @@ Options later studies use:
   * ``mask_fill``: ``"-inf"`` (NaN-safe) or a finite sentinel such as -5e4
     that replaces masked raw scores *and* starts the running max, as
     FlashInfer did (seed 002; papers.md section 6).
+  * ``fault``: a ``KernelHooks`` object, the places where a buggy kernel may
+    depart from the algorithm (``attnum.faults`` defines realistic bugs).
+    ``None`` (the default) is the algorithm itself, bit for bit.
 """
 from __future__ import annotations
 
@@ -32,6 +35,49 @@ from .precision import LOG2E, PrecisionPolicy, get_policy
 from .reference import _check_qkv, default_scale
 
 LOOP_ORDERS = ("q_outer", "k_outer")
+
+
+class KernelHooks:
+    """The points where a kernel variant may depart from the algorithm; this base changes nothing.
+
+    ``attnum.faults`` subclasses it to inject bugs. ``block`` is the index of
+    the key block being processed (0 for the first).
+    """
+
+    def keys_read(self, n_k: int) -> int:
+        """How many keys the key loop reads (all of them)."""
+        return n_k
+
+    def causal_offset(self, offset: int) -> int:
+        """Causal alignment: query i sees keys <= i + offset."""
+        return offset
+
+    def mask_fill(self, fill: float) -> float:
+        """The value masked raw scores get and the running max starts from."""
+        return fill
+
+    def exponent_max(self, block: int, m_old, m_new):
+        """The row max subtracted in the exponent of this block (the updated running max)."""
+        return m_new
+
+    def acc_rescale(self, block: int, alpha):
+        """The factor the output accumulator is rescaled by when the running max moves."""
+        return alpha
+
+    def store_row_sum(self, l):
+        """The running row sum as stored after each block (already in the stats format)."""
+        return l
+
+    def store_p(self, p):
+        """P as fed to the PV matmul (already in the p format)."""
+        return p
+
+    def store_lse(self, lse):
+        """The log-sum-exp as written out (already in the lse format)."""
+        return lse
+
+
+NO_FAULT = KernelHooks()
 
 
 def _parse_mask_fill(mask_fill) -> float:
@@ -76,13 +122,14 @@ def _rescale(m_old, m_new, scale: float, pol: PrecisionPolicy):
 def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scale: float | None = None,
                     causal: bool = False, attn_bias: torch.Tensor | None = None, block_q: int = 128,
                     block_k: int = 128, loop_order: str = "q_outer", fused_scale_max: bool = False,
-                    mask_fill="-inf"):
+                    mask_fill="-inf", fault: KernelHooks | None = None):
     """Emulated FlashAttention forward. Returns ``(out, lse)``.
 
     ``out`` has shape (batch, heads, n_q, head_dim) in the carrier dtype holding
     values of the policy's output format; ``lse`` (batch, heads, n_q) is the
     natural-log log-sum-exp of the scaled scores, in the policy's lse format.
     Rows whose every key is masked give out = 0 and lse = -inf.
+    ``fault`` injects a bug (see ``KernelHooks``); ``None`` runs the algorithm.
     """
     _check_qkv(q, k, v)
     if block_q < 1 or block_k < 1:
@@ -90,12 +137,14 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
     if loop_order not in LOOP_ORDERS:
         raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {loop_order!r}")
     pol = get_policy(policy)
-    fill = _parse_mask_fill(mask_fill)
+    fault = NO_FAULT if fault is None else fault
+    fill = fault.mask_fill(_parse_mask_fill(mask_fill))
     carrier = pol.carrier
     scale = default_scale(q.shape[-1]) if scale is None else float(scale)
     q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
     n_q, n_k = q.shape[-2], k.shape[-2]
-    offset = n_k - n_q  # causal alignment: query i sees keys <= i + offset
+    offset = fault.causal_offset(n_k - n_q)  # causal alignment: query i sees keys <= i + offset
+    n_read = fault.keys_read(n_k)
     bias = None if attn_bias is None else attn_bias.to(carrier).expand(q.shape[:2] + (n_q, n_k))
 
     stat_shape = q.shape[:-1] + (1,)
@@ -103,8 +152,8 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
     l = torch.zeros(stat_shape, dtype=carrier, device=q.device)
     acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=carrier, device=q.device)
 
-    for k_start in range(0, n_k, block_k):
-        k_stop = min(k_start + block_k, n_k)
+    for block, k_start in enumerate(range(0, n_read, block_k)):
+        k_stop = min(k_start + block_k, n_read)
         # -- which query rows reach this key block (causal: skip whole tiles) --
         row0 = 0
         if causal:
@@ -130,22 +179,22 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
         if loop_order == "q_outer":
             # -- FA2: running max, rescale, unnormalised accumulator in registers --
             m_new = pol.round(torch.maximum(m_old, s.amax(dim=-1, keepdim=True)), "stats")
-            p = _exponent_base_e(s, m_new, scale, fused_scale_max, pol)
+            p = _exponent_base_e(s, fault.exponent_max(block, m_old, m_new), scale, fused_scale_max, pol)
             alpha = _rescale(m_old, m_new, scale, pol)
-            l_new = pol.round(alpha * l_old + p.sum(dim=-1, keepdim=True), "stats")
-            pv = pol.round(pol.round(p, "p") @ v_blk, "out_acc")
-            acc_new = pol.round(alpha * acc_old + pv, "out_acc")
+            l_new = fault.store_row_sum(pol.round(alpha * l_old + p.sum(dim=-1, keepdim=True), "stats"))
+            pv = pol.round(fault.store_p(pol.round(p, "p")) @ v_blk, "out_acc")
+            acc_new = pol.round(fault.acc_rescale(block, alpha) * acc_old + pv, "out_acc")
         else:
             # -- FA1: block-local max, normalised O written back after every block --
             m_blk = pol.round(s.amax(dim=-1, keepdim=True), "stats")
-            p = _exponent_base_e(s, m_blk, scale, fused_scale_max, pol)
+            p = _exponent_base_e(s, fault.exponent_max(block, m_old, m_blk), scale, fused_scale_max, pol)
             l_blk = pol.round(p.sum(dim=-1, keepdim=True), "stats")
             m_new = pol.round(torch.maximum(m_old, m_blk), "stats")
             alpha_old = _rescale(m_old, m_new, scale, pol)
             alpha_blk = _rescale(m_blk, m_new, scale, pol)
-            l_new = pol.round(alpha_old * l_old + alpha_blk * l_blk, "stats")
-            pv = pol.round(pol.round(p, "p") @ v_blk, "out_acc")
-            numer = pol.round(l_old * alpha_old * acc_old + alpha_blk * pv, "out_acc")
+            l_new = fault.store_row_sum(pol.round(alpha_old * l_old + alpha_blk * l_blk, "stats"))
+            pv = pol.round(fault.store_p(pol.round(p, "p")) @ v_blk, "out_acc")
+            numer = pol.round(l_old * fault.acc_rescale(block, alpha_old) * acc_old + alpha_blk * pv, "out_acc")
             acc_new = pol.round(numer / torch.where(l_new > 0, l_new, torch.ones_like(l_new)), "output")
         if row0 == 0:
             m, l, acc = m_new, l_new, acc_new
@@ -161,4 +210,4 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
     out = pol.round(torch.where(empty, torch.zeros_like(out), out), "output")
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     lse = torch.where(empty, torch.full_like(l, -math.inf), m_safe * scale + torch.log(l))
-    return out, pol.round(lse.squeeze(-1), "lse")
+    return out, fault.store_lse(pol.round(lse.squeeze(-1), "lse"))
