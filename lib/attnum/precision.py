@@ -12,6 +12,20 @@ FlashAttention-2, Alg. 1):
     output   the stored output O
     lse      the stored log-sum-exp (what a backward pass reads)
 
+and, for the backward pass (``attnum.backward``; Dao, FlashAttention-2, Alg. 2):
+
+    grad_out dO as the backward kernel reads it
+    delta    D_i = sum_j dO_ij O_ij, from the stored output O
+    dp       dP = dO V^T and dS = P * (dP - D): the backward's accumulator format
+    ds       dS as fed to the dQ = dS K and dK = dS^T Q matmuls (seed 004, cause 2)
+    p_bwd    the recomputed P as fed to the dV = P^T dO matmul
+    grad_acc the dQ, dK, dV accumulators (dQ is carried across key blocks)
+    grad     the stored dQ, dK, dV
+
+A backward stage left unset means "no rounding": the carrier format (fp64 if
+a forward stage is fp64, else fp32), so a forward-only policy gets an exact
+backward and "FP32 backward" is the same code with no rounding.
+
 Rounding is emulated by casting through real torch dtypes: every stage is
 computed in a *carrier* dtype (float64 when any stage is float64, else
 float32) and rounded to its stage format with ``x.to(fmt).to(carrier)``.
@@ -38,6 +52,8 @@ SIGNIFICAND_BITS = {"fp64": 53, "fp32": 24, "fp16": 11, "bf16": 8}
 MIN_EXPONENT = {"fp64": -1022, "fp32": -126, "fp16": -14, "bf16": -126}
 
 STAGES = ("inputs", "score", "stats", "p", "out_acc", "output", "lse")
+BACKWARD_STAGES = ("grad_out", "delta", "dp", "ds", "p_bwd", "grad_acc", "grad")
+ALL_STAGES = STAGES + BACKWARD_STAGES
 
 
 def check_format(fmt: str) -> str:
@@ -77,9 +93,21 @@ class PrecisionPolicy:
     out_acc: str
     output: str
     lse: str
+    grad_out: str | None = None
+    delta: str | None = None
+    dp: str | None = None
+    ds: str | None = None
+    p_bwd: str | None = None
+    grad_acc: str | None = None
+    grad: str | None = None
 
     def __post_init__(self) -> None:
         for stage in STAGES:
+            check_format(getattr(self, stage))
+        exact = "fp64" if "fp64" in self.forward_formats() else "fp32"
+        for stage in BACKWARD_STAGES:
+            if getattr(self, stage) is None:
+                object.__setattr__(self, stage, exact)  # frozen: fill the default once
             check_format(getattr(self, stage))
 
     @property
@@ -93,33 +121,50 @@ class PrecisionPolicy:
         return min(self.formats(), key=lambda f: SIGNIFICAND_BITS[f])
 
     def formats(self) -> tuple[str, ...]:
+        """Formats of every stage, forward then backward."""
+        return tuple(getattr(self, s) for s in ALL_STAGES)
+
+    def forward_formats(self) -> tuple[str, ...]:
         return tuple(getattr(self, s) for s in STAGES)
+
+    def backward_formats(self) -> tuple[str, ...]:
+        return tuple(getattr(self, s) for s in BACKWARD_STAGES)
 
     def round(self, x: torch.Tensor, stage: str) -> torch.Tensor:
         return round_to(x, getattr(self, stage))
 
     def replace(self, **stages: str) -> "PrecisionPolicy":
         """A copy with some stages changed (e.g. ``stats="bf16"`` for a fault)."""
-        unknown = set(stages) - set(STAGES) - {"name"}
+        unknown = set(stages) - set(ALL_STAGES) - {"name"}
         if unknown:
-            raise ValueError(f"unknown policy stage(s) {sorted(unknown)}; allowed: {list(STAGES)}")
+            raise ValueError(f"unknown policy stage(s) {sorted(unknown)}; allowed: {list(ALL_STAGES)}")
         name = stages.pop("name", None) or self.name + "+" + ",".join(f"{k}={v}" for k, v in sorted(stages.items()))
         return dataclasses.replace(self, name=name, **stages)
+
+    def with_backward(self, fmt: str, name: str | None = None) -> "PrecisionPolicy":
+        """The same forward with every backward stage in ``fmt`` (``"fp32"``: the FP32 backward)."""
+        check_format(fmt)
+        return self.replace(name=name or f"{self.name}+bwd={fmt}", **{s: fmt for s in BACKWARD_STAGES})
 
     def as_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)
 
 
 def _uniform(name: str, fmt: str) -> PrecisionPolicy:
-    return PrecisionPolicy(name, *([fmt] * len(STAGES)))
+    return PrecisionPolicy(name, *([fmt] * len(ALL_STAGES)))
 
 
 def _production(name: str, fmt: str) -> PrecisionPolicy:
     # FlashAttention-2/3 in bf16/fp16: inputs in the low format, fp32 score
     # accumulation and softmax statistics, P rounded before the PV matmul,
     # fp32 output accumulator, output rounded once at the end, fp32 LSE.
+    # Backward (FA2 Alg. 2, FA3): dO read in the low format, D, dP and dS computed in
+    # fp32, dS and P rounded to the low format for the tensor-core matmuls, fp32
+    # accumulators for dQ, dK, dV, gradients stored in the low format.
     return PrecisionPolicy(name, inputs=fmt, score="fp32", stats="fp32", p=fmt,
-                           out_acc="fp32", output=fmt, lse="fp32")
+                           out_acc="fp32", output=fmt, lse="fp32",
+                           grad_out=fmt, delta="fp32", dp="fp32", ds=fmt, p_bwd=fmt,
+                           grad_acc="fp32", grad=fmt)
 
 
 PRESETS: dict[str, PrecisionPolicy] = {

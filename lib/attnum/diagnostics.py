@@ -1,0 +1,151 @@
+"""The FP32 backward-recompute diagnostic of seed 004.
+
+Seed 004's test for a faulty attention backward: keep the forward of a
+checkpoint exactly as it ran, recompute the backward of selected attention
+layers in FP32, and compare. If the gradient norm drops sharply, the attention
+kernel, not the data, optimiser or architecture, made the excess gradient.
+
+Two entry points:
+
+* ``backward_errors(q, k, v, grad_out, impl)`` on raw tensors (saved from any
+  model): the gradients the implementation computes (from a stored ``out`` and
+  ``lse`` when given, i.e. the forward exactly as it ran) against the FP32
+  recompute on the same operands;
+* ``recompute_backward_fp32(model, batch, layers)`` on an ``attnum.model.GPT``
+  (any checkpoint): two backward passes of the same forward, the second with the
+  selected layers' attention backward recomputed in FP32; per layer the ratio of
+  gradient norms and the dQ, dK, dV errors on that layer's own (q, k, v, dO).
+
+The FP32 recompute reads the operands the kernel read (q, k, v rounded by its
+``inputs`` stage, dO by its ``grad_out`` stage), so what is measured is the error
+of the kernel's arithmetic, not of rounding its inputs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import xarray as xr
+
+from .attention import FP32_BACKWARD, AttentionImpl, attention_grads
+from .metrics import rel_l2_error, row_rel_l2
+from .model import GPT, grad_norms
+
+GRADS = ("dq", "dk", "dv")
+DEFAULT_THRESHOLD = 0.1
+
+ATTRS = {
+    "grad_norm_low": ("1", "gradient norm of the block with the attention backward as trained"),
+    "grad_norm_fp32": ("1", "gradient norm of the block with the selected layers' attention backward in FP32"),
+    "grad_norm_ratio": ("1", "block gradient norm, as trained / FP32 attention backward"),
+    "grad_norm_qk_ratio": ("1", "query/key projection gradient norm, as trained / FP32 attention backward"),
+    "total_grad_norm_ratio": ("1", "model gradient norm, as trained / FP32 attention backward"),
+    "forward_identical": ("1", "1 if both backward passes saw bitwise the same loss"),
+    "flagged": ("1", "1 if the largest dQ/dK/dV relative error exceeds the threshold"),
+    "threshold": ("1", "relative-error threshold of the flag"),
+}
+for _g in GRADS:
+    ATTRS[f"{_g}_rel_err"] = ("1", f"relative L2 error of {_g} against the FP32 recompute")
+    ATTRS[f"{_g}_row_rel_err"] = ("1", f"median over rows of the row relative L2 error of {_g}")
+    ATTRS[f"{_g}_norm_ratio"] = ("1", f"||{_g}|| / ||{_g} of the FP32 recompute||")
+
+
+def _ratio(a: float, b: float) -> float:
+    if b == 0:
+        return 1.0 if a == 0 else math.inf
+    return a / b
+
+
+def kernel_operands(q, k, v, grad_out, impl: AttentionImpl):
+    """q, k, v and dO as the kernel of ``impl`` reads them (sdpa reads them as given)."""
+    if impl.kind == "sdpa":
+        return q, k, v, grad_out
+    pol = impl.policy
+    q, k, v = (pol.round(t.to(pol.carrier), "inputs") for t in (q, k, v))
+    return q, k, v, pol.round(grad_out.to(pol.carrier), "grad_out")
+
+
+def backward_errors(q, k, v, grad_out, impl: AttentionImpl, *, causal: bool = False, scale: float | None = None,
+                    out=None, lse=None, reference: AttentionImpl = FP32_BACKWARD,
+                    threshold: float = DEFAULT_THRESHOLD) -> dict[str, float]:
+    """Errors of ``impl``'s attention gradients against the FP32 recompute, on raw tensors.
+
+    ``out``/``lse``: what the forward stored (flash only); without them the forward is
+    recomputed under ``impl``, which is the same thing for a deterministic kernel.
+    Returns per gradient ``<g>_rel_err`` (relative L2), ``<g>_row_rel_err`` (median row
+    relative error), ``<g>_norm_ratio``, plus ``grad_norm_ratio`` over all three and ``flagged``.
+    """
+    low = attention_grads(q, k, v, grad_out, impl, causal=causal, scale=scale, out=out, lse=lse)
+    operands = kernel_operands(q, k, v, grad_out, impl)
+    ref = attention_grads(*(t.float() for t in operands), reference, causal=causal, scale=scale)
+    result = {}
+    for name, a, b in zip(GRADS, low, ref):
+        result[f"{name}_rel_err"] = rel_l2_error(a, b)
+        rows = row_rel_l2(a, b)
+        result[f"{name}_row_rel_err"] = rows[torch.isfinite(rows)].median().item() if rows.numel() else math.nan
+        result[f"{name}_norm_ratio"] = _ratio(torch.linalg.vector_norm(a.double()).item(),
+                                              torch.linalg.vector_norm(b.double()).item())
+    norm = lambda ts: math.sqrt(sum(torch.linalg.vector_norm(t.double()).item() ** 2 for t in ts))
+    result["grad_norm_ratio"] = _ratio(norm(low), norm(ref))
+    result["flagged"] = int(max(result[f"{g}_rel_err"] for g in GRADS) > threshold)
+    return result
+
+
+def _backward(model: GPT, inputs, targets):
+    model.zero_grad(set_to_none=True)
+    _, loss = model(inputs, targets)
+    loss.backward()
+    n_layer = len(model.blocks)
+    norms = [grad_norms(model, layer) for layer in range(n_layer)]
+    total = math.sqrt(sum(float((p.grad.double() ** 2).sum()) for p in model.parameters() if p.grad is not None))
+    return loss.item(), norms, total
+
+
+def recompute_backward_fp32(model: GPT, batch, layers=None, *, threshold: float = DEFAULT_THRESHOLD,
+                            reference: AttentionImpl = FP32_BACKWARD) -> xr.Dataset:
+    """Per selected layer: gradient-norm ratios (as trained / FP32 attention backward) and
+    dQ, dK, dV errors on the layer's own (q, k, v, dO); ``flagged`` past ``threshold``.
+
+    The model is left as it was (no gradients kept, no layer changed).
+    """
+    inputs, targets = batch
+    attns = model.attention_modules()
+    layers = list(range(len(attns))) if layers is None else sorted(layers)
+    try:
+        for layer in layers:
+            attns[layer].kernel.capture = {}
+        loss_low, norms_low, total_low = _backward(model, inputs, targets)
+        captured = [attns[layer].kernel.capture for layer in layers]
+        for layer in layers:
+            attns[layer].kernel.capture = None
+            attns[layer].kernel.backward_impl = reference
+        loss_ref, norms_ref, total_ref = _backward(model, inputs, targets)
+    finally:
+        for attn in attns:
+            attn.kernel.capture = None
+            attn.kernel.backward_impl = None
+        model.zero_grad(set_to_none=True)
+
+    data = {name: np.full(len(layers), np.nan) for name in ATTRS if name not in
+            ("total_grad_norm_ratio", "forward_identical", "threshold")}
+    for i, (layer, cap) in enumerate(zip(layers, captured)):
+        data["grad_norm_low"][i] = norms_low[layer]["grad_norm"]
+        data["grad_norm_fp32"][i] = norms_ref[layer]["grad_norm"]
+        data["grad_norm_ratio"][i] = _ratio(norms_low[layer]["grad_norm"], norms_ref[layer]["grad_norm"])
+        data["grad_norm_qk_ratio"][i] = _ratio(norms_low[layer]["grad_norm_qk"], norms_ref[layer]["grad_norm_qk"])
+        errors = backward_errors(cap["q"], cap["k"], cap["v"], cap["grad_out"], attns[layer].kernel.impl,
+                                 causal=cap["causal"], scale=cap["scale"], reference=reference,
+                                 threshold=threshold)
+        for name in data:
+            if name in errors:
+                data[name][i] = errors[name]
+    ds = xr.Dataset({name: ("layer", values) for name, values in data.items()}, coords={"layer": layers})
+    ds["flagged"] = ds["flagged"].astype(np.int8)
+    ds["total_grad_norm_ratio"] = _ratio(total_low, total_ref)
+    ds["forward_identical"] = np.int8(loss_low == loss_ref)
+    ds["threshold"] = float(threshold)
+    for name in ds.data_vars:
+        units, long_name = ATTRS[name]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    return ds

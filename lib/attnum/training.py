@@ -1,0 +1,208 @@
+"""Train the small GPT on a synthetic task, recording what seed 004 says to watch.
+
+AdamW with linear warmup and cosine decay, optional global gradient clipping,
+checkpoints (weights) at chosen steps, a tqdm bar, and per-step records: loss,
+accuracy on the scored positions, learning rate, total gradient norm, and per
+layer the gradient norm of the block and of its query/key projections, the
+largest attention logit, the attention entropy, the norm of the mean key and its
+ratio to the mean key norm. ``records_dataset`` turns the records into an
+xarray Dataset with CF attributes for ``attnum.ncio.write_results``.
+
+Determinism: the initial weights come from ``TrainConfig.seed`` alone, the data
+from the task's ``data_seed`` and the step alone, and nothing draws from torch's
+global generator, so two runs with the same configuration are bitwise identical
+on one machine (``tests/test_training.py``). Runs that differ in one thing (the
+attention implementation of a layer, ``init_perturbation``) share everything else.
+
+Step convention: the checkpoint of step s holds the weights after s updates; the
+record of step s is the forward and backward computed with those weights.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from .model import GPT, GPTConfig, grad_norms, perturb_weights
+from .tasks import IGNORE, Task
+
+AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+LAYER_RECORDS = ("grad_norm", "grad_norm_qk", "max_logit", "entropy", "key_mean_norm", "key_norm",
+                 "key_mean_ratio")
+STEP_RECORDS = ("loss", "accuracy", "lr", "grad_norm_total")
+
+ATTRS = {
+    "loss": ("nat", "training cross-entropy on the scored positions"),
+    "accuracy": ("1", "fraction of scored positions predicted correctly (argmax)"),
+    "lr": ("1", "learning rate of the step"),
+    "grad_norm_total": ("1", "global gradient norm before clipping"),
+    "grad_norm": ("1", "gradient norm of every parameter of the block"),
+    "grad_norm_qk": ("1", "gradient norm of the block's query and key projections (weights and biases)"),
+    "max_logit": ("1", "largest scaled attention logit q.k/sqrt(d) over batch, heads and rows"),
+    "entropy": ("nat", "mean attention entropy per row"),
+    "key_mean_norm": ("1", "norm of the mean key ||mean_j k_j|| (mean over batch and heads)"),
+    "key_norm": ("1", "mean key norm mean_j ||k_j|| (mean over batch and heads)"),
+    "key_mean_ratio": ("1", "||mean_j k_j|| / mean_j ||k_j||"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 500
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1  # cosine decay from lr to lr * min_lr_ratio at the last step
+    weight_decay: float = 0.0  # AdamW decoupled decay on matrices (not biases, norms, embeddings)
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 0.0  # global gradient-norm clipping threshold; 0 turns clipping off
+    seed: int = 0  # initial weights
+    init_perturbation: float = 0.0  # add this * N(0, 1) to every initial weight
+    perturbation_seed: int = 1
+    checkpoint_steps: tuple = ()  # keep the weights after these many updates (0 = initial weights)
+    record_every: int = 1
+    autocast: str = "none"  # "bf16" or "fp16": everything but the attention kernel under torch.autocast
+    threads: int = 1  # torch CPU threads while training: small models gain nothing from more, and a
+    #                   fixed count keeps the reduction order, hence the bits, the same everywhere
+
+    def __post_init__(self) -> None:
+        if self.autocast not in AUTOCAST:
+            raise ValueError(f"autocast must be one of {list(AUTOCAST)}, got {self.autocast!r}")
+        bad = [s for s in self.checkpoint_steps if not 0 <= s <= self.steps]
+        if bad:
+            raise ValueError(f"checkpoint steps {bad} are outside 0..{self.steps}")
+        object.__setattr__(self, "checkpoint_steps", tuple(sorted(set(int(s) for s in self.checkpoint_steps))))
+
+    def lr_at(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return self.lr * (step + 1) / self.warmup_steps
+        span = max(1, self.steps - 1 - self.warmup_steps)
+        progress = min(1.0, (step - self.warmup_steps) / span)
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+@dataclasses.dataclass
+class TrainResult:
+    model: GPT
+    records: xr.Dataset
+    checkpoints: dict  # step -> state_dict (cloned tensors)
+    diverged_at: int | None = None
+
+
+def build_model(model_cfg: GPTConfig, cfg: TrainConfig, device="cpu") -> GPT:
+    model = GPT(model_cfg, seed=cfg.seed)
+    perturb_weights(model, cfg.init_perturbation, cfg.perturbation_seed)
+    return model.to(device)
+
+
+def load_checkpoint(model_cfg: GPTConfig, state: dict, device="cpu") -> GPT:
+    model = GPT(model_cfg, seed=0)
+    model.load_state_dict(state)
+    return model.to(device)
+
+
+def _optimizer(model: GPT, cfg: TrainConfig):
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2 and "emb" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.dim() >= 2 and "emb" not in n)]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=1e-8, foreach=False)
+
+
+def accuracy(logits, targets) -> float:
+    scored = targets != IGNORE
+    return (logits.argmax(-1)[scored] == targets[scored]).float().mean().item()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run a block with ``n`` torch CPU threads, then restore the previous count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def train(model_cfg: GPTConfig, task: Task, cfg: TrainConfig, *, device="cpu", progress: bool = True,
+          checkpoint_dir: str | Path | None = None, desc: str = "train") -> TrainResult:
+    """Train from ``cfg.seed`` on ``task``; returns the model, the records and the checkpoints."""
+    with torch_threads(cfg.threads):
+        return _train(model_cfg, task, cfg, device=device, progress=progress, checkpoint_dir=checkpoint_dir,
+                      desc=desc)
+
+
+def _train(model_cfg, task, cfg, *, device, progress, checkpoint_dir, desc) -> TrainResult:
+    if model_cfg.vocab_size != task.vocab_size or model_cfg.context < task.context:
+        raise ValueError(f"model (vocab {model_cfg.vocab_size}, context {model_cfg.context}) does not fit "
+                         f"task {task.name} (vocab {task.vocab_size}, context {task.context})")
+    model = build_model(model_cfg, cfg, device)
+    opt = _optimizer(model, cfg)
+    amp_dtype = AUTOCAST[cfg.autocast]
+    scaler = torch.amp.GradScaler(torch.device(device).type, enabled=amp_dtype is torch.float16)
+    attns = model.attention_modules()
+    rec_steps = [s for s in range(cfg.steps) if s % cfg.record_every == 0 or s == cfg.steps - 1]
+    rec_index = {s: i for i, s in enumerate(rec_steps)}
+    step_rec = {name: np.full(len(rec_steps), np.nan) for name in STEP_RECORDS}
+    layer_rec = {name: np.full((len(rec_steps), len(attns)), np.nan) for name in LAYER_RECORDS}
+    checkpoints, diverged_at = {}, None
+    bar = tqdm(range(cfg.steps + 1), desc=desc, disable=not progress, leave=False)
+    for step in bar:
+        if step in cfg.checkpoint_steps:
+            state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            checkpoints[step] = state
+            if checkpoint_dir is not None:
+                Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+                torch.save(state, Path(checkpoint_dir) / f"step{step:07d}.pt")
+        if step == cfg.steps or diverged_at is not None:
+            continue
+        i = rec_index.get(step)
+        for attn in attns:
+            attn.record_stats = i is not None
+        for group in opt.param_groups:
+            group["lr"] = cfg.lr_at(step)
+        inputs, targets = task.batch(step, cfg.batch_size, device)
+        ctx = torch.autocast(torch.device(device).type, dtype=amp_dtype) if amp_dtype else contextlib.nullcontext()
+        with ctx:
+            logits, loss = model(inputs, targets)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        total = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        if i is not None:
+            step_rec["loss"][i], step_rec["lr"][i] = loss.item(), cfg.lr_at(step)
+            step_rec["accuracy"][i], step_rec["grad_norm_total"][i] = accuracy(logits, targets), total.item()
+            for layer, attn in enumerate(attns):
+                values = {**grad_norms(model, layer), **attn.stats}
+                for name in LAYER_RECORDS:
+                    layer_rec[name][i, layer] = values[name]
+        if not math.isfinite(loss.item()):
+            diverged_at = step  # keep the records up to here; weights would turn to NaN
+            continue
+        scaler.step(opt)
+        scaler.update()
+        if i is not None and progress:
+            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    for attn in attns:
+        attn.record_stats = False
+    records = records_dataset(rec_steps, step_rec, layer_rec, len(attns))
+    return TrainResult(model=model, records=records, checkpoints=checkpoints, diverged_at=diverged_at)
+
+
+def records_dataset(steps, step_rec: dict, layer_rec: dict, n_layer: int) -> xr.Dataset:
+    ds = xr.Dataset({name: ("step", values) for name, values in step_rec.items()},
+                    coords={"step": np.asarray(steps), "layer": np.arange(n_layer)})
+    for name, values in layer_rec.items():
+        ds[name] = (("step", "layer"), values)
+    for name in ds.data_vars:
+        units, long_name = ATTRS[name]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    ds["step"].attrs.update(long_name="optimizer updates before this step's forward and backward")
+    return ds
