@@ -1,0 +1,518 @@
+"""Study 04: late-training gradient blowup of a BF16 FlashAttention backward (seed 004).
+
+Three experiments, each a function returning an xarray Dataset with CF attributes:
+
+``mechanism_grid``
+    q, k, v, dO i.i.d. N(0, 1); q multiplied by a *sharpness* factor; a vector mu
+    of norm ``mu_norm`` added to every key. The operands are rounded to bf16 (what
+    the kernels read) and every variant's dQ, dK, dV is compared with the fp64
+    gradients on those same operands. Adding mu to every key shifts each row's
+    scores by the constant q_i . mu, so the exact output and the exact dQ do not
+    depend on mu: whatever grows with |mu| is kernel error. Variants (``VARIANTS``)
+    switch seed 004's two causes on and off separately.
+
+``train_runs`` and ``checkpoint_diagnostics``
+    the small GPT trained with the BF16 flash emulator and, from the same
+    initialisation and data order, with FP32 attention; at checkpoints the FP32
+    backward-recompute diagnostic, with and without a common key offset added to
+    every layer's keys (forward unchanged in exact arithmetic).
+
+``tied_maxima_comparison``
+    Qiu & Yao's regime (arXiv 2510.04212): rows whose maximum score is repeated
+    (P = 1 exactly at several keys) and a value matrix with a negative mean, beside
+    seed 004's key-offset regime, with and without tiling.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from ..attention import AttentionImpl, attention_grads
+from ..backward import flash_attention_backward, golden_attention_backward
+from ..diagnostics import recompute_backward_fp32
+from ..flash import flash_attention
+from ..inputs import generator, normal_qkv
+from ..metrics import row_rel_l2
+from ..model import GPTConfig, add_key_offset
+from ..precision import get_policy, round_to
+from ..reference import golden_attention
+from ..tasks import Task
+from ..training import TrainConfig, load_checkpoint, torch_threads, train
+
+FA2_BF16 = get_policy("fa2_bf16")
+FP32 = get_policy("fp32")
+
+# name -> (kind, policy, fused_scale_max, what it isolates)
+VARIANTS = {
+    "fp32": ("flash", FP32, False, "FP32 attention, forward and backward (the baseline)"),
+    "fp32_fused": ("flash", FP32, True, "FP32 attention with FA3's fused scale-max: cause 1 alone"),
+    "fp32_ds_bf16": ("flash", FP32.replace(name="fp32+ds=bf16", ds="bf16"), False,
+                     "FP32 attention with dS rounded to bf16: cause 2 alone"),
+    "bf16_bwd_fp32": ("flash", FA2_BF16.with_backward("fp32"), False,
+                      "BF16 forward (stored O in bf16), every backward stage in fp32"),
+    "bf16": ("flash", FA2_BF16, False, "BF16 FlashAttention-2 forward and backward, subtract-then-scale"),
+    "bf16_fused": ("flash", FA2_BF16, True, "BF16 FlashAttention-3: fused scale-max and rounded dS (both causes)"),
+    "reference_bf16": ("reference", FA2_BF16, False, "unblocked attention under fa2_bf16, autograd backward"),
+}
+REGIMES = ("key_offset", "tied_max_negative_v", "tied_max_zero_mean_v")
+TILINGS = ("tiled", "one_block")
+
+ATTRS = {
+    "mech_dq_err": ("1", "median row relative L2 error of dQ against fp64"),
+    "mech_dk_err": ("1", "median row relative L2 error of dK against fp64"),
+    "mech_dv_err": ("1", "median row relative L2 error of dV against fp64"),
+    "mech_dq_err_p90": ("1", "90th percentile of the row relative L2 error of dQ"),
+    "mech_out_err": ("1", "relative L2 error of the forward output against fp64"),
+    "mech_ds_row_sum": ("1", "median over rows of |sum_j dS_ij| / sum_j |dS_ij|, dS as fed to the dQ matmul"),
+    "mech_ds_exact_row_sum": ("1", "median over rows of |sum_j dS_ij| / sum_j |dS_ij| before rounding dS"),
+    "mech_dq_err_cos_mu": ("1", "median over rows of |cos(dQ error, mu)|"),
+    "mech_max_prob": ("1", "median over rows of the largest attention probability (fp64)"),
+    "mech_dq_norm": ("1", "median over rows of ||dQ_i|| (fp64)"),
+    "variant_description": ("1", "what the variant switches on"),
+    "qy_dq_err": ("1", "median row relative L2 error of dQ against fp64"),
+    "qy_out_err": ("1", "relative L2 error of the forward output against fp64"),
+    "qy_out_err_coherence": ("1", "mean over columns of |mean_i e_ic| / rms_i e_ic of the output error e "
+                                  "(1: every row errs alike; ~N^-1/2: independent)"),
+    "qy_delta_err_bias": ("1", "mean_i (D_i - D_i exact) / rms_i (D_i - D_i exact): sign bias of the D error"),
+    "qy_dq_err_cos_pk": ("1", "median over rows of |cos(dQ error, sum_j P_ij k_j)|"),
+    "qy_ds_row_sum": ("1", "median over rows of |sum_j dS_ij| / sum_j |dS_ij|, dS as fed to the dQ matmul"),
+    "qy_max_prob": ("1", "median over rows of the largest attention probability (fp64)"),
+    "diag_key_mean_norm": ("1", "norm of the mean key of the layer at the checkpoint, offset included"),
+    "diag_loss": ("nat", "loss of the diagnostic batch at the checkpoint, offset included"),
+}
+
+
+def with_attrs(ds: xr.Dataset) -> xr.Dataset:
+    from ..diagnostics import ATTRS as DIAG_ATTRS
+    from ..training import ATTRS as TRAIN_ATTRS
+
+    for name in ds.data_vars:
+        if {"units", "long_name"} <= set(ds[name].attrs):
+            continue
+        if name in ATTRS:
+            units, long_name = ATTRS[name]
+        elif name.startswith("diag_") and name[5:] in DIAG_ATTRS:
+            units, long_name = DIAG_ATTRS[name[5:]]
+        else:
+            units, long_name = TRAIN_ATTRS[name.removeprefix("train_")]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    return ds
+
+
+def variant_impl(name: str, block_q: int, block_k: int) -> AttentionImpl:
+    kind, policy, fused, _ = VARIANTS[name]
+    return AttentionImpl(kind, policy, block_q=block_q, block_k=block_k, fused_scale_max=fused)
+
+
+def _unit(n: int, gen: torch.Generator) -> torch.Tensor:
+    x = torch.randn(n, generator=gen, dtype=torch.float64)
+    return x / torch.linalg.vector_norm(x)
+
+
+def _row_cos(a, b) -> torch.Tensor:
+    """|cos| between matching rows of a and b (b broadcast), NaN where either row is 0."""
+    a, b = a.double(), b.double().expand_as(a)
+    num = (a * b).sum(-1).abs()
+    den = torch.linalg.vector_norm(a, dim=-1) * torch.linalg.vector_norm(b, dim=-1)
+    return torch.where(den > 0, num / torch.where(den > 0, den, torch.ones_like(den)), torch.full_like(den, math.nan))
+
+
+def _median(x: torch.Tensor) -> float:
+    x = x[torch.isfinite(x)]
+    return x.median().item() if x.numel() else math.nan
+
+
+def _probabilities(q, k, scale) -> torch.Tensor:
+    return torch.softmax((q.double() @ k.double().transpose(-1, -2)) * scale, dim=-1)
+
+
+def variant_errors(q, k, v, do, impl: AttentionImpl, gold, *, mu=None) -> dict[str, float]:
+    """Errors of one implementation's forward and backward against the fp64 values ``gold``
+    (a dict with out, dq, dk, dv, pk) on the operands q, k, v, dO it reads."""
+    stats = {}
+    if impl.kind == "flash":
+        out, lse = flash_attention(q, k, v, impl.policy, block_q=impl.block_q, block_k=impl.block_k,
+                                   fused_scale_max=impl.fused_scale_max)
+        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, do, impl.policy, block_q=impl.block_q,
+                                              block_k=impl.block_k, fused_scale_max=impl.fused_scale_max,
+                                              stats=stats)
+    else:
+        from ..attention import attention_forward
+
+        out = attention_forward(q, k, v, impl)
+        dq, dk, dv = attention_grads(q, k, v, do, impl)
+    dq_rows = row_rel_l2(dq, gold["dq"])
+    err = dq.double() - gold["dq"]
+    out_err = out.double() - gold["out"]
+    res = {
+        "dq_err": _median(dq_rows), "dk_err": _median(row_rel_l2(dk, gold["dk"])),
+        "dv_err": _median(row_rel_l2(dv, gold["dv"])),
+        "dq_err_p90": torch.quantile(dq_rows[torch.isfinite(dq_rows)], 0.9).item(),
+        "out_err": (torch.linalg.vector_norm(out_err) / torch.linalg.vector_norm(gold["out"])).item(),
+        "dq_err_cos_pk": _median(_row_cos(err, gold["pk"])),
+        "dq_err_cos_mu": _median(_row_cos(err, mu)) if mu is not None and mu.abs().sum() > 0 else math.nan,
+        "out_err_coherence": (out_err.mean(-2).abs() / out_err.pow(2).mean(-2).sqrt().clamp_min(1e-300)).mean().item(),
+    }
+    delta_err = (do.double() * out.double()).sum(-1) - (do.double() * gold["out"]).sum(-1)
+    res["delta_err_bias"] = (delta_err.mean() / delta_err.pow(2).mean().sqrt().clamp_min(1e-300)).item()
+    for key in ("ds_row_sum", "ds_exact_row_sum"):
+        res[key] = (_median(stats[key].abs() / stats["ds_row_abs_sum"].clamp_min(1e-300))
+                    if stats else math.nan)
+    return res
+
+
+def golden_values(q, k, v, do, chunk: int) -> dict[str, torch.Tensor]:
+    out = golden_attention(q, k, v, chunk=chunk)
+    dq, dk, dv = golden_attention_backward(q, k, v, do, chunk=chunk)
+    p = _probabilities(q, k, 1.0 / math.sqrt(q.shape[-1]))
+    return {"out": out, "dq": dq, "dk": dk, "dv": dv, "pk": p @ k.double(), "max_prob": p.amax(-1)}
+
+
+def mechanism_operands(seq_len: int, head_dim: int, sharpness: float, mu_norm: float, seed: int, *,
+                       heads: int = 1, device="cpu"):
+    """bf16 q (scaled by ``sharpness``), k + mu, v, dO and mu (fp32 carriers), seeded."""
+    q, k, v = normal_qkv(1, heads, seq_len, head_dim, seed=seed, device=device)
+    gen = generator(seed + 7_000_003)
+    do = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(device)
+    mu = _unit(head_dim, gen).to(device) * mu_norm
+    q, k, v, do = (round_to(t.float(), "bf16") for t in (q * sharpness, k + mu, v, do))
+    return q, k, v, do, mu
+
+
+def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=tuple(VARIANTS), heads: int = 1,
+                   block_q: int = 64, block_k: int = 64, golden_chunk: int = 1024, device="cpu",
+                   progress: bool = True, threads: int = 1) -> xr.Dataset:
+    """Errors of every variant over sharpness x |mu| x N x d x seed (see the module docstring)."""
+    metrics = ("dq_err", "dk_err", "dv_err", "dq_err_p90", "out_err", "ds_row_sum", "ds_exact_row_sum",
+               "dq_err_cos_mu")
+    shape = (len(variants), len(sharpness), len(mu_norms), len(seq_lens), len(head_dims), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in metrics}
+    max_prob = np.full(shape[1:], np.nan)
+    dq_norm = np.full(shape[1:], np.nan)
+    work = [(a, s, b, m, c, n, e, d, f, seed) for a, s in enumerate(sharpness) for b, m in enumerate(mu_norms)
+            for c, n in enumerate(seq_lens) for e, d in enumerate(head_dims) for f, seed in enumerate(seeds)]
+    impls = [variant_impl(name, block_q, block_k) for name in variants]
+    with torch_threads(threads):
+        for a, s, b, m, c, n, e, d, f, seed in tqdm(work, desc="mechanism grid", disable=not progress):
+            q, k, v, do, mu = mechanism_operands(n, d, s, m, seed, heads=heads, device=device)
+            gold = golden_values(q, k, v, do, golden_chunk)
+            max_prob[a, b, c, e, f] = gold["max_prob"].median().item()
+            dq_norm[a, b, c, e, f] = torch.linalg.vector_norm(gold["dq"], dim=-1).median().item()
+            for i, impl in enumerate(impls):
+                res = variant_errors(q, k, v, do, impl, gold, mu=mu)
+                for metric in metrics:
+                    data[metric][i, a, b, c, e, f] = res[metric]
+    dims = ("variant", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
+    coords = {"variant": list(variants), "sharpness": list(map(float, sharpness)),
+              "mu_norm": list(map(float, mu_norms)), "seq_len": list(seq_lens), "head_dim": list(head_dims),
+              "seed": list(seeds)}
+    ds = xr.Dataset({f"mech_{m}": (dims, data[m]) for m in metrics}, coords=coords)
+    ds["mech_max_prob"] = (dims[1:], max_prob)
+    ds["mech_dq_norm"] = (dims[1:], dq_norm)
+    ds["variant_description"] = ("variant", [VARIANTS[v][3] for v in variants])
+    ds["sharpness"].attrs.update(long_name="factor multiplying q (attention sharpness)", units="1")
+    ds["mu_norm"].attrs.update(long_name="norm of the vector mu added to every key", units="1")
+    return ds
+
+
+# -- Qiu & Yao's regime beside seed 004's ---------------------------------------------------------
+
+def regime_operands(regime: str, seq_len: int, head_dim: int, seed: int, *, n_ties: int = 8,
+                    mu_norm: float = 100.0, device="cpu"):
+    """bf16 operands of one regime and the offset mu (zero outside ``key_offset``).
+
+    ``key_offset``: N(0, 1) q, k, v, dO and mu added to every key (seed 004).
+    ``tied_max_*``: ``n_ties`` keys are the same vector e, and every query has a large
+    component along e, so each row's maximum score is repeated ``n_ties`` times and
+    P = 1 exactly there before normalisation (Qiu & Yao); V is N(-1, 0.2^2)
+    (``negative_v``: every column mostly negative) or N(0, 1).
+    """
+    if regime not in REGIMES:
+        raise ValueError(f"unknown regime {regime!r}; allowed: {list(REGIMES)}")
+    q, k, v = normal_qkv(1, 1, seq_len, head_dim, seed=seed, device="cpu")
+    gen = generator(seed + 9_000_011)
+    do = torch.randn(q.shape, generator=gen, dtype=torch.float64)
+    mu = torch.zeros(head_dim, dtype=torch.float64)
+    if regime == "key_offset":
+        mu = _unit(head_dim, gen) * mu_norm
+        k = k + mu
+    else:
+        e = _unit(head_dim, gen)
+        ties = torch.randperm(seq_len, generator=gen)[:n_ties]
+        q = 0.3 * q + 4.0 * math.sqrt(n_ties) * e
+        k[..., ties, :] = 8.0 * e
+        if regime == "tied_max_negative_v":
+            v = 0.2 * v - 1.0
+    q, k, v, do = (round_to(t.float(), "bf16").to(device) for t in (q, k, v, do))
+    return q, k, v, do, mu.to(device)
+
+
+def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple(VARIANTS), n_ties: int = 8,
+                           mu_norm: float = 100.0, block_q: int = 64, block_k: int = 64,
+                           golden_chunk: int = 1024, device="cpu", progress: bool = True,
+                           threads: int = 1) -> xr.Dataset:
+    """Seed 004's key-offset regime beside Qiu & Yao's tied maxima, tiled and with one key block."""
+    metrics = ("dq_err", "out_err", "out_err_coherence", "delta_err_bias", "dq_err_cos_pk", "ds_row_sum")
+    shape = (len(REGIMES), len(variants), len(TILINGS), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in metrics}
+    max_prob = np.full((len(REGIMES), len(seeds)), np.nan)
+    work = [(r, regime, s, seed) for r, regime in enumerate(REGIMES) for s, seed in enumerate(seeds)]
+    with torch_threads(threads):
+        for r, regime, s, seed in tqdm(work, desc="tied maxima", disable=not progress):
+            q, k, v, do, mu = regime_operands(regime, seq_len, head_dim, seed, n_ties=n_ties, mu_norm=mu_norm,
+                                              device=device)
+            gold = golden_values(q, k, v, do, golden_chunk)
+            max_prob[r, s] = gold["max_prob"].median().item()
+            for i, name in enumerate(variants):
+                for t, tiling in enumerate(TILINGS):
+                    bk = block_k if tiling == "tiled" else seq_len
+                    res = variant_errors(q, k, v, do, variant_impl(name, block_q, bk), gold, mu=mu)
+                    for metric in metrics:
+                        data[metric][r, i, t, s] = res[metric]
+    dims = ("regime", "variant", "tiling", "seed")
+    coords = {"regime": list(REGIMES), "variant": list(variants), "tiling": list(TILINGS), "seed": list(seeds)}
+    ds = xr.Dataset({f"qy_{m}": (dims, data[m]) for m in metrics}, coords=coords)
+    ds["qy_max_prob"] = (("regime", "seed"), max_prob)
+    return ds
+
+
+# -- training and the diagnostic at checkpoints ---------------------------------------------------
+
+def train_runs(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, runs: dict[str, str], *,
+               device="cpu", progress: bool = True):
+    """Train one model per entry of ``runs`` (name -> attention implementation, every layer) from the
+    same initialisation and data order. Returns (records with a ``run`` dim, {name: TrainResult})."""
+    results, records = {}, []
+    for name, impl in runs.items():
+        cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (impl,)})
+        results[name] = train(cfg, task, train_cfg, device=device, progress=progress, desc=f"train {name}")
+        records.append(results[name].records.expand_dims(run=[name]))
+    ds = xr.concat(records, dim="run", join="outer")
+    ds = ds.rename({name: f"train_{name}" for name in ds.data_vars})
+    ds["run_attention"] = ("run", [AttentionImpl.parse(i).label if isinstance(i, str) else i.label
+                                   for i in runs.values()])
+    ds["run_attention"].attrs.update(units="1", long_name="attention implementation of every layer")
+    return ds, results
+
+
+def _offset_vectors(model_cfg: GPTConfig, seed: int) -> list[torch.Tensor]:
+    """One unit vector per head and layer (shape (d_model,) per layer, each head's block of norm 1)."""
+    gen = generator(seed + 11_000_027)
+    return [torch.cat([_unit(model_cfg.head_dim, gen) for _ in range(model_cfg.n_head)]).float()
+            for _ in range(model_cfg.n_layer)]
+
+
+def checkpoint_diagnostics(result, model_cfg: GPTConfig, batch, offset_norms, *, threshold: float = 0.1,
+                           seed: int = 0, progress: bool = True, threads: int = 1) -> xr.Dataset:
+    """The FP32 recompute diagnostic at every checkpoint of a run, with a common key offset of each norm
+    in ``offset_norms`` added to every head of every layer (0: the checkpoint as trained)."""
+    steps = sorted(result.checkpoints)
+    directions = _offset_vectors(model_cfg, seed)
+    parts = []
+    work = [(step, norm) for step in steps for norm in offset_norms]
+    with torch_threads(threads):
+        for step, norm in tqdm(work, desc="diagnostics", disable=not progress):
+            model = load_checkpoint(model_cfg, result.checkpoints[step])
+            for layer, direction in enumerate(directions):
+                add_key_offset(model, layer, direction * float(norm))
+            diag = recompute_backward_fp32(model, batch, threshold=threshold)
+            with torch.no_grad():
+                for attn in model.attention_modules():
+                    attn.record_stats = True
+                _, loss = model(*batch)
+                key_mean = [attn.stats["key_mean_norm"] for attn in model.attention_modules()]
+                for attn in model.attention_modules():
+                    attn.record_stats = False
+            diag["key_mean_norm"] = ("layer", key_mean)
+            diag["loss"] = loss.item()
+            parts.append(diag.expand_dims(checkpoint=[step], offset_norm=[float(norm)]))
+    ds = xr.combine_by_coords(parts, combine_attrs="drop_conflicts")
+    ds = ds.rename({name: f"diag_{name}" for name in ds.data_vars})
+    ds["offset_norm"].attrs.update(long_name="norm of the common key offset added to every head", units="1")
+    ds["checkpoint"].attrs.update(long_name="optimizer updates before the checkpoint")
+    return ds
+
+
+def offset_for_unit_error(ds: xr.Dataset, var: str = "diag_dq_rel_err", level: float = 1.0) -> xr.DataArray:
+    """The key-offset norm at which ``var`` reaches ``level``, by log-log interpolation over ``offset_norm``
+    (NaN when the measured range never reaches it)."""
+    norms = ds["offset_norm"].values
+
+    def crossing(errs):
+        ok = (norms > 0) & np.isfinite(errs) & (errs > 0)
+        x, y = np.log(norms[ok]), np.log(errs[ok])
+        above = np.nonzero(y >= math.log(level))[0]
+        if not len(above) or above[0] == 0:
+            return math.nan
+        i = above[0]
+        t = (math.log(level) - y[i - 1]) / (y[i] - y[i - 1])
+        return float(np.exp(x[i - 1] + t * (x[i] - x[i - 1])))
+
+    out = xr.apply_ufunc(crossing, ds[var], input_core_dims=[["offset_norm"]], vectorize=True)
+    out.attrs.update(units="1", long_name=f"key-offset norm at which {var} reaches {level:g}")
+    return out
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#1e8449", "--"), "fp32_ds_bf16": ("#2874a6", "-"),
+                 "bf16_bwd_fp32": ("#7d3c98", "-"), "bf16": ("#c0392b", "-"), "bf16_fused": ("#c0392b", "--"),
+                 "reference_bf16": ("#7f8c8d", ":")}
+
+
+def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
+    """One panel per sharpness: median (over seeds) error vs |mu| for every variant, at the largest N
+    and the first d."""
+    from ..plots import subplots
+
+    sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
+    sharp = ds["sharpness"].values
+    fig, axes = subplots(1, len(sharp), sharey=True, figsize=(3.6 * len(sharp) + 1.8, 3.6))
+    x = np.maximum(ds["mu_norm"].values, 1e-1)
+    for ax, s in zip(axes[0], sharp):
+        for variant in ds["variant"].values:
+            color, style = VARIANT_STYLE.get(str(variant), ("grey", "-"))
+            ax.plot(x, sub.sel(sharpness=s, variant=variant).values, style, color=color, marker="o", ms=3,
+                    label=str(variant))
+        pmax = float(ds["mech_max_prob"].sel(sharpness=s).isel(seq_len=-1, head_dim=0).median())
+        ax.set_title(f"sharpness {s:g} (median max P {pmax:.2f})")
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_yscale("log")
+        ax.set_xlabel("|mu| added to every key")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error", "median row rel. err."))
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"N = {int(ds['seq_len'][-1])}, d = {int(ds['head_dim'][0])}: exact dQ does not depend on |mu|",
+                 fontsize="medium")
+    return fig
+
+
+def plot_error_vs_size(ds: xr.Dataset, var: str = "mech_dq_err", variant: str = "bf16_fused"):
+    """Error vs |mu| of one variant for every (N, d), at the first sharpness."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 1, figsize=(5.6, 3.8))
+    ax = axes[0][0]
+    x = np.maximum(ds["mu_norm"].values, 1e-1)
+    sub = ds[var].sel(variant=variant).isel(sharpness=0).median("seed")
+    for n in ds["seq_len"].values:
+        for j, d in enumerate(ds["head_dim"].values):
+            ax.plot(x, sub.sel(seq_len=n, head_dim=d).values, ["-", "--", ":", "-."][j % 4], marker="o", ms=3,
+                    label=f"N = {n}, d = {d}")
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_yscale("log")
+    ax.set_xlabel("|mu| added to every key")
+    ax.set_ylabel("median row rel. err. of dQ")
+    ax.set_title(f"{variant}, sharpness {float(ds['sharpness'][0]):g}")
+    ax.legend(fontsize="x-small")
+    return fig
+
+
+def plot_row_sums(ds: xr.Dataset):
+    """Row sums of dS as fed to the dQ matmul, and the alignment of the dQ error with mu."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 2, figsize=(10.5, 3.8))
+    x = np.maximum(ds["mu_norm"].values, 1e-1)
+    for variant in ds["variant"].values:
+        color, style = VARIANT_STYLE.get(str(variant), ("grey", "-"))
+        for ax, var in zip(axes[0], ("mech_ds_row_sum", "mech_dq_err_cos_mu")):
+            vals = ds[var].sel(variant=variant).isel(sharpness=0, seq_len=-1, head_dim=0).median("seed").values
+            if np.isfinite(vals).any():
+                ax.plot(x, vals, style, color=color, marker="o", ms=3, label=str(variant))
+    for ax in axes[0]:
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_xlabel("|mu| added to every key")
+    axes[0][0].set_yscale("log")
+    axes[0][0].set_ylabel("median |sum_j dS_ij| / sum_j |dS_ij|")
+    axes[0][0].set_title("row sums of dS as the dQ matmul sees it")
+    axes[0][1].set_ylabel("median |cos(dQ error, mu)|")
+    axes[0][1].set_ylim(0, 1.05)
+    axes[0][1].set_title("direction of the dQ error")
+    axes[0][1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_training(ds: xr.Dataset):
+    """Loss and gradient norm of both runs; per layer key-mean norm, max logit, and the diagnostic's
+    gradient-norm ratio at the checkpoints (no offset)."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 4, figsize=(17, 3.6))
+    steps = ds["step"].values
+    for run in ds["run"].values:
+        axes[0][0].plot(steps, ds["train_loss"].sel(run=run).values, label=f"{run} ({str(ds['run_attention'].sel(run=run).values)})", lw=1)
+        axes[0][1].plot(steps, ds["train_grad_norm_total"].sel(run=run).values, label=str(run), lw=1)
+    axes[0][0].set_ylabel("training loss (nat)")
+    axes[0][0].legend(fontsize="x-small")
+    axes[0][1].set_yscale("log")
+    axes[0][1].set_ylabel("global gradient norm")
+    run0 = ds["run"].values[0]
+    for layer in ds["layer"].values:
+        line, = axes[0][2].plot(steps, ds["train_key_mean_norm"].sel(run=run0, layer=layer).values, lw=1,
+                                label=f"layer {layer}: ||mean k||")
+        axes[0][2].plot(steps, ds["train_max_logit"].sel(run=run0, layer=layer).values, lw=1, ls="--",
+                        color=line.get_color(), label=f"layer {layer}: max logit")
+        ratio = ds["diag_grad_norm_qk_ratio"].sel(offset_norm=0.0, layer=layer)
+        axes[0][3].plot(ds["checkpoint"].values, ratio.values, marker="o", ms=3, label=f"layer {layer}, q/k projections")
+        axes[0][3].plot(ds["checkpoint"].values, ds["diag_grad_norm_ratio"].sel(offset_norm=0.0, layer=layer).values,
+                        marker="s", ms=3, ls="--", color=axes[0][3].lines[-1].get_color(), label=f"layer {layer}, block")
+    axes[0][2].set_yscale("log")
+    axes[0][2].set_title(f"run {run0}")
+    axes[0][2].legend(fontsize="x-small")
+    axes[0][3].axhline(1.0, color="grey", lw=0.8, ls=":")
+    axes[0][3].set_ylabel("grad norm: as trained / FP32 backward")
+    axes[0][3].set_title(f"diagnostic at checkpoints of {run0}")
+    axes[0][3].legend(fontsize="x-small")
+    for ax in axes[0]:
+        ax.set_xlabel("step")
+    return fig
+
+
+def plot_checkpoint_offsets(ds: xr.Dataset, var: str = "diag_dq_rel_err"):
+    """Per layer: the diagnostic's error vs the common key offset, one line per checkpoint."""
+    import matplotlib as mpl
+
+    from ..plots import subplots
+
+    layers = ds["layer"].values
+    fig, axes = subplots(1, len(layers), sharey=True, figsize=(4.4 * len(layers) + 1.5, 3.6))
+    steps = ds["checkpoint"].values
+    cmap = mpl.colormaps["viridis"]
+    x = np.maximum(ds["offset_norm"].values, 1e-1)
+    for ax, layer in zip(axes[0], layers):
+        for i, step in enumerate(steps):
+            ax.plot(x, ds[var].sel(layer=layer, checkpoint=step).values, marker="o", ms=3,
+                    color=cmap(i / max(1, len(steps) - 1)), label=f"step {step}")
+        ax.axhline(float(ds["diag_threshold"].max()), color="grey", lw=0.8, ls=":")
+        ax.set_xscale("symlog", linthresh=1.0)
+        ax.set_yscale("log")
+        ax.set_xlabel("common key offset |mu| per head")
+        ax.set_title(f"layer {layer}")
+    axes[0][0].set_ylabel("dQ rel. error vs FP32 recompute")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_tied_maxima(ds: xr.Dataset):
+    """dQ error and output-error coherence per regime and variant (tiled)."""
+    import seaborn as sns
+
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 2, figsize=(12, 3.8))
+    df = ds[["qy_dq_err", "qy_out_err_coherence"]].median("seed").to_dataframe().reset_index()
+    for ax, var, label in zip(axes[0], ("qy_dq_err", "qy_out_err_coherence"),
+                              ("median row rel. err. of dQ", "output-error coherence across rows")):
+        sns.barplot(data=df[df["tiling"] == "tiled"], x="regime", y=var, hue="variant", ax=ax,
+                    palette={v: VARIANT_STYLE.get(v, ("grey",))[0] for v in df["variant"].unique()})
+        ax.set_ylabel(label)
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", labelsize="x-small")
+        ax.legend(fontsize="xx-small")
+    axes[0][0].set_yscale("log")
+    return fig
