@@ -21,8 +21,8 @@ def test_smoke_run_writes_results_figures_and_record(smoke_run):
     _, path = smoke_run
     assert (path / "notebook.ipynb").exists() and (path / "results.nc").exists()
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
-    assert {"error_vs_length.png", "block_effects.png", "causal_profile.png", "pass_rates.png"} <= \
-        {p.name for p in path.glob("*.png")}
+    assert {"error_vs_length.png", "block_effects.png", "causal_profile.png", "pass_rates.png",
+            "stage_attribution.png"} <= {p.name for p in path.glob("*.png")}
 
 
 def test_smoke_results_obey_what_must_hold(smoke_run):
@@ -41,6 +41,12 @@ def test_smoke_results_obey_what_must_hold(smoke_run):
     assert ((rate >= 0) & (rate <= 1)).all() and set(rate["rule"].values) == {
         "fixed_0.1pct", "dynamic_threshold", "reference_relative"}
     assert set(ds["stratum"].values) == {"first_10pct", "middle_80pct", "last_10pct"}
+    # rounding attribution: keeping only the output in the low format is the smallest error at every N
+    attr = ds["attribution_rel_l2_err"].sel(attribution_dtype="bf16", kernel="flash")
+    assert (attr.sel(variant="only_output") <= attr.sel(variant="all_low")).all()
+    frac = ds["p_below_min_normal_frac"]
+    assert (frac.sel(attribution_dtype="bf16") == 0).all() and (frac.sel(attribution_dtype="fp16") > 0).all()
+    assert ds["passes"].dtype == np.int8  # nothing was padded by the merge of the experiments
     params = json.loads(ds.attrs["parameters"])
     assert params["seq_lens"] == [64, 128, 256] and ds.attrs["study"] == "length_scaling"
 

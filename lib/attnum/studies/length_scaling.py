@@ -49,6 +49,9 @@ ATTRS = {
     "strata_max_abs_err": ("1", "max |O - O_golden| within a position stratum (causal)"),
     "row_profile_rel_l2_err": ("1", "mean per-row relative L2 error in bins of query position (causal)"),
     "block_seq_len": ("1", "sequence length of the block-size experiment"),
+    "attribution_rel_l2_err": ("1", "relative L2 error under a rounding variant (all stages low, one promoted, one alone)"),
+    "p_below_min_normal_frac": ("1", "fraction of softmax probabilities below the format's smallest normal"),
+    "attribution_query_rows": ("1", "query rows evaluated per input set in the attribution experiment"),
     "causal_seq_len": ("1", "sequence length of the causal position-stratified experiment"),
 }
 
@@ -171,9 +174,11 @@ def block_sweep(seq_len, block_configs, loop_orders, dtypes, seeds, *, batch=1, 
                                              loop_order=order)
                     summary = error_summary(out, gold, fmt)
                     max_abs[b, o, f, d, s], rel_l2[b, o, f, d, s] = summary["max_abs"], summary["rel_l2"]
-    dims = ("block_config", "loop_order", "policy", "dtype", "seed")
+    # own dtype and seed dimensions: the experiments may use different subsets, and merging shared
+    # dimensions would pad every other experiment's variables with NaN
+    dims = ("block_config", "loop_order", "policy", "block_dtype", "block_seed")
     coords = {"block_config": list(block_configs), "loop_order": list(loop_orders), "policy": list(families),
-              "dtype": list(dtypes), "seed": list(seeds),
+              "block_dtype": list(dtypes), "block_seed": list(seeds),
               "block_q": ("block_config", [p[0] for p in parsed]),
               "block_k": ("block_config", [p[1] for p in parsed]),
               "block_area": ("block_config", [p[0] * p[1] for p in parsed])}
@@ -220,6 +225,104 @@ def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
     return ds
 
 
+STAGES_LOW = ("score", "stats", "p", "out_acc", "output")
+VARIANTS = ("all_low",) + tuple(f"promote_{st}" for st in STAGES_LOW) + tuple(f"only_{st}" for st in STAGES_LOW)
+MIN_NORMAL = {"bf16": float(torch.finfo(torch.bfloat16).tiny), "fp16": float(torch.finfo(torch.float16).tiny),
+              "fp32": float(torch.finfo(torch.float32).tiny)}
+
+
+def attribution_policy(variant: str, fmt: str):
+    """``all_low``: every stage in ``fmt``; ``promote_X``: all but X; ``only_X``: X alone (inputs always ``fmt``)."""
+    low = policy_for("all", fmt)
+    if variant == "all_low":
+        return low
+    kind, _, stage = variant.partition("_")
+    if kind == "promote":
+        return low.replace(**{stage: "fp32"})
+    if kind == "only":
+        return policy_for("all", "fp32").replace(name=f"only_{stage}_{fmt}", inputs=fmt, **{stage: fmt})
+    raise ValueError(f"unknown attribution variant {variant!r}; variants: {VARIANTS}")
+
+
+def stage_attribution(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=1, head_dim=64, block_q=128,
+                      block_k=128, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+    """Which rounding point makes the error grow? Promote one stage to fp32, or keep only one low.
+
+    Only ``query_rows`` query rows are evaluated against all N keys: without a
+    causal mask every row's computation is independent of the others, so the
+    rows computed are exactly those of the full N x N problem, at O(rows * N) cost.
+    """
+    shape = (len(KERNELS), len(dtypes), len(VARIANTS), len(seq_lens), len(seeds))
+    err = np.full(shape, np.nan)
+    below = np.full((len(dtypes), len(seq_lens), len(seeds)), np.nan)
+    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
+    for i, n, j, seed in tqdm(work, desc="stage attribution", disable=not progress):
+        q64, _, _ = normal_qkv(batch, heads, query_rows, head_dim, seed=seed, device=device)
+        _, k64, v64 = normal_qkv(batch, heads, n, head_dim, seed=seed + 1_000_003, device=device)
+        for d, fmt in enumerate(dtypes):
+            q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
+            gold = golden_attention(q, k, v, chunk=golden_chunk)
+            probs = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * head_dim ** -0.5, dim=-1)
+            below[d, i, j] = (probs < MIN_NORMAL[fmt]).double().mean().item()
+            for st, variant in enumerate(VARIANTS):
+                pol = attribution_policy(variant, fmt)
+                outs = {"reference": reference_attention(q, k, v, pol),
+                        "flash": flash_attention(q, k, v, pol, block_q=block_q, block_k=block_k)[0]}
+                for kk, kernel in enumerate(KERNELS):
+                    err[kk, d, st, i, j] = error_summary(outs[kernel], gold, fmt)["rel_l2"]
+    coords = {"kernel": list(KERNELS), "attribution_dtype": list(dtypes), "variant": list(VARIANTS),
+              "attribution_seq_len": list(seq_lens), "attribution_seed": list(seeds)}
+    ds = xr.Dataset({"attribution_rel_l2_err": (tuple(coords), err)}, coords=coords)
+    ds["p_below_min_normal_frac"] = (("attribution_dtype", "attribution_seq_len", "attribution_seed"), below)
+    ds["attribution_query_rows"] = query_rows
+    return ds
+
+
+def plot_stage_attribution(ds: xr.Dataset):
+    """Heatmaps of log10 error per rounding variant (rows) and kernel x N (columns), one per dtype."""
+    import seaborn as sns
+
+    from ..plots import subplots
+
+    da = ds["attribution_rel_l2_err"]
+    dtypes = list(da["attribution_dtype"].values)
+    fig, axes = subplots(1, len(dtypes), figsize=(5.2 * len(dtypes), 4.6))
+    for ax, fmt in zip(axes[0], dtypes):
+        table = np.log10(da.sel(attribution_dtype=fmt).median("attribution_seed")).to_dataframe()
+        table = table["attribution_rel_l2_err"].unstack(["kernel", "attribution_seq_len"])
+        table = table.loc[list(ds["variant"].values)]
+        table.columns = [f"{k}\nN={n}" for k, n in table.columns]
+        sns.heatmap(table, annot=True, fmt=".1f", cmap="magma_r", cbar=False, ax=ax, annot_kws={"fontsize": 7})
+        ax.set_title(f"{fmt}: log10 relative L2 error")
+        ax.set_ylabel("")
+    return fig
+
+
+LONG_SEQUENCE_MIN = 16384
+
+
+def load_reference_run(name: str = "gpu") -> xr.Dataset | None:
+    """The committed run ``outputs/length_scaling/<name>/results.nc`` of this checkout, if present."""
+    from ..ncio import open_results
+    from ..paths import project_root
+
+    path = project_root() / "outputs" / "length_scaling" / name / "results.nc"
+    return open_results(path) if path.exists() else None
+
+
+def long_sequence_table(ds: xr.Dataset, min_len: int = 8192):
+    """Median relative L2 error and flash/reference max-abs ratio for N >= ``min_len``."""
+    import pandas as pd
+
+    sel = ds.sel(seq_len=[n for n in ds["seq_len"].values if n >= min_len])
+    err = sel["rel_l2_err"].median("seed").to_dataframe()["rel_l2_err"].unstack("seq_len")
+    ratio = sel["flash_to_reference_ratio"].median("seed").to_dataframe()["flash_to_reference_ratio"]
+    ratio = ratio.unstack("seq_len")
+    ratio.index = pd.MultiIndex.from_tuples([("flash/reference", p, d) for p, d in ratio.index],
+                                            names=err.index.names)
+    return pd.concat({"rel_l2_err": err, "max_abs_ratio": ratio})
+
+
 # -- figures --------------------------------------------------------------------------------
 
 CURVES = (("reference", "all", "-"), ("flash", "all", "-"), ("reference", "fa2", "--"), ("flash", "fa2", "--"))
@@ -229,16 +332,17 @@ def plot_error_vs_length(ds: xr.Dataset, var: str = "rel_l2_err"):
     """One panel per dtype: median error over seeds vs N (band: min-max), with growth slopes."""
     from ..plots import add_growth_lines, errorbar_over_seeds, loglog_axes, subplots
 
-    dtypes = list(ds["dtype"].values)
+    da = ds[var]
+    dtypes = list(da["dtype"].values)
     fig, axes = subplots(1, len(dtypes), sharey=False, figsize=(4.6 * len(dtypes) + 1.6, 3.8))
-    n = ds["seq_len"].values
+    n = da["seq_len"].values
     for ax, fmt in zip(axes[0], dtypes):
         for kernel, family, style in CURVES:
-            vals = ds[var].sel(kernel=kernel, policy=family, dtype=fmt).transpose("seq_len", "seed").values
+            vals = da.sel(kernel=kernel, policy=family, dtype=fmt).transpose("seq_len", "seed").values
             errorbar_over_seeds(ax, n, vals, f"{kernel}, {family}_*", linestyle=style)
-        anchor = float(np.nanmedian(ds[var].sel(kernel="flash", policy="all", dtype=fmt).isel(seq_len=0)))
+        anchor = float(np.nanmedian(da.sel(kernel="flash", policy="all", dtype=fmt).isel(seq_len=0)))
         add_growth_lines(ax, n, fmt, anchor=anchor)
-        loglog_axes(ax, ylabel=ds[var].attrs.get("long_name", var).split(" ||")[0] if ax is axes[0][0] else "")
+        loglog_axes(ax, ylabel=da.attrs.get("long_name", var).split(" ||")[0] if ax is axes[0][0] else "")
         ax.set_title(fmt)
     fig.suptitle("error vs N against the fp64 golden value (growth lines drawn through the first point)",
                  fontsize="medium")
@@ -252,13 +356,13 @@ def plot_block_effects(ds: xr.Dataset):
 
     from ..plots import subplots
 
-    df = ds["block_rel_l2_err"].dropna("dtype", how="all").to_dataframe().reset_index()
-    dtypes = sorted(df["dtype"].unique())
+    df = ds["block_rel_l2_err"].to_dataframe().reset_index()
+    dtypes = list(ds["block_dtype"].values)
     fig, axes = subplots(1, len(dtypes) * 2)
     i = 0
     for fmt in dtypes:
         for family in ds["policy"].values:
-            sub = df[(df["dtype"] == fmt) & (df["policy"] == family)]
+            sub = df[(df["block_dtype"] == fmt) & (df["policy"] == family)]
             sns.pointplot(data=sub, x="block_config", y="block_rel_l2_err", hue="loop_order", ax=axes[0][i],
                           errorbar=("pi", 100), dodge=0.3, markersize=4, linewidth=1)
             axes[0][i].set_title(f"{family}_{fmt}, N = {int(ds['block_seq_len'])}")
