@@ -7,6 +7,10 @@
   ``err_kernel <= c * err_same_precision_reference + dtype_floor``, with the
   FlashAttention Hopper tests' floor ``2 * max|(ref + 0.3 - 0.3) - ref|``
   computed in the low dtype (testing-and-tools.md).
+* ``scaled_elementwise_rule`` (study 02): every element's error in units of
+  u * (P|V|), the first-order rounding bound of the output, at most ``c`` times
+  the same measure of the same-policy unblocked reference plus a floor; the
+  log-sum-exp is checked the same way (see ``error_scale``).
 """
 from __future__ import annotations
 
@@ -14,9 +18,11 @@ import math
 
 import torch
 
-from .precision import round_to
+from .precision import round_to, unit_roundoff
 
 RULES = ("fixed_0.1pct", "dynamic_threshold", "reference_relative")
+DETECTION_RULES = RULES + ("scaled_elementwise", "scaled_elementwise_lse")
+"""Study 02's rules: ``scaled_elementwise`` checks O only, ``scaled_elementwise_lse`` O and the LSE."""
 
 
 def fixed_relative_rule(rel_err: float, rtol: float = 1e-3) -> bool:
@@ -55,3 +61,29 @@ def reference_relative_rule(err_kernel: float, err_reference: float, floor: floa
                             c: float = 2.0) -> bool:
     """FlashAttention's rule: max error at most ``c`` times the same-precision reference's, plus a floor."""
     return bool(err_kernel <= c * err_reference + floor)
+
+
+def error_scale(golden_abs: torch.Tensor, fmt: str) -> torch.Tensor:
+    """u_fmt * golden_abs: the first-order size of a correct kernel's rounding error, elementwise.
+
+    For the output pass ``golden_abs = softmax(S)|V|`` (attention applied to |V|,
+    in fp64): rounding P with unit roundoff u moves O_ij by at most u (P|V|)_ij and
+    rounding O adds at most u |O_ij| <= u (P|V|)_ij, so a correct production kernel
+    (fp32 scores and statistics) errs by about 2 of these units; unlike |O| the scale
+    does not vanish where the entries of V cancel. For the LSE pass
+    ``max(|lse_golden|, 1)``.
+    """
+    return unit_roundoff(fmt) * golden_abs.to(torch.float64)
+
+
+def scaled_elementwise_rule(kappa_kernel: float, kappa_reference: float, c: float = 2.0,
+                            floor: float = 2.0) -> bool:
+    """Pass when kappa_kernel <= c * kappa_reference + floor (kappa: max error in ``error_scale`` units).
+
+    ``kappa_reference`` is the same measure for unblocked attention under the kernel's
+    own precision policy, so policy-specific terms (fp32 scores of huge logits, low
+    precision statistics) are allowed for; ``floor`` = 2 is the first-order bound
+    itself (one rounding of P, one of O), so the rule accepts a correct kernel even
+    where the reference happens to be exact.
+    """
+    return bool(kappa_kernel <= c * kappa_reference + floor)

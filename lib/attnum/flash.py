@@ -202,7 +202,7 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
             m[..., rows, :], l[..., rows, :], acc[..., rows, :] = m_new, l_new, acc_new
 
     # -- epilogue: normalise, store O and the log-sum-exp --
-    empty = ~(l > 0)
+    empty = l == 0  # no key carried weight; a NaN row sum stays NaN (as in the golden value), never 0
     if loop_order == "q_outer":
         out = acc / torch.where(empty, torch.ones_like(l), l)
     else:

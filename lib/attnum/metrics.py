@@ -143,3 +143,65 @@ def fit_growth(n, err) -> dict[str, dict[str, float]]:
         "power_law": _linear_fit(np.log(n), np.log(err)),
     }
     return {m: {"intercept": a, "slope": b, "r2": r2} for m, (a, b, r2) in fits.items()}
+
+
+# -- NaN-aware helpers for extreme inputs (study 02) ------------------------------------------
+
+def finiteness_counts(a, b) -> dict[str, int]:
+    """How finite-ness of ``a`` departs from the golden ``b``, elementwise counts.
+
+    ``nan_where_golden_finite`` / ``inf_where_golden_finite``: the kernel made a NaN or
+    inf where the exact answer is finite; ``finite_where_golden_nonfinite``: the kernel
+    returned a number where the exact answer is not one; ``golden_nonfinite``: entries
+    of the golden that are inf or NaN.
+    """
+    a, b = _pair(a, b)
+    golden_finite = torch.isfinite(b)
+    return {
+        "nan_where_golden_finite": int((torch.isnan(a) & golden_finite).sum()),
+        "inf_where_golden_finite": int((torch.isinf(a) & golden_finite).sum()),
+        "finite_where_golden_nonfinite": int((torch.isfinite(a) & ~golden_finite).sum()),
+        "golden_nonfinite": int((~golden_finite).sum()),
+    }
+
+
+def finite_error_summary(a, b, fmt: str) -> dict[str, float]:
+    """``max_abs``, ``rel_l2`` and ``max_ulp`` over the entries where both ``a`` and ``b`` are finite.
+
+    NaN when no entry is finite in both; ``finite_fraction`` says how many entries counted.
+    """
+    a, b = _pair(a, b)
+    both = torch.isfinite(a) & torch.isfinite(b)
+    out = {"finite_fraction": both.double().mean().item() if both.numel() else math.nan}
+    if not bool(both.any()):
+        return dict(out, max_abs=math.nan, rel_l2=math.nan, max_ulp=math.nan)
+    a, b = a[both], b[both]
+    return dict(out, max_abs=max_abs_error(a, b), rel_l2=rel_l2_error(a, b), max_ulp=ulp_error(a, b, fmt).max().item())
+
+
+def zero_rows(a, b) -> int:
+    """Rows (last dim) of ``a`` that are exactly zero where the golden row ``b`` is not."""
+    a, b = _pair(a, b)
+    return int(((a == 0).all(dim=-1) & (b != 0).any(dim=-1)).sum())
+
+
+def scaled_max_error(a, b, scale) -> float:
+    """max |a - b| / scale, elementwise (``scale`` broadcasts).
+
+    Equal entries (including equal infinities and NaN against NaN) count 0; a NaN or inf
+    where ``b`` is finite counts inf; a nonzero difference over a zero scale counts inf.
+    """
+    a, b = _pair(a, b)
+    scale = torch.as_tensor(scale, dtype=torch.float64, device=a.device).expand_as(a)
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))
+    diff = (a - b).abs()
+    ratio = torch.where(scale > 0, diff / torch.where(scale > 0, scale, torch.ones_like(scale)),
+                        torch.full_like(diff, math.inf))
+    ratio = torch.where(same, torch.zeros_like(ratio), torch.nan_to_num(ratio, nan=math.inf, posinf=math.inf))
+    return ratio.max().item() if ratio.numel() else 0.0
+
+
+def row_rel_l2_max(a, b) -> float:
+    """The worst row's relative L2 error (NaN-safe: a non-finite row error counts inf)."""
+    rows = row_rel_l2(a, b)
+    return torch.nan_to_num(rows, nan=math.inf, posinf=math.inf).max().item()

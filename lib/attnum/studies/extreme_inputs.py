@@ -1,0 +1,943 @@
+"""Study 02: extreme inputs, mask sentinels, and which acceptance rules catch real kernel bugs.
+
+Four experiments, each measured against the fp64 golden value computed on the
+inputs the kernel actually read (rounded to its input format):
+
+* ``family_sweep``: every input family of ``attnum.inputs`` through both kernels
+  (unblocked ``reference`` and tiled ``flash``), both policy families (``all_*``
+  and ``fa2_*``) and every dtype: finite-ness against the golden value, errors over
+  finite entries, zero rows, masked-key influence, exceptions; ``summarize_families``
+  adds the error amplification relative to N(0, 1) inputs.
+* ``overflow_experiment``: seed 003's q = k = v = 65504 case, with fp16 or fp32
+  score accumulation and with or without the row max subtracted.
+* ``sentinel_experiment`` / ``sentinel_onset``: mask fills and additive masks side by
+  side on FlashInfer's extreme logits, masked keys with huge scores and fully masked
+  rows; where the -5e4 sentinel's zero output starts.
+* ``detection_sweep``: injected faults (``attnum.faults``) against the acceptance
+  rules (``attnum.acceptance``): detection and false-alarm rates over N, family,
+  dtype and seed; ``detection_headline`` is the table of what each rule catches.
+
+Every kernel evaluation is wrapped: an exception is recorded (a flag in the data,
+its message in ``ExceptionLog``), never raised.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from .. import acceptance
+from ..faults import FAULTS, make_fault
+from ..flash import flash_attention
+from ..inputs import FLASHINFER_TARGET_LOGITS, AttentionInputs, make_inputs, mask_to_bias
+from ..metrics import (finite_error_summary, finiteness_counts, rel_l2_error, row_rel_l2_max, scaled_max_error,
+                       zero_rows)
+from ..precision import FORMATS, MIN_EXPONENT, SIGNIFICAND_BITS, get_policy, policy_for
+from ..reference import default_scale, golden_attention, reference_attention
+
+KERNELS = ("reference", "flash")
+POLICY_FAMILIES = ("all", "fa2")
+MASKED_V_SHIFT = 100.0  # added to V of masked keys to see whether they influence the output
+
+ATTRS = {
+    # family sweep
+    "nan_where_golden_finite": ("1", "output entries that are NaN where the golden output is finite"),
+    "inf_where_golden_finite": ("1", "output entries that are +-inf where the golden output is finite"),
+    "finite_where_golden_nonfinite": ("1", "output entries that are finite where the golden output is not"),
+    "golden_nonfinite": ("1", "golden output entries that are inf or NaN"),
+    "input_overflow": ("1", "input entries finite in fp64 that became inf when rounded to the input format"),
+    "output_size": ("1", "number of output entries"),
+    "finite_max_abs_err": ("1", "max |O - O_golden| over entries finite in both"),
+    "finite_rel_l2_err": ("1", "relative L2 error over entries finite in both"),
+    "finite_max_ulp_err": ("ulp", "max error in output-format ULPs over entries finite in both"),
+    "zero_rows": ("1", "rows of the output that are all zero where the golden row is not"),
+    "nonzero_rows": ("1", "rows of the output that are not all zero where the golden row is all zero"),
+    "masked_key_influence": ("1", "max |O(v') - O(v)| when V of masked keys is shifted by 100 (0: no weight)"),
+    "kernel_exception": ("1", "1 if the kernel raised an exception (message in attrs kernel_exceptions)"),
+    "family_false_alarm": ("1", "1 if the rule rejects the correct flash kernel (fa2 policy); NaN: golden not finite"),
+    "amplification": ("1", "median rel. L2 error over seeds / the same for N(0, 1) inputs (same kernel, policy, dtype, N)"),
+    # overflow
+    "overflow_nan_fraction": ("1", "fraction of output entries that are NaN (q = k = v = 65504)"),
+    "overflow_inf_fraction": ("1", "fraction of output entries that are +-inf (q = k = v = 65504)"),
+    "overflow_max_abs_err": ("1", "max |O - O_golden| over finite entries (golden output is 65504)"),
+    "overflow_golden_value": ("1", "max |golden output| of the 65504 case"),
+    "overflow_head_dim": ("1", "head dimension of the overflow experiment"),
+    "overflow_seq_len": ("1", "sequence length of the overflow experiment"),
+    # sentinels
+    "sentinel_zero_row_fraction": ("1", "fraction of rows output all zero where the golden row is not"),
+    "sentinel_nonzero_row_fraction": ("1", "fraction of rows not all zero where the golden row is (fully masked rows)"),
+    "sentinel_nan_fraction": ("1", "fraction of output entries that are NaN"),
+    "sentinel_rel_l2_err": ("1", "relative L2 error over entries finite in both"),
+    "sentinel_masked_key_influence": ("1", "max |O(v') - O(v)| when V of masked keys is shifted by 100"),
+    "sentinel_lse_max_abs_err": ("1", "max |lse - lse_golden| over rows with finite golden lse (NaN: no lse)"),
+    "sentinel_exception": ("1", "1 if the kernel raised an exception"),
+    "sentinel_seq_len": ("1", "sequence length of the sentinel experiment"),
+    "onset_row_max_logit": ("1", "largest valid raw score q.k of the row (fp64, on the rounded inputs)"),
+    "onset_row_zero": ("1", "1 if the -5e4-sentinel kernel output the row as all zero"),
+    "onset_rel_l2_err": ("1", "relative L2 error of the -5e4-sentinel kernel at a target logit"),
+    "onset_predicted_logit": ("1", "predicted onset: sentinel + ln(smallest positive P / 2) / scale, raw score units"),
+    "onset_fill": ("1", "the finite mask sentinel of the onset scan (raw score units)"),
+    # detection
+    "det_detected": ("1", "1 if the rule rejects the faulty kernel's output"),
+    "det_false_alarm": ("1", "1 if the rule rejects the correct kernel's output"),
+    "det_fault_changed": ("1", "1 if the fault changed the output or the LSE at all (bitwise)"),
+    "det_fault_exception": ("1", "1 if the faulty kernel raised an exception (counts as detected)"),
+    "det_fault_rel_l2_err": ("1", "relative L2 error of the faulty kernel's output (inf: non-finite entries)"),
+    "det_fault_worst_row_err": ("1", "largest per-row relative L2 error of the faulty kernel's output"),
+    "det_fault_lse_max_abs_err": ("1", "max |lse - lse_golden| of the faulty kernel"),
+    "det_fault_kappa": ("1", "max output error of the faulty kernel in units of u (P|V|)"),
+    "det_correct_rel_l2_err": ("1", "relative L2 error of the correct kernel's output"),
+    "det_correct_worst_row_err": ("1", "largest per-row relative L2 error of the correct kernel's output"),
+    "det_correct_kappa": ("1", "max output error of the correct kernel in units of u (P|V|)"),
+    "det_reference_kappa": ("1", "max output error of the same-policy unblocked reference in units of u (P|V|)"),
+    "det_plain_reference_max_abs_err": ("1", "max abs error of plain attention in the low dtype (FA rule's reference)"),
+    "det_input_abs_max": ("1", "max |q|, |k|, |v| of the rounded inputs (seed 000's x_max)"),
+    "severity": ("1", "severity value of a fault level (meaning per fault: attrs severity_meaning)"),
+    "default_level": ("1", "severity level of the fault's default severity"),
+    "det_detection_rate": ("1", "fraction of (family, seed) points, among those where the fault changed the output, where the rule rejects it"),
+    "det_false_alarm_rate": ("1", "fraction of families and seeds where the rule rejects the correct kernel"),
+    "det_miss_rate": ("1", "fraction of faulty outputs in a worst-row error bin that the rule accepts"),
+    "det_error_bin_count": ("1", "number of faulty outputs (that changed) in a worst-row error bin"),
+}
+
+
+def with_attrs(ds: xr.Dataset) -> xr.Dataset:
+    for name in ds.data_vars:
+        units, long_name = ATTRS[name]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    return ds
+
+
+class ExceptionLog:
+    """Messages of exceptions raised by kernel evaluations, counted by (where, message)."""
+
+    def __init__(self):
+        self.counts: dict[tuple[str, str], int] = {}
+
+    def call(self, where: str, fn):
+        """``(fn(), None)``, or ``(None, message)`` when ``fn`` raises (the run goes on)."""
+        try:
+            return fn(), None
+        except Exception as exc:  # recorded as data: an extreme input must not stop the study
+            message = f"{type(exc).__name__}: {exc}"
+            key = (where, message[:300])
+            self.counts[key] = self.counts.get(key, 0) + 1
+            return None, message
+
+    def to_json(self) -> str:
+        return json.dumps([{"where": w, "message": m, "count": c} for (w, m), c in sorted(self.counts.items())])
+
+
+# -- kernels that are not part of the library's algorithm ---------------------------------------
+
+def textbook_attention(q, k, v, policy="fp32", *, subtract_max: bool = True, attn_bias=None,
+                       scale: float | None = None):
+    """softmax(Q K^T * scale + bias) V with no guards: what a first implementation writes.
+
+    A fully masked row computes (-inf) - (-inf) = NaN, as ``torch.softmax`` does;
+    ``subtract_max=False`` exponentiates the scores directly (overflow at large
+    scores). Rounding follows the policy's stages as in ``reference_attention``.
+    """
+    pol = get_policy(policy)
+    scale = default_scale(q.shape[-1]) if scale is None else scale
+    q, k, v = (pol.round(t.to(pol.carrier), "inputs") for t in (q, k, v))
+    s = pol.round(pol.round(q @ k.transpose(-1, -2), "score") * scale, "score")
+    if attn_bias is not None:
+        s = pol.round(s + attn_bias.to(pol.carrier), "score")
+    if subtract_max:
+        s = pol.round(s - s.amax(dim=-1, keepdim=True), "stats")
+    e = pol.round(torch.exp(s), "stats")
+    p = pol.round(e / pol.round(e.sum(dim=-1, keepdim=True), "stats"), "p")
+    return pol.round(pol.round(p @ v, "out_acc"), "output")
+
+
+def masked_key_columns(mask: torch.Tensor | None) -> torch.Tensor | None:
+    """Keys that no query may attend (bool over keys), or None when there are none."""
+    if mask is None:
+        return None
+    cols = ~mask.reshape(-1, mask.shape[-2], mask.shape[-1]).any(dim=-2).any(dim=0)
+    return cols if bool(cols.any()) else None
+
+
+def shift_masked_values(v: torch.Tensor, masked_cols: torch.Tensor, shift: float = MASKED_V_SHIFT):
+    """V with the rows of masked keys shifted: a kernel that gives them no weight cannot tell."""
+    out = v.clone()
+    out[..., masked_cols, :] = out[..., masked_cols, :] + shift
+    return out
+
+
+def _run_kernel(kernel: str, inp: AttentionInputs, policy, *, block_q, block_k, v=None):
+    v = inp.v if v is None else v
+    if kernel == "reference":
+        return reference_attention(inp.q, inp.k, v, policy, attn_bias=inp.attn_bias)
+    return flash_attention(inp.q, inp.k, v, policy, attn_bias=inp.attn_bias, block_q=block_q, block_k=block_k)[0]
+
+
+def _golden(inp: AttentionInputs, chunk: int, **kw):
+    return golden_attention(inp.q, inp.k, inp.v, attn_bias=inp.attn_bias, chunk=chunk, **kw)
+
+
+def _input_overflow(raw: AttentionInputs, rounded: AttentionInputs) -> int:
+    return int(sum(((~torch.isfinite(b)) & torch.isfinite(a)).sum()
+                   for a, b in zip((raw.q, raw.k, raw.v), (rounded.q, rounded.k, rounded.v))))
+
+
+# -- experiment 1: input families ----------------------------------------------------------------
+
+FAMILY_METRICS = ("nan_where_golden_finite", "inf_where_golden_finite", "finite_where_golden_nonfinite",
+                  "finite_max_abs_err", "finite_rel_l2_err", "finite_max_ulp_err", "zero_rows", "nonzero_rows",
+                  "masked_key_influence", "kernel_exception")
+
+
+def family_sweep(families, seq_lens, dtypes, seeds, *, batch=1, heads=1, head_dim=64, block_q=128, block_k=128,
+                 device="cpu", golden_chunk=1024, log: ExceptionLog | None = None, progress=True) -> xr.Dataset:
+    """Both kernels, both policy families, every dtype, against the golden value, for each family.
+
+    Also applies every acceptance rule to the correct flash kernel under ``fa2_<dtype>``
+    (``family_false_alarm``; NaN where the golden output is not finite), so each rule's
+    false alarms can be seen on every family, not only on those of the detection sweep.
+    """
+    log = log or ExceptionLog()
+    rules = acceptance.DETECTION_RULES
+    shape = (len(families), len(KERNELS), len(POLICY_FAMILIES), len(dtypes), len(seq_lens), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in FAMILY_METRICS}
+    base = (len(families), len(dtypes), len(seq_lens), len(seeds))
+    golden_nonfinite, overflow = np.full(base, np.nan), np.zeros(base)
+    false_alarm = np.full((len(rules),) + base, np.nan)
+    work = [(a, fam, i, n, j, s) for a, fam in enumerate(families) for i, n in enumerate(seq_lens)
+            for j, s in enumerate(seeds)]
+    for a, family, i, n, j, seed in tqdm(work, desc="families", disable=not progress):
+        raw = make_inputs(family, batch, heads, n, head_dim, seed=seed, device=device)
+        masked_cols = masked_key_columns(raw.mask)
+        for d, fmt in enumerate(dtypes):
+            inp = raw.rounded(fmt)
+            overflow[a, d, i, j] = _input_overflow(raw, inp)
+            where = f"{family} N={n} seed={seed} {fmt}"
+            ctx, exc = log.call(f"{where} golden and references", lambda: _detection_context(
+                inp, policy_for("fa2", fmt), fmt, False, golden_chunk))
+            if exc is not None:
+                data["kernel_exception"][a, :, :, d, i, j] = 1
+                continue
+            gold = ctx["gold"]
+            golden_nonfinite[a, d, i, j] = int((~torch.isfinite(gold)).sum())
+            outputs = {("reference", "fa2"): ctx["ref"], ("reference", "all"): ctx["plain"]}
+            cache: dict = {}
+            for f, pfam in enumerate(POLICY_FAMILIES):
+                pol = policy_for(pfam, fmt)
+                for kk, kernel in enumerate(KERNELS):
+                    key = (kernel, pol.formats())
+                    if key not in cache:
+                        if kernel == "reference":
+                            result, exc = (outputs[(kernel, pfam)], None), None
+                        else:
+                            result, exc = log.call(f"{where} flash {pol.name}", lambda: flash_attention(
+                                inp.q, inp.k, inp.v, pol, attn_bias=inp.attn_bias, block_q=block_q,
+                                block_k=block_k))
+                        cache[key] = (result, _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols,
+                                                              block_q, block_k, log, f"{where} {kernel} {pol.name}"))
+                    result, metrics = cache[key]
+                    for m, value in metrics.items():
+                        data[m][a, kk, f, d, i, j] = value
+                    if kernel == "flash" and pfam == "fa2" and result is not None and golden_nonfinite[a, d, i, j] == 0:
+                        passes = _judge(result, ctx, n, fmt)["passes"]
+                        false_alarm[:, a, d, i, j] = [not passes[r] for r in rules]
+    dims = ("family", "kernel", "policy", "dtype", "seq_len", "seed")
+    coords = {"family": list(families), "kernel": list(KERNELS), "policy": list(POLICY_FAMILIES),
+              "dtype": list(dtypes), "seq_len": list(seq_lens), "seed": list(seeds), "rule": list(rules)}
+    ds = xr.Dataset({m: (dims, data[m]) for m in FAMILY_METRICS}, coords=coords)
+    ds["kernel_exception"] = ds["kernel_exception"].fillna(0).astype(np.int8)
+    ds["golden_nonfinite"] = (("family", "dtype", "seq_len", "seed"), golden_nonfinite)
+    ds["input_overflow"] = (("family", "dtype", "seq_len", "seed"), overflow)
+    ds["family_false_alarm"] = (("rule", "family", "dtype", "seq_len", "seed"), false_alarm)
+    ds["output_size"] = float(batch * heads * head_dim) * xr.DataArray(list(seq_lens), dims="seq_len")
+    return ds
+
+
+def _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols, block_q, block_k, log, where) -> dict:
+    if exc is not None:
+        return {"kernel_exception": 1}
+    out = result[0]
+    res = {"kernel_exception": 0, **finiteness_counts(out, gold)}
+    res.pop("golden_nonfinite")
+    summary = finite_error_summary(out, gold, fmt)
+    res.update(finite_max_abs_err=summary["max_abs"], finite_rel_l2_err=summary["rel_l2"],
+               finite_max_ulp_err=summary["max_ulp"], zero_rows=zero_rows(out, gold),
+               nonzero_rows=zero_rows(gold, out))
+    if masked_cols is not None:
+        shifted, _ = log.call(where + " (masked V shifted)", lambda: _run_kernel(
+            kernel, inp, pol, block_q=block_q, block_k=block_k, v=shift_masked_values(inp.v, masked_cols)))
+        if shifted is not None:
+            res["masked_key_influence"] = scaled_max_error(shifted, out, 1.0)
+    return res
+
+
+def summarize_families(ds: xr.Dataset, baseline: str = "normal") -> xr.Dataset:
+    """Add ``amplification``: median rel. L2 error over seeds relative to the ``baseline`` family."""
+    out = ds.copy()
+    med = ds["finite_rel_l2_err"].median("seed")
+    if baseline in ds["family"].values:
+        out["amplification"] = med / med.sel(family=baseline)
+    else:
+        out["amplification"] = med * np.nan
+    return out
+
+
+def finiteness_table(ds: xr.Dataset) -> pd.DataFrame:
+    """Per family: golden non-finite fraction, and per kernel/policy/dtype the fraction of entries
+    whose finite-ness disagrees with the golden output (max over N and seeds)."""
+    size = ds["output_size"]
+    wrong = (ds["nan_where_golden_finite"] + ds["inf_where_golden_finite"] + ds["finite_where_golden_nonfinite"])
+    frac = (wrong / size).max(["seq_len", "seed"])
+    table = frac.to_dataframe(name="disagree").reset_index()
+    table["column"] = table["kernel"] + "/" + table["policy"] + "_" + table["dtype"]
+    wide = table.pivot(index="family", columns="column", values="disagree")
+    gold = (ds["golden_nonfinite"] / size).max(["seq_len", "seed"]).to_dataframe(name="g")["g"].unstack("dtype")
+    wide.insert(0, "golden non-finite (max over dtypes)", gold.max(axis=1))
+    return wide.loc[list(ds["family"].values)]
+
+
+# -- experiment 2: fp16 overflow at 65504 (seed 003) -------------------------------------------
+
+OVERFLOW_KERNELS = ("textbook", "flash")
+
+
+def overflow_experiment(seq_len, head_dim, *, batch=1, heads=1, block_q=128, block_k=128, device="cpu",
+                        golden_chunk=1024, log: ExceptionLog | None = None) -> xr.Dataset:
+    """q = k = v = 65504 in fp16: fp16 or fp32 score accumulation, with or without max subtraction.
+
+    ``textbook`` is ``textbook_attention``; ``flash`` always subtracts the running max,
+    so its "without" entries are NaN (not applicable). Other stages follow ``fa2_fp16``.
+    """
+    log = log or ExceptionLog()
+    inp = make_inputs("fp16_max", batch, heads, seq_len, head_dim, seed=0, device=device).rounded("fp16")
+    gold = _golden(inp, golden_chunk)
+    score_formats, subtract = ("fp16", "fp32"), ("yes", "no")
+    shape = (len(OVERFLOW_KERNELS), len(score_formats), len(subtract))
+    nan_frac, inf_frac, err = np.full(shape, np.nan), np.full(shape, np.nan), np.full(shape, np.nan)
+    for a, kernel in enumerate(OVERFLOW_KERNELS):
+        for b, score in enumerate(score_formats):
+            pol = get_policy("fa2_fp16").replace(score=score)
+            for c, sub in enumerate(subtract):
+                if kernel == "flash" and sub == "no":
+                    continue
+                if kernel == "flash":
+                    fn = lambda: flash_attention(inp.q, inp.k, inp.v, pol, block_q=block_q, block_k=block_k)[0]
+                else:
+                    fn = lambda: textbook_attention(inp.q, inp.k, inp.v, pol, subtract_max=(sub == "yes"))
+                out, exc = log.call(f"overflow {kernel} score={score} subtract_max={sub}", fn)
+                if exc is not None:
+                    continue
+                nan_frac[a, b, c] = torch.isnan(out).double().mean().item()
+                inf_frac[a, b, c] = torch.isinf(out).double().mean().item()
+                err[a, b, c] = finite_error_summary(out, gold, "fp16")["max_abs"]
+    dims = ("overflow_kernel", "score_format", "max_subtraction")
+    ds = xr.Dataset({"overflow_nan_fraction": (dims, nan_frac), "overflow_inf_fraction": (dims, inf_frac),
+                     "overflow_max_abs_err": (dims, err)},
+                    coords={"overflow_kernel": list(OVERFLOW_KERNELS), "score_format": list(score_formats),
+                            "max_subtraction": list(subtract)})
+    ds["overflow_golden_value"] = gold.abs().max().item()
+    ds["overflow_head_dim"] = head_dim
+    ds["overflow_seq_len"] = seq_len
+    return ds
+
+
+# -- experiment 3: mask sentinels --------------------------------------------------------------
+
+MASK_HANDLINGS = ("fill_-inf", "fill_-5e4", "fill_-1e4", "fill_finfo_min", "additive_-1e4",
+                  "additive_finfo_min", "softmax_unguarded")
+"""``fill_*``: the flash emulator replaces masked raw scores by the value and starts the running
+max there (FlashInfer's scheme; ``-inf`` is the NaN-safe fix). ``additive_*``: unblocked
+attention with the value added to masked scores (HF-style masks; ``finfo_min`` of the input
+format). ``softmax_unguarded``: textbook softmax with -inf masks and no NaN guard."""
+
+
+def sentinel_cases(targets=FLASHINFER_TARGET_LOGITS) -> list[str]:
+    return [f"logit_{t:g}" for t in targets] + ["masked_huge", "masked_huge_valid_-6e4", "fully_masked"]
+
+
+def sentinel_inputs(case: str, batch, heads, seq_len, head_dim, *, seed, device="cpu") -> AttentionInputs:
+    """The inputs of one sentinel case (see ``sentinel_cases``)."""
+    if case.startswith("logit_"):
+        return make_inputs("logit_targeted", batch, heads, seq_len, head_dim, seed=seed, device=device,
+                           target=float(case[len("logit_"):]))
+    if case == "masked_huge":
+        return make_inputs("masked_huge_scores", batch, heads, seq_len, head_dim, seed=seed, device=device)
+    if case == "masked_huge_valid_-6e4":
+        return make_inputs("masked_huge_scores", batch, heads, seq_len, head_dim, seed=seed, device=device,
+                           valid_target=-6e4)
+    if case == "fully_masked":
+        return make_inputs("fully_masked_rows", batch, heads, seq_len, head_dim, seed=seed, device=device)
+    raise ValueError(f"unknown sentinel case {case!r}; cases: {sentinel_cases()}")
+
+
+def masked_attention(handling: str, inp: AttentionInputs, policy, *, v=None, block_q=128, block_k=128):
+    """(out, lse or None) of one mask handling (see ``MASK_HANDLINGS``)."""
+    v = inp.v if v is None else v
+    pol = get_policy(policy)
+    if handling.startswith("fill_"):
+        fill = handling[len("fill_"):]
+        fill = fill if fill in ("-inf", "finfo_min") else float(fill)
+        return flash_attention(inp.q, inp.k, v, pol, attn_bias=inp.attn_bias, mask_fill=fill,
+                               block_q=block_q, block_k=block_k)
+    if handling.startswith("additive_"):
+        value = handling[len("additive_"):]
+        value = float(torch.finfo(FORMATS[pol.inputs]).min) if value == "finfo_min" else float(value)
+        bias = None if inp.mask is None else mask_to_bias(inp.mask, value)
+        return reference_attention(inp.q, inp.k, v, pol, attn_bias=bias, return_lse=True)
+    if handling == "softmax_unguarded":
+        return textbook_attention(inp.q, inp.k, v, pol, attn_bias=inp.attn_bias), None
+    raise ValueError(f"unknown mask handling {handling!r}; allowed: {MASK_HANDLINGS}")
+
+
+SENTINEL_METRICS = ("sentinel_zero_row_fraction", "sentinel_nonzero_row_fraction", "sentinel_nan_fraction",
+                    "sentinel_rel_l2_err", "sentinel_masked_key_influence", "sentinel_lse_max_abs_err",
+                    "sentinel_exception")
+
+
+def sentinel_experiment(seq_len, policies, seeds, *, targets=FLASHINFER_TARGET_LOGITS, handlings=MASK_HANDLINGS,
+                        batch=1, heads=1, head_dim=64, block_q=128, block_k=128, device="cpu", golden_chunk=1024,
+                        log: ExceptionLog | None = None, progress=True) -> xr.Dataset:
+    """Every mask handling on every sentinel case, policy and seed."""
+    log = log or ExceptionLog()
+    cases = sentinel_cases(targets)
+    shape = (len(handlings), len(cases), len(policies), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in SENTINEL_METRICS}
+    rows_total = batch * heads * seq_len
+    work = [(c, case, s, seed) for c, case in enumerate(cases) for s, seed in enumerate(seeds)]
+    for c, case, s, seed in tqdm(work, desc="sentinels", disable=not progress):
+        raw = sentinel_inputs(case, batch, heads, seq_len, head_dim, seed=seed, device=device)
+        masked_cols = masked_key_columns(raw.mask)
+        for p, policy in enumerate(policies):
+            pol = get_policy(policy)
+            inp = raw.rounded(pol.inputs)
+            gold, gold_lse = _golden(inp, golden_chunk, return_lse=True)
+            for h, handling in enumerate(handlings):
+                where = f"sentinel {handling} {case} {policy} seed={seed}"
+                res, exc = log.call(where, lambda: masked_attention(handling, inp, pol, block_q=block_q,
+                                                                    block_k=block_k))
+                data["sentinel_exception"][h, c, p, s] = exc is not None
+                if exc is not None:
+                    continue
+                out, lse = res
+                data["sentinel_zero_row_fraction"][h, c, p, s] = zero_rows(out, gold) / rows_total
+                data["sentinel_nonzero_row_fraction"][h, c, p, s] = zero_rows(gold, out) / rows_total
+                data["sentinel_nan_fraction"][h, c, p, s] = torch.isnan(out).double().mean().item()
+                data["sentinel_rel_l2_err"][h, c, p, s] = finite_error_summary(out, gold, pol.output)["rel_l2"]
+                if lse is not None:
+                    ok = torch.isfinite(gold_lse)
+                    data["sentinel_lse_max_abs_err"][h, c, p, s] = scaled_max_error(lse[ok], gold_lse[ok], 1.0) \
+                        if bool(ok.any()) else np.nan
+                if masked_cols is not None:
+                    shifted, _ = log.call(where + " (masked V shifted)", lambda: masked_attention(
+                        handling, inp, pol, v=shift_masked_values(inp.v, masked_cols), block_q=block_q,
+                        block_k=block_k))
+                    if shifted is not None:
+                        data["sentinel_masked_key_influence"][h, c, p, s] = scaled_max_error(shifted[0], out, 1.0)
+    dims = ("mask_handling", "case", "sentinel_policy", "seed")
+    ds = xr.Dataset({m: (dims, data[m]) for m in SENTINEL_METRICS},
+                    coords={"mask_handling": list(handlings), "case": cases, "sentinel_policy": list(policies),
+                            "seed": list(seeds)})
+    ds["sentinel_exception"] = ds["sentinel_exception"].astype(np.int8)
+    ds["sentinel_seq_len"] = seq_len
+    return ds
+
+
+def smallest_positive(fmt: str) -> float:
+    """The smallest positive (subnormal) number of a format."""
+    return 2.0 ** (MIN_EXPONENT[fmt] - (SIGNIFICAND_BITS[fmt] - 1))
+
+
+def predicted_onset(fill: float, p_format: str, head_dim: int) -> float:
+    """Raw row-max logit below which every P of the row rounds to 0 under a finite sentinel.
+
+    The running max never rises above ``fill``, so P_j = exp((s_j - fill) * scale);
+    once the largest of them is below half the smallest positive number of P's format
+    it rounds to zero and P V is exactly zero (the row sum l, kept in the stats format,
+    may still be a tiny positive number). The stats-format rounding of ``fill`` itself
+    is not modelled (it matters for fp16 statistics).
+    """
+    return fill + math.log(smallest_positive(p_format) / 2) / default_scale(head_dim)
+
+
+def sentinel_onset(seq_len, logits, policies, *, seed=0, fill=-5e4, batch=1, heads=1, head_dim=64, block_q=128,
+                   block_k=128, device="cpu", golden_chunk=1024, log: ExceptionLog | None = None,
+                   progress=True) -> xr.Dataset:
+    """Per row: its largest valid logit and whether the ``fill``-sentinel kernel zeroed it."""
+    log = log or ExceptionLog()
+    n_rows = batch * heads * seq_len
+    row_max = np.full((len(logits), len(policies), n_rows), np.nan)
+    row_zero = np.zeros((len(logits), len(policies), n_rows), dtype=np.int8)
+    rel = np.full((len(logits), len(policies)), np.nan)
+    for t, target in enumerate(tqdm(logits, desc="onset", disable=not progress)):
+        raw = make_inputs("logit_targeted", batch, heads, seq_len, head_dim, seed=seed, device=device,
+                          target=float(target))
+        for p, policy in enumerate(policies):
+            pol = get_policy(policy)
+            inp = raw.rounded(pol.inputs)
+            scores = inp.q.double() @ inp.k.double().transpose(-1, -2)
+            row_max[t, p] = scores.amax(dim=-1).flatten().cpu().numpy()
+            gold = _golden(inp, golden_chunk)
+            res, exc = log.call(f"onset {policy} target={target}", lambda: flash_attention(
+                inp.q, inp.k, inp.v, pol, mask_fill=fill, block_q=block_q, block_k=block_k)[0])
+            if exc is not None:
+                continue
+            row_zero[t, p] = ((res == 0).all(dim=-1) & (gold != 0).any(dim=-1)).flatten().cpu().numpy()
+            rel[t, p] = finite_error_summary(res, gold, pol.output)["rel_l2"]
+    ds = xr.Dataset({
+        "onset_row_max_logit": (("onset_logit", "sentinel_policy", "row"), row_max),
+        "onset_row_zero": (("onset_logit", "sentinel_policy", "row"), row_zero),
+        "onset_rel_l2_err": (("onset_logit", "sentinel_policy"), rel),
+        "onset_predicted_logit": (("sentinel_policy",), [predicted_onset(fill, get_policy(p).p, head_dim)
+                                                         for p in policies]),
+    }, coords={"onset_logit": [float(x) for x in logits], "sentinel_policy": list(policies),
+               "row": np.arange(n_rows)})
+    ds["onset_fill"] = fill
+    return ds
+
+
+def onset_table(ds: xr.Dataset) -> pd.DataFrame:
+    """Per policy: the measured onset interval (in row-max logits) against the prediction."""
+    rows = []
+    for policy in ds["sentinel_policy"].values:
+        logit = ds["onset_row_max_logit"].sel(sentinel_policy=policy).values.ravel()
+        zero = ds["onset_row_zero"].sel(sentinel_policy=policy).values.ravel().astype(bool)
+        rows.append({
+            "policy": str(policy),
+            "highest row-max logit zeroed": float(logit[zero].max()) if zero.any() else math.nan,
+            "lowest row-max logit not zeroed": float(logit[~zero].min()) if (~zero).any() else math.nan,
+            "predicted onset": float(ds["onset_predicted_logit"].sel(sentinel_policy=policy)),
+            "rows zeroed": f"{int(zero.sum())}/{zero.size}",
+        })
+    return pd.DataFrame(rows).set_index("policy")
+
+
+# -- experiment 4: which acceptance rule catches which injected fault ----------------------------
+
+def _nan_aware_rel_l2(out, gold) -> float:
+    if bool((~torch.isfinite(out) & torch.isfinite(gold)).any()):
+        return math.inf
+    return rel_l2_error(out, gold)
+
+
+def _nan_aware_max_abs(out, gold) -> float:
+    return scaled_max_error(out, gold, 1.0)
+
+
+def detection_sweep(fault_names, families, seq_lens, dtypes, seeds, *, causal=True, batch=1, heads=1, head_dim=64,
+                    block_q=128, block_k=128, device="cpu", golden_chunk=1024, log: ExceptionLog | None = None,
+                    progress=True) -> xr.Dataset:
+    """Detection by every rule of every fault at every severity, and false alarms on the correct kernel.
+
+    The kernel under test is the flash emulator under the production ``fa2_<dtype>`` policy.
+    Rules (``acceptance.DETECTION_RULES``): fixed 0.1% and seed 000's dynamic threshold on the
+    relative L2 error; FlashAttention's rule ``max_abs <= 2 * max_abs(plain attention in the
+    low dtype) + dtype floor``; and ``scaled_elementwise`` (output and LSE errors in units of
+    u (P|V|), at most 2x the same-policy unblocked reference's + 2).
+    """
+    log = log or ExceptionLog()
+    rules = acceptance.DETECTION_RULES
+    n_levels = max(len(FAULTS[f].severities) for f in fault_names)
+    base = (len(families), len(seq_lens), len(dtypes), len(seeds))
+    fshape = (len(fault_names), n_levels) + base
+    detected = np.zeros((len(rules),) + fshape, dtype=np.int8)
+    false_alarm = np.zeros((len(rules),) + base, dtype=np.int8)
+    changed = np.zeros(fshape, dtype=np.int8)
+    exception = np.zeros(fshape, dtype=np.int8)
+    f_rel, f_row, f_lse, f_kappa = (np.full(fshape, np.nan) for _ in range(4))
+    c_rel, c_row, c_kappa, r_kappa, pt_err, xmax = (np.full(base, np.nan) for _ in range(6))
+    work = [(a, fam, i, n, s, seed) for a, fam in enumerate(families) for i, n in enumerate(seq_lens)
+            for s, seed in enumerate(seeds)]
+    for a, family, i, n, s, seed in tqdm(work, desc="detection", disable=not progress):
+        raw = make_inputs(family, batch, heads, n, head_dim, seed=seed, device=device)
+        for d, fmt in enumerate(dtypes):
+            inp = raw.rounded(fmt)
+            pol = policy_for("fa2", fmt)
+            idx = (a, i, d, s)
+            ctx = _detection_context(inp, pol, fmt, causal, golden_chunk)
+            pt_err[idx], xmax[idx], r_kappa[idx] = ctx["pt_err"], ctx["xmax"], ctx["kappa_ref"]
+
+            def kernel(fault=None):
+                return flash_attention(inp.q, inp.k, inp.v, pol, causal=causal, block_q=block_q, block_k=block_k,
+                                       fault=fault)
+
+            correct, exc = log.call(f"detection correct {family} N={n} {fmt} seed={seed}", kernel)
+            if exc is not None:  # the correct kernel must run; record and skip this point
+                false_alarm[(slice(None),) + idx] = 1
+                continue
+            m = _judge(correct, ctx, n, fmt)
+            c_rel[idx], c_row[idx], c_kappa[idx] = m["rel_l2"], m["worst_row"], m["kappa_out"]
+            for r, rule in enumerate(rules):
+                false_alarm[(r,) + idx] = not m["passes"][rule]
+            for f, name in enumerate(fault_names):
+                for lev in range(len(FAULTS[name].severities)):
+                    fault = make_fault(name, level=lev)
+                    fidx = (f, lev) + idx
+                    res, exc = log.call(f"detection {fault} {family} N={n} {fmt} seed={seed}",
+                                        lambda: kernel(fault))
+                    if exc is not None:
+                        exception[fidx] = 1
+                        detected[(slice(None),) + fidx] = 1
+                        continue
+                    changed[fidx] = bool(not torch.equal(res[0], correct[0]) or not torch.equal(res[1], correct[1]))
+                    m = _judge(res, ctx, n, fmt)
+                    f_rel[fidx], f_row[fidx], f_lse[fidx], f_kappa[fidx] = (
+                        m["rel_l2"], m["worst_row"], m["lse_max_abs"], m["kappa_out"])
+                    for r, rule in enumerate(rules):
+                        detected[(r,) + fidx] = not m["passes"][rule]
+    fdims = ("fault", "severity_level", "det_family", "det_seq_len", "det_dtype", "det_seed")
+    bdims = fdims[2:]
+    severities = np.full((len(fault_names), n_levels), np.nan)
+    for f, name in enumerate(fault_names):
+        severities[f, :len(FAULTS[name].severities)] = FAULTS[name].severities
+    coords = {"rule": list(rules), "fault": list(fault_names), "severity_level": np.arange(n_levels),
+              "det_family": list(families), "det_seq_len": list(seq_lens), "det_dtype": list(dtypes),
+              "det_seed": list(seeds)}
+    ds = xr.Dataset({
+        "det_detected": (("rule",) + fdims, detected),
+        "det_false_alarm": (("rule",) + bdims, false_alarm),
+        "det_fault_changed": (fdims, changed),
+        "det_fault_exception": (fdims, exception),
+        "det_fault_rel_l2_err": (fdims, f_rel),
+        "det_fault_worst_row_err": (fdims, f_row),
+        "det_fault_lse_max_abs_err": (fdims, f_lse),
+        "det_fault_kappa": (fdims, f_kappa),
+        "det_correct_rel_l2_err": (bdims, c_rel),
+        "det_correct_worst_row_err": (bdims, c_row),
+        "det_correct_kappa": (bdims, c_kappa),
+        "det_reference_kappa": (bdims, r_kappa),
+        "det_plain_reference_max_abs_err": (bdims, pt_err),
+        "det_input_abs_max": (bdims, xmax),
+        "severity": (("fault", "severity_level"), severities),
+        "default_level": (("fault",), [FAULTS[f].severities.index(FAULTS[f].default_severity) for f in fault_names]),
+    }, coords=coords)
+    ds.attrs["severity_meaning"] = json.dumps({f: FAULTS[f].severity_meaning for f in fault_names})
+    ds.attrs["detection_causal"] = int(bool(causal))
+    return ds
+
+
+def _detection_context(inp: AttentionInputs, pol, fmt: str, causal: bool, golden_chunk: int) -> dict:
+    """Golden output and LSE, P|V|, and the references every rule needs, for one input.
+
+    ``ref``/``lse_ref``: unblocked attention under the kernel's own policy (the yardstick of the
+    scaled rules); ``plain``: unblocked attention with every stage in the low dtype (the
+    FlashAttention rule's ``out_pt``).
+    """
+    v_both = torch.cat([inp.v, inp.v.abs()], dim=-1)
+    both, lse_g = golden_attention(inp.q, inp.k, v_both, causal=causal, attn_bias=inp.attn_bias,
+                                   chunk=golden_chunk, return_lse=True)
+    d = inp.v.shape[-1]
+    gold, gold_abs = both[..., :d], both[..., d:]
+    ref, lse_r = reference_attention(inp.q, inp.k, inp.v, pol, causal=causal, attn_bias=inp.attn_bias,
+                                     return_lse=True, query_chunk=golden_chunk)
+    plain = reference_attention(inp.q, inp.k, inp.v, policy_for("all", fmt), causal=causal,
+                                attn_bias=inp.attn_bias, query_chunk=golden_chunk)
+    finite = [t[torch.isfinite(t)] for t in (inp.q, inp.k, inp.v)]
+    ctx = {"gold": gold, "lse_gold": lse_g, "ref": ref, "lse_ref": lse_r, "plain": plain,
+           "scale_out": acceptance.error_scale(gold_abs, fmt),
+           "scale_lse": acceptance.error_scale(lse_g.abs().clamp(min=1.0), pol.lse),
+           "pt_err": _nan_aware_max_abs(plain, gold),
+           "floor": acceptance.dtype_floor(gold, fmt),
+           "xmax": max(t.abs().max().item() if t.numel() else 0.0 for t in finite)}
+    ctx["kappa_ref"] = scaled_max_error(ref, gold, ctx["scale_out"])
+    ctx["kappa_ref_lse"] = scaled_max_error(lse_r, lse_g, ctx["scale_lse"])
+    return ctx
+
+
+def _judge(result, ctx: dict, n: int, fmt: str) -> dict:
+    """Errors of one (out, lse) and the verdict of every rule."""
+    out, lse = result
+    gold = ctx["gold"]
+    rel = _nan_aware_rel_l2(out, gold)
+    max_abs = _nan_aware_max_abs(out, gold)
+    kappa_out = scaled_max_error(out, gold, ctx["scale_out"])
+    kappa_lse = scaled_max_error(lse, ctx["lse_gold"], ctx["scale_lse"])
+    scaled_out = acceptance.scaled_elementwise_rule(kappa_out, ctx["kappa_ref"])
+    passes = {
+        "fixed_0.1pct": acceptance.fixed_relative_rule(rel, 1e-3),
+        "dynamic_threshold": acceptance.dynamic_threshold_rule(rel, n, ctx["xmax"], fmt),
+        "reference_relative": acceptance.reference_relative_rule(max_abs, ctx["pt_err"], ctx["floor"], c=2.0),
+        "scaled_elementwise": scaled_out,
+        "scaled_elementwise_lse": scaled_out and acceptance.scaled_elementwise_rule(kappa_lse, ctx["kappa_ref_lse"]),
+    }
+    return {"rel_l2": rel, "worst_row": row_rel_l2_max(out, gold), "kappa_out": kappa_out,
+            "lse_max_abs": scaled_max_error(lse, ctx["lse_gold"], 1.0), "passes": passes}
+
+
+ERROR_BINS = (1e-3, 1e-2, 1e-1, math.inf)
+ERROR_BIN_LABELS = ("0.1-1%", "1-10%", ">=10%")
+"""Bins of a faulty output's worst-row relative error (seed 000's missed error was 12%)."""
+
+
+def summarize_detection(ds: xr.Dataset) -> xr.Dataset:
+    """Add detection rates over the (family, seed) points where the fault changed the output,
+    false-alarm rates over families and seeds, and miss rates by the size of the worst row's error."""
+    out = ds.copy()
+    fam_seed = ["det_family", "det_seed"]
+    applicable = ds["det_fault_changed"] == 1
+    out["det_detection_rate"] = ds["det_detected"].where(applicable).astype(float).mean(fam_seed)
+    out["det_false_alarm_rate"] = ds["det_false_alarm"].astype(float).mean(fam_seed)
+    worst = ds["det_fault_worst_row_err"]
+    other = ["fault", "severity_level", "det_family", "det_seed"]
+    counts, misses = [], []
+    for lo, hi in zip(ERROR_BINS[:-1], ERROR_BINS[1:]):
+        in_bin = applicable & (worst >= lo) & (worst < hi)
+        counts.append(in_bin.sum(other).astype(float))
+        misses.append((1 - ds["det_detected"]).where(in_bin).sum(other))
+    out = out.assign_coords(error_bin=list(ERROR_BIN_LABELS))
+    out["det_error_bin_count"] = xr.concat(counts, dim="error_bin").assign_coords(error_bin=list(ERROR_BIN_LABELS))
+    missed = xr.concat(misses, dim="error_bin").assign_coords(error_bin=list(ERROR_BIN_LABELS))
+    out["det_miss_rate"] = missed / out["det_error_bin_count"].where(out["det_error_bin_count"] > 0)
+    return out
+
+
+def caught(ds: xr.Dataset) -> xr.DataArray:
+    """1 where a rule discriminates a fault at (severity, family, N, dtype): the fault changed the
+    output in every seed, the rule rejects the faulty kernel in every seed and accepts the correct
+    kernel in every seed."""
+    detected_all = ds["det_detected"].min("det_seed")
+    applicable = ds["det_fault_changed"].min("det_seed")
+    clean = 1 - ds["det_false_alarm"].max("det_seed")
+    return (detected_all * applicable * clean).astype(np.int8)
+
+
+def _n_ranges(values) -> str:
+    return ",".join(str(int(v)) for v in values) if len(values) else "-"
+
+
+def detection_headline(ds: xr.Dataset, dtype: str) -> pd.DataFrame:
+    """For each fault and rule at one dtype: the mildest severity caught (at any N and family), and
+    the N at which the default severity is caught; "missed" lists N where the default-severity
+    fault changed the output but the rule did not catch it (for any family)."""
+    sub = ds.sel(det_dtype=dtype)
+    hit = caught(sub).max("det_family")  # rule, fault, severity_level, det_seq_len
+    present = sub["det_fault_changed"].min("det_seed").max("det_family")  # fault, severity_level, det_seq_len
+    lens = ds["det_seq_len"].values
+    table = {}
+    for rule in ds["rule"].values:
+        col = []
+        for fault in ds["fault"].values:
+            h = hit.sel(rule=rule, fault=fault)
+            levels = [lev for lev in ds["severity_level"].values if bool(h.sel(severity_level=lev).max())]
+            sev = f"{ds['severity'].sel(fault=fault, severity_level=levels[0]).item():g}" if levels else "-"
+            lev = int(ds["default_level"].sel(fault=fault))
+            at_default = h.sel(severity_level=lev).values.astype(bool)
+            there = present.sel(fault=fault, severity_level=lev).values.astype(bool)
+            text = f"sev {sev}; N {_n_ranges(lens[at_default])}"
+            if (there & ~at_default).any():
+                text += f" (missed N {_n_ranges(lens[there & ~at_default])})"
+            col.append(text)
+        table[rule] = col
+    df = pd.DataFrame(table, index=list(ds["fault"].values))
+    df.index.name = f"fault, fa2_{dtype}"
+    return df
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+def plot_finiteness(ds: xr.Dataset):
+    """Fraction of output entries whose finite-ness disagrees with the golden output."""
+    import seaborn as sns
+
+    from ..plots import subplots
+
+    table = finiteness_table(ds)
+    fig, axes = subplots(1, 1, figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
+    sns.heatmap(table, vmin=0, vmax=1, cmap="Reds", annot=True, fmt=".2f", cbar=False, ax=axes[0][0],
+                annot_kws={"fontsize": 6})
+    axes[0][0].set_title("fraction of entries non-finite where golden is finite, or vice versa\n"
+                         "(max over N and seeds); first column: golden itself non-finite", fontsize="small")
+    axes[0][0].set_xlabel("kernel / policy_dtype")
+    axes[0][0].tick_params(axis="x", rotation=60, labelsize=7)
+    return fig
+
+
+def _amplification_text(x: float) -> str:
+    if not np.isfinite(x):
+        return ""
+    if x == 0:
+        return "0"
+    return f"{x:.2g}" if x < 100 else (f"{x:.0f}" if x < 1e4 else f"{x:.0e}")
+
+
+def plot_amplification(ds: xr.Dataset, seq_len=None):
+    """Error amplification relative to N(0, 1) inputs, per family, kernel, policy and dtype."""
+    import seaborn as sns
+
+    from ..plots import subplots
+
+    n = ds["seq_len"].values[-1] if seq_len is None else seq_len
+    amp = ds["amplification"].sel(seq_len=n).to_dataframe()["amplification"].reset_index()
+    amp["column"] = amp["kernel"] + "/" + amp["policy"] + "_" + amp["dtype"]
+    wide = amp.pivot(index="family", columns="column", values="amplification").loc[list(ds["family"].values)]
+    wide = wide.astype(float)
+    fig, axes = subplots(1, 1, figsize=(2.5 + 0.62 * wide.shape[1], 1.0 + 0.3 * wide.shape[0]))
+    colour = np.log10(wide.clip(lower=1e-3))
+    sns.heatmap(colour, cmap="RdBu_r", center=0, vmin=-2, vmax=2, annot=wide.map(_amplification_text), fmt="",
+                cbar_kws={"label": "log10 amplification"}, ax=axes[0][0], annot_kws={"fontsize": 6})
+    axes[0][0].set_title(f"median rel. L2 error / that of N(0, 1) inputs, N = {n}\n"
+                         "(blank: no entry finite in both kernel and golden output)", fontsize="small")
+    axes[0][0].set_xlabel("kernel / policy_dtype")
+    axes[0][0].tick_params(axis="x", rotation=60, labelsize=7)
+    return fig
+
+
+def plot_sentinels(ds: xr.Dataset, policy: str):
+    """Mask handlings x cases, one policy: rows zeroed, NaN, masked-key influence, error."""
+    import seaborn as sns
+
+    from ..plots import subplots
+
+    sub = ds.sel(sentinel_policy=policy).max("seed")
+    panels = (("sentinel_zero_row_fraction", "fraction of rows zeroed where golden is not", "Reds", 1),
+              ("sentinel_nonzero_row_fraction", "fraction of rows not 0 (NaN or values) where golden is 0",
+               "Purples", 1),
+              ("sentinel_masked_key_influence", "masked-key influence max|dO| (V shifted by 100)", "Oranges", 100),
+              ("sentinel_rel_l2_err", "rel. L2 error over finite entries", "Greys", 1))
+    fig, axes = subplots(2, 2, figsize=(11.5, 7.5))
+    for ax, (var, title, cmap, vmax) in zip(axes.ravel(), panels):
+        table = sub[var].to_dataframe()[var].unstack("case")[list(ds["case"].values)]
+        sns.heatmap(table, cmap=cmap, vmin=0, vmax=vmax, annot=True, fmt=".2g", cbar=False, ax=ax,
+                    annot_kws={"fontsize": 6})
+        ax.set_title(title, fontsize="small")
+        ax.tick_params(axis="x", rotation=60, labelsize=6.5)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlabel("")
+        ax.set_ylabel("")
+    fig.suptitle(f"mask handling, {policy}, N = {int(ds['sentinel_seq_len'])} (max over seeds; blank: not "
+                 "applicable)", fontsize="medium")
+    return fig
+
+
+def plot_onset(ds: xr.Dataset):
+    """Fraction of rows zeroed by the -5e4 sentinel against the row's largest valid logit."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 1, figsize=(7, 3.6))
+    ax = axes[0][0]
+    for policy in ds["sentinel_policy"].values:
+        logit = ds["onset_row_max_logit"].sel(sentinel_policy=policy).values.ravel()
+        zero = ds["onset_row_zero"].sel(sentinel_policy=policy).values.ravel()
+        order = np.argsort(logit)
+        bins = np.linspace(logit.min(), logit.max(), 40)
+        which = np.digitize(logit[order], bins)
+        centers = [logit[order][which == b].mean() for b in np.unique(which)]
+        rate = [zero[order][which == b].mean() for b in np.unique(which)]
+        line, = ax.plot(centers, rate, marker="o", ms=2, label=f"{policy}")
+        ax.axvline(float(ds["onset_predicted_logit"].sel(sentinel_policy=policy)), color=line.get_color(),
+                   ls=":", lw=1)
+    ax.axvline(float(ds["onset_fill"]), color="k", lw=0.8, ls="--", label="sentinel")
+    ax.set_xlabel("largest valid raw logit of the row (q.k, unscaled)")
+    ax.set_ylabel("fraction of rows output as zero")
+    ax.set_title("finite -5e4 sentinel: where the zero output starts (dotted: predicted)", fontsize="small")
+    ax.legend(fontsize="x-small")
+    return fig
+
+
+def plot_detection(ds: xr.Dataset):
+    """Headline: detection rate of each fault at its default severity, and false alarms on the
+    correct kernel (top row, reversed colours), by rule and N, one panel per dtype."""
+    import seaborn as sns
+
+    from ..plots import subplots
+
+    dtypes = list(ds["det_dtype"].values)
+    rules = list(ds["rule"].values)
+    lens = [int(n) for n in ds["det_seq_len"].values]
+    n_cols = len(rules) * len(lens)
+    fig, axes = subplots(len(dtypes), 1, figsize=(3.2 + 0.42 * n_cols, (1.4 + 0.3 * (ds.sizes["fault"] + 1))
+                                                  * len(dtypes)))
+    for ax, fmt in zip(axes[:, 0], dtypes):
+        fa = ds["det_false_alarm_rate"].sel(det_dtype=fmt)
+        rows = {"correct kernel: false alarms": [float(fa.sel(rule=r, det_seq_len=n)) for r in rules for n in lens]}
+        for fault in ds["fault"].values:
+            lev = int(ds["default_level"].sel(fault=fault))
+            rate = ds["det_detection_rate"].sel(det_dtype=fmt, fault=fault, severity_level=lev)
+            sev = ds["severity"].sel(fault=fault, severity_level=lev).item()
+            rows[f"{fault} ({sev:g})"] = [float(rate.sel(rule=r, det_seq_len=n)) for r in rules for n in lens]
+        table = pd.DataFrame(rows, index=[f"N={n}" for r in rules for n in lens]).T
+        top = np.zeros(table.shape, dtype=bool)
+        top[0] = True
+        sns.heatmap(table, mask=top, vmin=0, vmax=1, cmap="RdYlGn", annot=True, fmt=".1f", cbar=False, ax=ax,
+                    annot_kws={"fontsize": 6})
+        sns.heatmap(table, mask=~top, vmin=0, vmax=1, cmap="RdYlGn_r", annot=True, fmt=".1f", cbar=False, ax=ax,
+                    annot_kws={"fontsize": 6})
+        for i, rule in enumerate(rules):
+            ax.text((i + 0.5) * len(lens), -0.25, rule, ha="center", va="bottom", fontsize=7)
+            if i:
+                ax.axvline(i * len(lens), color="k", lw=1)
+        ax.axhline(1, color="k", lw=1.5)
+        ax.tick_params(axis="x", labelsize=6.5, rotation=0)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_title(f"fa2_{fmt}: share of (family, seed) points where the rule rejects the output; blank: "
+                     "the fault changed nothing", fontsize="small", pad=16)
+    return fig
+
+
+def plot_miss_rates(ds: xr.Dataset):
+    """Share of faulty outputs each rule accepts, by the size of the worst row's error and by N."""
+    from ..plots import subplots
+
+    dtypes = list(ds["det_dtype"].values)
+    bins = list(ds["error_bin"].values)
+    fig, axes = subplots(len(dtypes), len(bins), sharey=True, sharex=True,
+                         figsize=(3.3 * len(bins) + 1.5, 2.6 * len(dtypes)))
+    n = ds["det_seq_len"].values
+    for row, fmt in zip(axes, dtypes):
+        for ax, b in zip(row, bins):
+            for rule in ds["rule"].values:
+                ax.plot(n, ds["det_miss_rate"].sel(rule=rule, det_dtype=fmt, error_bin=b).values, marker="o", ms=3,
+                        label=str(rule))
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(-0.03, 1.03)
+            counts = ds["det_error_bin_count"].sel(det_dtype=fmt, error_bin=b).values.astype(int)
+            ax.set_title(f"fa2_{fmt}, worst row off by {b}\n(cases per N: {', '.join(map(str, counts))})",
+                         fontsize="x-small")
+        row[0].set_ylabel("accepted (missed)")
+    for ax in axes[-1]:
+        ax.set_xlabel("sequence length N")
+    axes[0][-1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def fault_table(names=None) -> pd.DataFrame:
+    """The injected faults: what each does, what its severity means, its levels and default."""
+    names = list(FAULTS) if names is None else list(names)
+    return pd.DataFrame([{"fault": n, "bug": FAULTS[n].description, "severity": FAULTS[n].severity_meaning,
+                          "levels (mildest first)": ", ".join(f"{x:g}" for x in FAULTS[n].severities),
+                          "default": f"{FAULTS[n].default_severity:g}"} for n in names]).set_index("fault")
+
+
+def family_false_alarm_table(ds: xr.DataArray) -> pd.DataFrame:
+    """False-alarm rate of each rule on the correct flash kernel, per family and dtype (over N, seeds)."""
+    rate = ds["family_false_alarm"].mean(["seq_len", "seed"])
+    table = rate.to_dataframe()["family_false_alarm"].unstack("rule")
+    return table[list(ds["rule"].values)]
+
+
+def largest_missed(ds: xr.Dataset) -> pd.DataFrame:
+    """Per rule, dtype and N: the largest worst-row error of a faulty output the rule accepted.
+
+    Only outputs the fault changed count; "by" names the fault (severity) and family behind it.
+    """
+    worst = ds["det_fault_worst_row_err"].where((ds["det_fault_changed"] == 1) & (ds["det_detected"] == 0))
+    rows = []
+    for rule in ds["rule"].values:
+        for fmt in ds["det_dtype"].values:
+            for n in ds["det_seq_len"].values:
+                sub = worst.sel(rule=rule, det_dtype=fmt, det_seq_len=n)
+                if not bool(np.isfinite(sub).any()):
+                    rows.append({"rule": rule, "dtype": fmt, "N": int(n), "largest missed worst-row error": 0.0,
+                                 "by": "-"})
+                    continue
+                flat = sub.stack(point=sub.dims)
+                where = flat.isel(point=int(flat.fillna(-1).argmax()))
+                sev = ds["severity"].sel(fault=where["fault"].item(), severity_level=where["severity_level"].item())
+                rows.append({"rule": rule, "dtype": fmt, "N": int(n),
+                             "largest missed worst-row error": float(where),
+                             "by": f"{where['fault'].item()} ({sev.item():g}), {where['det_family'].item()}"})
+    return pd.DataFrame(rows).set_index(["rule", "dtype", "N"])
