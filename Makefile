@@ -30,8 +30,9 @@ reproduce: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# JupyterLab refuses root unless told; containers often run as root.
 lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
 sweep: $(STAMP)
 	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default]"; exit 2; }

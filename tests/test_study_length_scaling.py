@@ -60,3 +60,16 @@ def test_published_index_lists_the_run(smoke_run):
     assert (site_run / "notebook.html").stat().st_size > 10_000
     assert (site_run / "results.nc").exists()
     assert "Length scaling" in html
+
+
+def test_sweep_writes_one_folder_per_point_and_runs_merge_by_coordinates(tmp_path):
+    tiny = {"dtypes": ["fp32"], "block_configs": ["32x32"], "loop_orders": ["q_outer"], "block_seeds": [0],
+            "attribution_seq_lens": [256], "attribution_dtypes": ["bf16"], "attribution_query_rows": 8}
+    paths = runner.sweep("length_scaling", {"head_dim": [16, 32]}, "smoke", tiny, outputs=tmp_path,
+                         progress=False)
+    assert [p.name.split("__head_dim=")[-1] for p in paths] == ["16", "32"]
+    merged = ncio.open_study("length_scaling", root=tmp_path)
+    assert merged["head_dim"].values.tolist() == [16, 32]
+    assert merged["rel_l2_err"].dims[0] == "head_dim"
+    assert np.isfinite(merged["rel_l2_err"]).all()
+    assert json.loads(merged.attrs.get("parameters", "{}")) == {} or "parameters" not in merged.attrs
