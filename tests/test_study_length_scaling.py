@@ -72,4 +72,5 @@ def test_sweep_writes_one_folder_per_point_and_runs_merge_by_coordinates(tmp_pat
     assert merged["head_dim"].values.tolist() == [16, 32]
     assert merged["rel_l2_err"].dims[0] == "head_dim"
     assert np.isfinite(merged["rel_l2_err"]).all()
-    assert json.loads(merged.attrs.get("parameters", "{}")) == {} or "parameters" not in merged.attrs
+    # runs differ in their parameters: the merge must not pretend they share the first run's
+    assert "parameters" not in merged.attrs
