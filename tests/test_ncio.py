@@ -90,3 +90,11 @@ def test_open_study_skips_failed_runs_and_names_missing_ones(tmp_path):
     assert ncio.study_runs("st", root=tmp_path) == [ok / "results.nc"]
     with pytest.raises(FileNotFoundError, match="nothing"):
         ncio.open_study("nothing", root=tmp_path)
+
+
+def test_a_sweep_run_reads_back_like_a_plain_run(tmp_path):
+    path = ncio.write_results(_dataset(0.5), tmp_path / "r.nc", study="s", params={"head_dim": 32},
+                              sweep_dims=["head_dim"])
+    assert ncio.open_results(path)["rel_l2_err"].dims == ("head_dim", "seq_len", "seed")
+    squeezed = ncio.open_results(path, squeeze_sweep_dims=True)
+    assert squeezed["rel_l2_err"].dims == ("seq_len", "seed") and int(squeezed["head_dim"]) == 32

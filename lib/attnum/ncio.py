@@ -121,6 +121,7 @@ def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params
         ds = ds.expand_dims({key: [params[key]]})
         ds[key].attrs.setdefault("long_name", f"parameter {key}")
     ds.attrs.update(provenance(study, params, device))
+    ds.attrs["sweep_dims"] = json.dumps(list(sweep_dims))
     if title:
         ds.attrs["title"] = title
     if references:
@@ -142,10 +143,18 @@ def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params
     return path
 
 
-def open_results(path: str | os.PathLike) -> xr.Dataset:
-    """Open one results file fully into memory (the file is closed afterwards)."""
+def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> xr.Dataset:
+    """Open one results file fully into memory (the file is closed afterwards).
+
+    ``squeeze_sweep_dims`` turns the length-1 sweep dimensions back into scalar
+    coordinates, so a notebook reads its own results the same way inside and
+    outside a sweep.
+    """
     with xr.open_dataset(path, engine=ENGINE) as ds:
-        return ds.load()
+        ds = ds.load()
+    if squeeze_sweep_dims:
+        ds = ds.squeeze(json.loads(ds.attrs.get("sweep_dims", "[]")))
+    return ds
 
 
 def study_runs(study: str, root: str | os.PathLike | None = None) -> list[Path]:

@@ -282,6 +282,8 @@ def sweep(study: str, grid: dict[str, list], param_set: str = "default", overrid
     done = []
     for i, point in enumerate(points, 1):
         print(f"[sweep {i}/{len(points)}] {study} {point}", flush=True)
+        # the folder: set and fixed overrides first, then the grid point
+        name = run_name(param_set, overrides) + "__" + run_name("", point).lstrip("_")
         done.append(run(study, param_set, {**(overrides or {}), **point}, outputs=outputs,
-                        sweep_dims=sorted(point), progress=progress))
+                        sweep_dims=sorted(point), progress=progress, name=name))
     return done

@@ -364,7 +364,8 @@ def plot_block_effects(ds: xr.Dataset):
         for family in ds["policy"].values:
             sub = df[(df["block_dtype"] == fmt) & (df["policy"] == family)]
             sns.pointplot(data=sub, x="block_config", y="block_rel_l2_err", hue="loop_order", ax=axes[0][i],
-                          errorbar=("pi", 100), dodge=0.3, markersize=4, linewidth=1)
+                          errorbar=("pi", 100), dodge=0.3 if ds.sizes["loop_order"] > 1 else False,
+                          markersize=4, linewidth=1)
             axes[0][i].set_title(f"{family}_{fmt}, N = {int(ds['block_seq_len'])}")
             axes[0][i].set_xlabel("block_q x block_k")
             axes[0][i].set_ylabel("relative L2 error" if i == 0 else "")
