@@ -98,7 +98,11 @@ def _index_html(rows) -> str:
     for r in rows:
         link = f"{e(r['study'])}/{e(r['run'])}"
         title = e(r.get("title", r["study"]))
-        params = e(json.dumps(r["record"].get("parameters", {}), sort_keys=True))
+        values = r["record"].get("parameters", {})
+        params = (f"<details><summary>{e(r['record'].get('param_set', ''))} "
+                  f"({len(values)} parameters)</summary>"
+                  + "<br>".join(f"{e(k)} = {e(json.dumps(v))}" for k, v in sorted(values.items()))
+                  + "</details>")
         cell = [f"<b>{title}</b><br><code>{link}</code><br>"]
         if (r.get("title")):
             cell.append(f"<a href='{link}/notebook.html'>notebook</a> ")
