@@ -57,7 +57,7 @@ ATTRS = {
     "finite_max_ulp_err": ("ulp", "max error in output-format ULPs over entries finite in both"),
     "zero_rows": ("1", "rows of the output that are all zero where the golden row is not"),
     "nonzero_rows": ("1", "rows of the output that are not all zero where the golden row is all zero"),
-    "masked_key_influence": ("1", "max |O(v') - O(v)| when V of masked keys is shifted by 100 (0: no weight)"),
+    "masked_key_influence": ("1", "max |O(v') - O(v)| when V of masked keys is shifted by 100 (0: no weight; NaN: output not finite or no masked key)"),
     "kernel_exception": ("1", "1 if the kernel raised an exception (message in attrs kernel_exceptions)"),
     "family_false_alarm": ("1", "1 if the rule rejects the correct flash kernel (fa2 policy); NaN: golden not finite"),
     "amplification": ("1", "median rel. L2 error over seeds / the same for N(0, 1) inputs (same kernel, policy, dtype, N)"),
@@ -171,10 +171,10 @@ def shift_masked_values(v: torch.Tensor, masked_cols: torch.Tensor, shift: float
     return out
 
 
-def _run_kernel(kernel: str, inp: AttentionInputs, policy, *, block_q, block_k, v=None):
+def _run_kernel(kernel: str, inp: AttentionInputs, policy, *, block_q, block_k, v=None, query_chunk=None):
     v = inp.v if v is None else v
     if kernel == "reference":
-        return reference_attention(inp.q, inp.k, v, policy, attn_bias=inp.attn_bias)
+        return reference_attention(inp.q, inp.k, v, policy, attn_bias=inp.attn_bias, query_chunk=query_chunk)
     return flash_attention(inp.q, inp.k, v, policy, attn_bias=inp.attn_bias, block_q=block_q, block_k=block_k)[0]
 
 
@@ -239,7 +239,8 @@ def family_sweep(families, seq_lens, dtypes, seeds, *, batch=1, heads=1, head_di
                                 inp.q, inp.k, inp.v, pol, attn_bias=inp.attn_bias, block_q=block_q,
                                 block_k=block_k))
                         cache[key] = (result, _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols,
-                                                              block_q, block_k, log, f"{where} {kernel} {pol.name}"))
+                                                              block_q, block_k, golden_chunk, log,
+                                                              f"{where} {kernel} {pol.name}"))
                     result, metrics = cache[key]
                     for m, value in metrics.items():
                         data[m][a, kk, f, d, i, j] = value
@@ -258,7 +259,8 @@ def family_sweep(families, seq_lens, dtypes, seeds, *, batch=1, heads=1, head_di
     return ds
 
 
-def _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols, block_q, block_k, log, where) -> dict:
+def _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols, block_q, block_k, query_chunk, log,
+                    where) -> dict:
     if exc is not None:
         return {"kernel_exception": 1}
     out = result[0]
@@ -269,9 +271,11 @@ def _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols, block
                finite_max_ulp_err=summary["max_ulp"], zero_rows=zero_rows(out, gold),
                nonzero_rows=zero_rows(gold, out))
     if masked_cols is not None:
+        # the same computation as the unshifted output (reference: same query chunks), V of masked keys moved
         shifted, _ = log.call(where + " (masked V shifted)", lambda: _run_kernel(
-            kernel, inp, pol, block_q=block_q, block_k=block_k, v=shift_masked_values(inp.v, masked_cols)))
-        if shifted is not None:
+            kernel, inp, pol, block_q=block_q, block_k=block_k, v=shift_masked_values(inp.v, masked_cols),
+            query_chunk=query_chunk))
+        if shifted is not None and bool(torch.isfinite(out).all()):  # NaN against NaN says nothing
             res["masked_key_influence"] = scaled_max_error(shifted, out, 1.0)
     return res
 
@@ -297,7 +301,7 @@ def finiteness_table(ds: xr.Dataset) -> pd.DataFrame:
     table["column"] = table["kernel"] + "/" + table["policy"] + "_" + table["dtype"]
     wide = table.pivot(index="family", columns="column", values="disagree")
     gold = (ds["golden_nonfinite"] / size).max(["seq_len", "seed"]).to_dataframe(name="g")["g"].unstack("dtype")
-    wide.insert(0, "golden non-finite (max over dtypes)", gold.max(axis=1))
+    wide.insert(0, "golden non-finite", gold.max(axis=1))
     return wide.loc[list(ds["family"].values)]
 
 
@@ -436,7 +440,7 @@ def sentinel_experiment(seq_len, policies, seeds, *, targets=FLASHINFER_TARGET_L
                     shifted, _ = log.call(where + " (masked V shifted)", lambda: masked_attention(
                         handling, inp, pol, v=shift_masked_values(inp.v, masked_cols), block_q=block_q,
                         block_k=block_k))
-                    if shifted is not None:
+                    if shifted is not None and bool(torch.isfinite(out).all()):
                         data["sentinel_masked_key_influence"][h, c, p, s] = scaled_max_error(shifted[0], out, 1.0)
     dims = ("mask_handling", "case", "sentinel_policy", "seed")
     ds = xr.Dataset({m: (dims, data[m]) for m in SENTINEL_METRICS},
@@ -739,20 +743,56 @@ def detection_headline(ds: xr.Dataset, dtype: str) -> pd.DataFrame:
 
 # -- figures --------------------------------------------------------------------------------------
 
+def _heatmap(ax, table: pd.DataFrame, *, cmap, vmin=None, vmax=None, annot=None, fmt="{:.2g}", mask=None,
+             fontsize=6, colorbar_label=None, xrotation=0):
+    """An annotated heatmap of a DataFrame (rows top to bottom), NaN or masked cells left blank.
+
+    seaborn's heatmap redraws the whole figure once per call to check tick-label overlap;
+    figures with several panels drew many times over, so the few lines are written out here.
+    """
+    import matplotlib.pyplot as plt
+
+    values = table.to_numpy(dtype=float)
+    hidden = ~np.isfinite(values) if mask is None else (mask | ~np.isfinite(values))
+    cm = plt.get_cmap(cmap).copy()
+    cm.set_bad(alpha=0.0)
+    mesh = ax.pcolormesh(np.ma.masked_array(values, hidden), cmap=cm, vmin=vmin, vmax=vmax)
+    ax.set_xlim(0, values.shape[1])
+    ax.set_ylim(values.shape[0], 0)
+    ax.set_xticks(np.arange(values.shape[1]) + 0.5, [str(c) for c in table.columns], rotation=xrotation,
+                  ha="right" if xrotation else "center", rotation_mode="anchor")
+    ax.set_yticks(np.arange(values.shape[0]) + 0.5, [str(i) for i in table.index])
+    ax.grid(False)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    texts = annot.to_numpy() if annot is not None else None
+    norm = mesh.norm
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if hidden[i, j]:
+                continue
+            text = texts[i, j] if texts is not None else fmt.format(values[i, j])
+            shade = cm(norm(values[i, j]))
+            light = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fontsize,
+                    color="black" if light else "white")
+    if colorbar_label:
+        ax.figure.colorbar(mesh, ax=ax, label=colorbar_label)
+    return mesh
+
+
 def plot_finiteness(ds: xr.Dataset):
     """Fraction of output entries whose finite-ness disagrees with the golden output."""
-    import seaborn as sns
-
     from ..plots import subplots
 
     table = finiteness_table(ds)
     fig, axes = subplots(1, 1, figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
-    sns.heatmap(table, vmin=0, vmax=1, cmap="Reds", annot=True, fmt=".2f", cbar=False, ax=axes[0][0],
-                annot_kws={"fontsize": 6})
+    _heatmap(axes[0][0], table, cmap="Reds", vmin=0, vmax=1, fmt="{:.2f}", xrotation=50)
+    axes[0][0].axvline(1, color="k", lw=1)
     axes[0][0].set_title("fraction of entries non-finite where golden is finite, or vice versa\n"
                          "(max over N and seeds); first column: golden itself non-finite", fontsize="small")
     axes[0][0].set_xlabel("kernel / policy_dtype")
-    axes[0][0].tick_params(axis="x", rotation=60, labelsize=7)
+    axes[0][0].tick_params(axis="x", labelsize=7)
     return fig
 
 
@@ -766,8 +806,6 @@ def _amplification_text(x: float) -> str:
 
 def plot_amplification(ds: xr.Dataset, seq_len=None):
     """Error amplification relative to N(0, 1) inputs, per family, kernel, policy and dtype."""
-    import seaborn as sns
-
     from ..plots import subplots
 
     n = ds["seq_len"].values[-1] if seq_len is None else seq_len
@@ -777,19 +815,17 @@ def plot_amplification(ds: xr.Dataset, seq_len=None):
     wide = wide.astype(float)
     fig, axes = subplots(1, 1, figsize=(2.5 + 0.62 * wide.shape[1], 1.0 + 0.3 * wide.shape[0]))
     colour = np.log10(wide.clip(lower=1e-3))
-    sns.heatmap(colour, cmap="RdBu_r", center=0, vmin=-2, vmax=2, annot=wide.map(_amplification_text), fmt="",
-                cbar_kws={"label": "log10 amplification"}, ax=axes[0][0], annot_kws={"fontsize": 6})
+    _heatmap(axes[0][0], colour, cmap="RdBu_r", vmin=-2, vmax=2, annot=wide.map(_amplification_text),
+             colorbar_label="log10 amplification", xrotation=50)
     axes[0][0].set_title(f"median rel. L2 error / that of N(0, 1) inputs, N = {n}\n"
                          "(blank: no entry finite in both kernel and golden output)", fontsize="small")
     axes[0][0].set_xlabel("kernel / policy_dtype")
-    axes[0][0].tick_params(axis="x", rotation=60, labelsize=7)
+    axes[0][0].tick_params(axis="x", labelsize=7)
     return fig
 
 
 def plot_sentinels(ds: xr.Dataset, policy: str):
     """Mask handlings x cases, one policy: rows zeroed, NaN, masked-key influence, error."""
-    import seaborn as sns
-
     from ..plots import subplots
 
     sub = ds.sel(sentinel_policy=policy).max("seed")
@@ -801,10 +837,9 @@ def plot_sentinels(ds: xr.Dataset, policy: str):
     fig, axes = subplots(2, 2, figsize=(11.5, 7.5))
     for ax, (var, title, cmap, vmax) in zip(axes.ravel(), panels):
         table = sub[var].to_dataframe()[var].unstack("case")[list(ds["case"].values)]
-        sns.heatmap(table, cmap=cmap, vmin=0, vmax=vmax, annot=True, fmt=".2g", cbar=False, ax=ax,
-                    annot_kws={"fontsize": 6})
+        _heatmap(ax, table, cmap=cmap, vmin=0, vmax=vmax, xrotation=50)
         ax.set_title(title, fontsize="small")
-        ax.tick_params(axis="x", rotation=60, labelsize=6.5)
+        ax.tick_params(axis="x", labelsize=6.5)
         ax.tick_params(axis="y", labelsize=7)
         ax.set_xlabel("")
         ax.set_ylabel("")
@@ -841,8 +876,6 @@ def plot_onset(ds: xr.Dataset):
 def plot_detection(ds: xr.Dataset):
     """Headline: detection rate of each fault at its default severity, and false alarms on the
     correct kernel (top row, reversed colours), by rule and N, one panel per dtype."""
-    import seaborn as sns
-
     from ..plots import subplots
 
     dtypes = list(ds["det_dtype"].values)
@@ -862,10 +895,8 @@ def plot_detection(ds: xr.Dataset):
         table = pd.DataFrame(rows, index=[f"N={n}" for r in rules for n in lens]).T
         top = np.zeros(table.shape, dtype=bool)
         top[0] = True
-        sns.heatmap(table, mask=top, vmin=0, vmax=1, cmap="RdYlGn", annot=True, fmt=".1f", cbar=False, ax=ax,
-                    annot_kws={"fontsize": 6})
-        sns.heatmap(table, mask=~top, vmin=0, vmax=1, cmap="RdYlGn_r", annot=True, fmt=".1f", cbar=False, ax=ax,
-                    annot_kws={"fontsize": 6})
+        _heatmap(ax, table, cmap="RdYlGn", vmin=0, vmax=1, fmt="{:.1f}", mask=top)
+        _heatmap(ax, table, cmap="RdYlGn_r", vmin=0, vmax=1, fmt="{:.1f}", mask=~top)
         for i, rule in enumerate(rules):
             ax.text((i + 0.5) * len(lens), -0.25, rule, ha="center", va="bottom", fontsize=7)
             if i:
@@ -883,7 +914,7 @@ def plot_miss_rates(ds: xr.Dataset):
     from ..plots import subplots
 
     dtypes = list(ds["det_dtype"].values)
-    bins = list(ds["error_bin"].values)
+    bins = list(ds["error_bin"].values)[-2:]  # the smallest bin overlaps bf16's own rounding error
     fig, axes = subplots(len(dtypes), len(bins), sharey=True, sharex=True,
                          figsize=(3.3 * len(bins) + 1.5, 2.6 * len(dtypes)))
     n = ds["det_seq_len"].values
@@ -929,15 +960,17 @@ def largest_missed(ds: xr.Dataset) -> pd.DataFrame:
     for rule in ds["rule"].values:
         for fmt in ds["det_dtype"].values:
             for n in ds["det_seq_len"].values:
-                sub = worst.sel(rule=rule, det_dtype=fmt, det_seq_len=n)
-                if not bool(np.isfinite(sub).any()):
-                    rows.append({"rule": rule, "dtype": fmt, "N": int(n), "largest missed worst-row error": 0.0,
-                                 "by": "-"})
+                sub = worst.sel(rule=rule, det_dtype=fmt, det_seq_len=n).transpose(
+                    "fault", "severity_level", "det_family", "det_seed")
+                values = sub.values
+                row = {"rule": str(rule), "dtype": str(fmt), "N": int(n)}
+                if np.isnan(values).all():
+                    rows.append(dict(row, **{"largest missed worst-row error": 0.0, "by": "-"}))
                     continue
-                flat = sub.stack(point=sub.dims)
-                where = flat.isel(point=int(flat.fillna(-1).argmax()))
-                sev = ds["severity"].sel(fault=where["fault"].item(), severity_level=where["severity_level"].item())
-                rows.append({"rule": rule, "dtype": fmt, "N": int(n),
-                             "largest missed worst-row error": float(where),
-                             "by": f"{where['fault'].item()} ({sev.item():g}), {where['det_family'].item()}"})
+                f, lev, fam, seed = np.unravel_index(int(np.argmax(np.nan_to_num(values, nan=-1.0, posinf=1e308))),
+                                                     values.shape)
+                fault = str(sub["fault"].values[f])
+                sev = ds["severity"].sel(fault=fault, severity_level=int(sub["severity_level"].values[lev])).item()
+                rows.append(dict(row, **{"largest missed worst-row error": float(values[f, lev, fam, seed]),
+                                         "by": f"{fault} ({sev:g}), {sub['det_family'].values[fam]}"}))
     return pd.DataFrame(rows).set_index(["rule", "dtype", "N"])
