@@ -110,6 +110,23 @@ def test_trainer_is_bitwise_deterministic_for_a_fixed_seed(tmp_path):
         assert not torch.equal(other.checkpoints[12]["head.weight"], a.checkpoints[12]["head.weight"])
 
 
+def test_a_diagnostic_callback_leaves_the_run_bitwise_unchanged():
+    from attnum.studies.gradient_blowup import LiveDiagnostic
+
+    task, cfg = _tiny(attention=("flash:fa2_bf16:fused", "flash:fa2_bf16"))
+    tc = TrainConfig(steps=8, batch_size=4, warmup_steps=2, checkpoint_steps=(8,))
+    live = LiveDiagnostic(every=3, spike_factor=0.0)
+    a = train(cfg, task, tc, progress=False, callback=live)
+    b = train(cfg, task, tc, progress=False)
+    assert all(torch.equal(a.checkpoints[8][n], b.checkpoints[8][n]) for n in b.checkpoints[8])
+    for name in a.records.data_vars:
+        np.testing.assert_array_equal(a.records[name].values, b.records[name].values)
+    ds = live.dataset()
+    assert ds["diag_step"].values.tolist() == [0, 3, 6] and ds["live_dq_rel_err"].dims == ("diag_step", "layer")
+    assert np.allclose(ds["live_grad_norm_ratio"].values, 1.0, atol=0.05) and not ds["live_spike"].any()
+    np.testing.assert_allclose(ds["live_grad_norm_total"].values, a.records["grad_norm_total"].sel(step=[0, 3, 6]).values)
+
+
 def test_training_records_and_learning(tmp_path):
     task, cfg = _tiny(attention=("sdpa",), task=Task("copy", context=16, n_symbols=8))
     res = train(cfg, task, TrainConfig(steps=100, batch_size=16, lr=1e-2, warmup_steps=5), progress=False)

@@ -132,14 +132,31 @@ def torch_threads(n: int):
 
 
 def train(model_cfg: GPTConfig, task: Task, cfg: TrainConfig, *, device="cpu", progress: bool = True,
-          checkpoint_dir: str | Path | None = None, desc: str = "train") -> TrainResult:
-    """Train from ``cfg.seed`` on ``task``; returns the model, the records and the checkpoints."""
+          checkpoint_dir: str | Path | None = None, desc: str = "train", callback=None) -> TrainResult:
+    """Train from ``cfg.seed`` on ``task``; returns the model, the records and the checkpoints.
+
+    ``callback(step, model, batch, grad_norm_total)``, if given, runs after each backward
+    (gradients unscaled and clipped) and before the optimizer step. It must leave the
+    weights and gradients as it found them (``preserve_gradients`` helps), so that a run
+    with a callback is bitwise the run without one.
+    """
     with torch_threads(cfg.threads):
         return _train(model_cfg, task, cfg, device=device, progress=progress, checkpoint_dir=checkpoint_dir,
-                      desc=desc)
+                      desc=desc, callback=callback)
 
 
-def _train(model_cfg, task, cfg, *, device, progress, checkpoint_dir, desc) -> TrainResult:
+@contextlib.contextmanager
+def preserve_gradients(model: torch.nn.Module):
+    """Restore every parameter's .grad after the block (for diagnostics run inside a training step)."""
+    saved = [None if p.grad is None else p.grad.detach().clone() for p in model.parameters()]
+    try:
+        yield
+    finally:
+        for p, g in zip(model.parameters(), saved):
+            p.grad = g
+
+
+def _train(model_cfg, task, cfg, *, device, progress, checkpoint_dir, desc, callback=None) -> TrainResult:
     if model_cfg.vocab_size != task.vocab_size or model_cfg.context < task.context:
         raise ValueError(f"model (vocab {model_cfg.vocab_size}, context {model_cfg.context}) does not fit "
                          f"task {task.name} (vocab {task.vocab_size}, context {task.context})")
@@ -186,6 +203,8 @@ def _train(model_cfg, task, cfg, *, device, progress, checkpoint_dir, desc) -> T
         if not math.isfinite(loss.item()):
             diverged_at = step  # keep the records up to here; weights would turn to NaN
             continue
+        if callback is not None:
+            callback(step, model, (inputs, targets), total.item())
         scaler.step(opt)
         scaler.update()
         if i is not None and progress:

@@ -41,7 +41,7 @@ from ..model import GPTConfig, add_key_offset
 from ..precision import get_policy, round_to
 from ..reference import golden_attention
 from ..tasks import Task
-from ..training import TrainConfig, load_checkpoint, torch_threads, train
+from ..training import TrainConfig, load_checkpoint, preserve_gradients, torch_threads, train
 
 FA2_BF16 = get_policy("fa2_bf16")
 FP32 = get_policy("fp32")
@@ -77,11 +77,12 @@ ATTRS = {
     "qy_out_err": ("1", "relative L2 error of the forward output against fp64"),
     "qy_out_err_coherence": ("1", "mean over columns of |mean_i e_ic| / rms_i e_ic of the output error e "
                                   "(1: every row errs alike; ~N^-1/2: independent)"),
-    "qy_delta_err_bias": ("1", "mean_i (D_i - D_i exact) / rms_i (D_i - D_i exact): sign bias of the D error"),
     "qy_dq_err_cos_pk": ("1", "median over rows of |cos(dQ error, sum_j P_ij k_j)|"),
     "qy_ds_row_sum": ("1", "median over rows of |sum_j dS_ij| / sum_j |dS_ij|, dS as fed to the dQ matmul"),
     "qy_max_prob": ("1", "median over rows of the largest attention probability (fp64)"),
     "diag_key_mean_norm": ("1", "norm of the mean key of the layer at the checkpoint, offset included"),
+    "live_grad_norm_total": ("1", "global gradient norm of the training step the diagnostic ran on"),
+    "live_spike": ("1", "1 if the diagnostic ran because the gradient norm spiked, else 0 (periodic)"),
     "diag_loss": ("nat", "loss of the diagnostic batch at the checkpoint, offset included"),
 }
 
@@ -97,6 +98,9 @@ def with_attrs(ds: xr.Dataset) -> xr.Dataset:
             units, long_name = ATTRS[name]
         elif name.startswith("diag_") and name[5:] in DIAG_ATTRS:
             units, long_name = DIAG_ATTRS[name[5:]]
+        elif name.startswith("live_") and name[5:] in DIAG_ATTRS:
+            units, long_name = DIAG_ATTRS[name[5:]]
+            long_name += " (training batch, during training)"
         else:
             units, long_name = TRAIN_ATTRS[name.removeprefix("train_")]
         ds[name].attrs.update(units=units, long_name=long_name)
@@ -157,8 +161,6 @@ def variant_errors(q, k, v, do, impl: AttentionImpl, gold, *, mu=None) -> dict[s
         "dq_err_cos_mu": _median(_row_cos(err, mu)) if mu is not None and mu.abs().sum() > 0 else math.nan,
         "out_err_coherence": (out_err.mean(-2).abs() / out_err.pow(2).mean(-2).sqrt().clamp_min(1e-300)).mean().item(),
     }
-    delta_err = (do.double() * out.double()).sum(-1) - (do.double() * gold["out"]).sum(-1)
-    res["delta_err_bias"] = (delta_err.mean() / delta_err.pow(2).mean().sqrt().clamp_min(1e-300)).item()
     for key in ("ds_row_sum", "ds_exact_row_sum"):
         res[key] = (_median(stats[key].abs() / stats["ds_row_abs_sum"].clamp_min(1e-300))
                     if stats else math.nan)
@@ -243,8 +245,9 @@ def regime_operands(regime: str, seq_len: int, head_dim: int, seed: int, *, n_ti
     else:
         e = _unit(head_dim, gen)
         ties = torch.randperm(seq_len, generator=gen)[:n_ties]
-        q = 0.3 * q + 4.0 * math.sqrt(n_ties) * e
-        k[..., ties, :] = 8.0 * e
+        # scaled tie score 2 sqrt(d) * 4 / sqrt(d) = 8 at every d; the other keys' scores have std ~2
+        q = 0.3 * q + 2.0 * math.sqrt(head_dim) * e
+        k[..., ties, :] = 4.0 * e
         if regime == "tied_max_negative_v":
             v = 0.2 * v - 1.0
     q, k, v, do = (round_to(t.float(), "bf16").to(device) for t in (q, k, v, do))
@@ -256,7 +259,7 @@ def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple
                            golden_chunk: int = 1024, device="cpu", progress: bool = True,
                            threads: int = 1) -> xr.Dataset:
     """Seed 004's key-offset regime beside Qiu & Yao's tied maxima, tiled and with one key block."""
-    metrics = ("dq_err", "out_err", "out_err_coherence", "delta_err_bias", "dq_err_cos_pk", "ds_row_sum")
+    metrics = ("dq_err", "out_err", "out_err_coherence", "dq_err_cos_pk", "ds_row_sum")
     shape = (len(REGIMES), len(variants), len(TILINGS), len(seeds))
     data = {m: np.full(shape, np.nan) for m in metrics}
     max_prob = np.full((len(REGIMES), len(seeds)), np.nan)
@@ -282,14 +285,56 @@ def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple
 
 # -- training and the diagnostic at checkpoints ---------------------------------------------------
 
-def train_runs(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, runs: dict[str, str], *,
-               device="cpu", progress: bool = True):
+class LiveDiagnostic:
+    """Training callback: the FP32 backward-recompute diagnostic on the step's own batch, every
+    ``every`` steps and whenever the global gradient norm exceeds ``spike_factor`` times the median
+    of the previous ``window`` steps (seed 004's test, applied when a spike happens)."""
+
+    def __init__(self, every: int = 50, spike_factor: float = 3.0, window: int = 50,
+                 threshold: float = 0.1):
+        self.every, self.spike_factor, self.window, self.threshold = every, spike_factor, window, threshold
+        self.history: list[float] = []
+        self.parts: list[xr.Dataset] = []
+
+    def __call__(self, step: int, model, batch, grad_norm: float) -> None:
+        recent = self.history[-self.window:]
+        spike = bool(self.spike_factor > 0 and len(recent) >= 10
+                     and grad_norm > self.spike_factor * float(np.median(recent)))
+        self.history.append(grad_norm)
+        if not spike and step > 0 and not (self.every > 0 and step % self.every == 0):
+            return  # step 0 always runs, so the record is never empty
+        attns = model.attention_modules()
+        recording = [attn.record_stats for attn in attns]
+        for attn in attns:
+            attn.record_stats = False
+        with preserve_gradients(model):
+            diag = recompute_backward_fp32(model, batch, threshold=self.threshold)
+        for attn, flag in zip(attns, recording):
+            attn.record_stats = flag
+        diag["grad_norm_total"] = grad_norm
+        diag["spike"] = np.int8(spike)
+        self.parts.append(diag.drop_vars("threshold").expand_dims(diag_step=[step]))
+
+    def spikes(self) -> list[int]:
+        return [int(part["diag_step"][0]) for part in self.parts if int(part["spike"][0])]
+
+    def dataset(self) -> xr.Dataset:
+        ds = xr.concat(self.parts, dim="diag_step")
+        ds = ds.rename({name: f"live_{name}" for name in ds.data_vars})
+        ds["diag_step"].attrs.update(long_name="training step the diagnostic ran on")
+        return ds
+
+
+def train_runs(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, runs: dict, *, device="cpu",
+               progress: bool = True, callbacks: dict | None = None):
     """Train one model per entry of ``runs`` (name -> attention implementation, every layer) from the
-    same initialisation and data order. Returns (records with a ``run`` dim, {name: TrainResult})."""
+    same initialisation and data order. Returns (records with a ``run`` dim, {name: TrainResult});
+    ``callbacks`` maps run names to a training callback (e.g. a ``LiveDiagnostic``)."""
     results, records = {}, []
     for name, impl in runs.items():
         cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (impl,)})
-        results[name] = train(cfg, task, train_cfg, device=device, progress=progress, desc=f"train {name}")
+        results[name] = train(cfg, task, train_cfg, device=device, progress=progress, desc=f"train {name}",
+                              callback=(callbacks or {}).get(name))
         records.append(results[name].records.expand_dims(run=[name]))
     ds = xr.concat(records, dim="run", join="outer")
     ds = ds.rename({name: f"train_{name}" for name in ds.data_vars})
@@ -307,7 +352,7 @@ def _offset_vectors(model_cfg: GPTConfig, seed: int) -> list[torch.Tensor]:
 
 
 def checkpoint_diagnostics(result, model_cfg: GPTConfig, batch, offset_norms, *, threshold: float = 0.1,
-                           seed: int = 0, progress: bool = True, threads: int = 1) -> xr.Dataset:
+                           seed: int = 0, device="cpu", progress: bool = True, threads: int = 1) -> xr.Dataset:
     """The FP32 recompute diagnostic at every checkpoint of a run, with a common key offset of each norm
     in ``offset_norms`` added to every head of every layer (0: the checkpoint as trained)."""
     steps = sorted(result.checkpoints)
@@ -316,9 +361,9 @@ def checkpoint_diagnostics(result, model_cfg: GPTConfig, batch, offset_norms, *,
     work = [(step, norm) for step in steps for norm in offset_norms]
     with torch_threads(threads):
         for step, norm in tqdm(work, desc="diagnostics", disable=not progress):
-            model = load_checkpoint(model_cfg, result.checkpoints[step])
+            model = load_checkpoint(model_cfg, result.checkpoints[step], device=device)
             for layer, direction in enumerate(directions):
-                add_key_offset(model, layer, direction * float(norm))
+                add_key_offset(model, layer, direction.to(device) * float(norm))
             diag = recompute_backward_fp32(model, batch, threshold=threshold)
             with torch.no_grad():
                 for attn in model.attention_modules():
@@ -337,14 +382,15 @@ def checkpoint_diagnostics(result, model_cfg: GPTConfig, batch, offset_norms, *,
     return ds
 
 
-def offset_for_unit_error(ds: xr.Dataset, var: str = "diag_dq_rel_err", level: float = 1.0) -> xr.DataArray:
-    """The key-offset norm at which ``var`` reaches ``level``, by log-log interpolation over ``offset_norm``
-    (NaN when the measured range never reaches it)."""
-    norms = ds["offset_norm"].values
+def level_crossing(da: xr.DataArray, dim: str, level: float) -> xr.DataArray:
+    """The value of coordinate ``dim`` at which ``da`` first reaches ``level``, by log-log
+    interpolation between neighbouring points with dim > 0 (NaN when it never does, or
+    already does at the first positive point)."""
+    x_all = da[dim].values.astype(float)
 
-    def crossing(errs):
-        ok = (norms > 0) & np.isfinite(errs) & (errs > 0)
-        x, y = np.log(norms[ok]), np.log(errs[ok])
+    def crossing(vals):
+        ok = (x_all > 0) & np.isfinite(vals) & (vals > 0)
+        x, y = np.log(x_all[ok]), np.log(vals[ok])
         above = np.nonzero(y >= math.log(level))[0]
         if not len(above) or above[0] == 0:
             return math.nan
@@ -352,9 +398,55 @@ def offset_for_unit_error(ds: xr.Dataset, var: str = "diag_dq_rel_err", level: f
         t = (math.log(level) - y[i - 1]) / (y[i] - y[i - 1])
         return float(np.exp(x[i - 1] + t * (x[i] - x[i - 1])))
 
-    out = xr.apply_ufunc(crossing, ds[var], input_core_dims=[["offset_norm"]], vectorize=True)
-    out.attrs.update(units="1", long_name=f"key-offset norm at which {var} reaches {level:g}")
+    out = xr.apply_ufunc(crossing, da, input_core_dims=[[dim]], vectorize=True)
+    out.attrs.update(units="1", long_name=f"{dim} at which {da.name} reaches {level:g}")
     return out
+
+
+def spike_table(ds: xr.Dataset):
+    """The diagnostic at every gradient-norm spike of the trained run: one row per spike step."""
+    spikes = ds["diag_step"].values[ds["live_spike"].values == 1]
+    sub = ds[["live_grad_norm_total", "live_total_grad_norm_ratio", "live_grad_norm_ratio",
+              "live_dq_rel_err"]].sel(diag_step=spikes)
+    return sub.to_dataframe().unstack("layer")
+
+
+BF16_FLASH_VARIANTS = ("fp32_ds_bf16", "bf16_bwd_fp32", "bf16", "bf16_fused")
+
+
+def gap_below_bf16(ds: xr.Dataset, variant: str, var: str = "mech_dq_err") -> float:
+    """The smallest factor, over every grid point, by which each BF16 flash variant's error exceeds
+    ``variant``'s (below 1: somewhere a BF16 flash variant is more accurate)."""
+    present = [v for v in BF16_FLASH_VARIANTS if v in ds["variant"].values]
+    if variant not in ds["variant"].values or not present:
+        return math.nan
+    return float((ds[var].sel(variant=present).min("variant") / ds[var].sel(variant=variant)).min())
+
+
+def spread_over_sizes(ds: xr.Dataset, variant: str, var: str = "mech_dq_err") -> float:
+    """The largest ratio, at one (sharpness, |mu| > 0, seed), between the errors of two (N, d) points."""
+    da = ds[var].sel(variant=variant).where(ds["mu_norm"] > 0)
+    spread = da.max(["seq_len", "head_dim"]) / da.min(["seq_len", "head_dim"])
+    return float(spread.max())
+
+
+def training_summary(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp32", late_fraction: float = 0.5):
+    """One row per run pair: final losses, the loss gap, and the late-training ratio of global
+    gradient norms (trained / baseline; median and max over the last ``late_fraction`` of steps)."""
+    import pandas as pd
+
+    steps = ds["step"].values
+    late = steps >= steps[0] + (1 - late_fraction) * (steps[-1] - steps[0])
+    ratio = (ds["train_grad_norm_total"].sel(run=trained) / ds["train_grad_norm_total"].sel(run=baseline)).values[late]
+    final = lambda run: float(ds["train_loss"].sel(run=run).isel(step=slice(-10, None)).mean())
+    ratio_all = (ds["train_grad_norm_total"].sel(run=trained) / ds["train_grad_norm_total"].sel(run=baseline)).values
+    return pd.DataFrame([{
+        f"final loss {trained}": final(trained), f"final loss {baseline}": final(baseline),
+        "loss gap (nat)": final(trained) - final(baseline),
+        "late grad-norm ratio, median": float(np.nanmedian(ratio)),
+        "late grad-norm ratio, max": float(np.nanmax(ratio)),
+        "grad-norm ratio, max over all steps": float(np.nanmax(ratio_all)),
+    }])
 
 
 # -- figures --------------------------------------------------------------------------------------
@@ -437,38 +529,51 @@ def plot_row_sums(ds: xr.Dataset):
     return fig
 
 
-def plot_training(ds: xr.Dataset):
-    """Loss and gradient norm of both runs; per layer key-mean norm, max logit, and the diagnostic's
-    gradient-norm ratio at the checkpoints (no offset)."""
+def plot_training(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp32"):
+    """Top: loss, global gradient norm, and their ratio, for both runs. Bottom, per layer of the
+    trained run: key-mean norm and max logit, attention entropy, and the FP32 recompute
+    diagnostic run during training (periodic and at gradient-norm spikes, dotted)."""
     from ..plots import subplots
 
-    fig, axes = subplots(1, 4, figsize=(17, 3.6))
+    fig, axes = subplots(2, 3, figsize=(15, 7.2))
     steps = ds["step"].values
-    for run in ds["run"].values:
-        axes[0][0].plot(steps, ds["train_loss"].sel(run=run).values, label=f"{run} ({str(ds['run_attention'].sel(run=run).values)})", lw=1)
-        axes[0][1].plot(steps, ds["train_grad_norm_total"].sel(run=run).values, label=str(run), lw=1)
+    for run in (trained, baseline):
+        label = f"{run}: {str(ds['run_attention'].sel(run=run).values)}"
+        axes[0][0].plot(steps, ds["train_loss"].sel(run=run).values, lw=1, label=label)
+        axes[0][1].plot(steps, ds["train_grad_norm_total"].sel(run=run).values, lw=1, label=label)
+    ratio = ds["train_grad_norm_total"].sel(run=trained) / ds["train_grad_norm_total"].sel(run=baseline)
+    axes[0][2].plot(steps, ratio.values, lw=1, color="k")
+    axes[0][2].axhline(1.0, color="grey", lw=0.8, ls=":")
     axes[0][0].set_ylabel("training loss (nat)")
     axes[0][0].legend(fontsize="x-small")
     axes[0][1].set_yscale("log")
     axes[0][1].set_ylabel("global gradient norm")
-    run0 = ds["run"].values[0]
+    axes[0][2].set_ylabel(f"gradient norm {trained} / {baseline}")
     for layer in ds["layer"].values:
-        line, = axes[0][2].plot(steps, ds["train_key_mean_norm"].sel(run=run0, layer=layer).values, lw=1,
+        sel = dict(run=trained, layer=layer)
+        line, = axes[1][0].plot(steps, ds["train_key_mean_norm"].sel(**sel).values, lw=1,
                                 label=f"layer {layer}: ||mean k||")
-        axes[0][2].plot(steps, ds["train_max_logit"].sel(run=run0, layer=layer).values, lw=1, ls="--",
-                        color=line.get_color(), label=f"layer {layer}: max logit")
-        ratio = ds["diag_grad_norm_qk_ratio"].sel(offset_norm=0.0, layer=layer)
-        axes[0][3].plot(ds["checkpoint"].values, ratio.values, marker="o", ms=3, label=f"layer {layer}, q/k projections")
-        axes[0][3].plot(ds["checkpoint"].values, ds["diag_grad_norm_ratio"].sel(offset_norm=0.0, layer=layer).values,
-                        marker="s", ms=3, ls="--", color=axes[0][3].lines[-1].get_color(), label=f"layer {layer}, block")
-    axes[0][2].set_yscale("log")
-    axes[0][2].set_title(f"run {run0}")
-    axes[0][2].legend(fontsize="x-small")
-    axes[0][3].axhline(1.0, color="grey", lw=0.8, ls=":")
-    axes[0][3].set_ylabel("grad norm: as trained / FP32 backward")
-    axes[0][3].set_title(f"diagnostic at checkpoints of {run0}")
-    axes[0][3].legend(fontsize="x-small")
-    for ax in axes[0]:
+        color = line.get_color()
+        axes[1][0].plot(steps, ds["train_max_logit"].sel(**sel).values, lw=1, ls="--", color=color,
+                        label=f"layer {layer}: max logit")
+        axes[1][1].plot(steps, ds["train_entropy"].sel(**sel).values, lw=1, color=color, label=f"layer {layer}")
+        live = ds.sel(layer=layer)
+        axes[1][2].plot(live["diag_step"].values, live["live_dq_rel_err"].values, lw=1, color=color,
+                        label=f"layer {layer}: dQ rel. error")
+        axes[1][2].plot(live["diag_step"].values, np.abs(live["live_grad_norm_ratio"].values - 1), lw=1, ls="--",
+                        color=color, label=f"layer {layer}: |block grad-norm ratio - 1|")
+    spikes = ds["diag_step"].values[ds["live_spike"].values == 1]
+    for step in spikes:
+        axes[1][2].axvline(step, color="k", lw=0.6, ls=":")
+        axes[0][1].axvline(step, color="k", lw=0.6, ls=":")
+    axes[1][0].set_yscale("log")
+    axes[1][0].legend(fontsize="x-small")
+    axes[1][1].set_ylabel("attention entropy (nat)")
+    axes[1][1].legend(fontsize="x-small")
+    axes[1][2].set_yscale("log")
+    axes[1][2].set_title(f"FP32 backward recompute during {trained} (dotted: gradient spikes)", fontsize="small")
+    axes[1][2].legend(fontsize="x-small")
+    for ax in (*axes[0], *axes[1]):
         ax.set_xlabel("step")
     return fig
 
