@@ -27,6 +27,12 @@ are one fp32-accumulated matmul over those rows, rounded to ``grad_acc`` once.
 ``golden_attention_backward`` computes the exact gradients in fp64, in query
 chunks, with the exact output (not a stored one) in D: the value every study
 measures against.
+
+Where fixes go (study 05): a correction of the rounded dS (GProj) acts between
+``ds = round(ds_exact, ds)`` and the two matmuls, with the row sums r_i that
+``stats["ds_row_sum"]`` already accumulates in the carrier format; its dK part
+needs a pass over key blocks that computes r first. Options of the kernel travel
+in ``attnum.attention.AttentionImpl`` next to ``fused_scale_max``.
 """
 from __future__ import annotations
 

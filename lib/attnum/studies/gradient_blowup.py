@@ -405,10 +405,17 @@ def level_crossing(da: xr.DataArray, dim: str, level: float) -> xr.DataArray:
 
 def spike_table(ds: xr.Dataset):
     """The diagnostic at every gradient-norm spike of the trained run: one row per spike step."""
+    import pandas as pd
+
     spikes = ds["diag_step"].values[ds["live_spike"].values == 1]
-    sub = ds[["live_grad_norm_total", "live_total_grad_norm_ratio", "live_grad_norm_ratio",
-              "live_dq_rel_err"]].sel(diag_step=spikes)
-    return sub.to_dataframe().unstack("layer")
+    sub = ds.sel(diag_step=spikes)
+    table = pd.DataFrame({"gradient norm": sub["live_grad_norm_total"].values,
+                          "model ratio (as run / FP32 bwd)": sub["live_total_grad_norm_ratio"].values},
+                         index=pd.Index(spikes, name="step"))
+    for layer in ds["layer"].values:
+        table[f"layer {layer} ratio"] = sub["live_grad_norm_ratio"].sel(layer=layer).values
+        table[f"layer {layer} dQ rel. err"] = sub["live_dq_rel_err"].sel(layer=layer).values
+    return table
 
 
 BF16_FLASH_VARIANTS = ("fp32_ds_bf16", "bf16_bwd_fp32", "bf16", "bf16_fused")
@@ -451,9 +458,16 @@ def training_summary(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp3
 
 # -- figures --------------------------------------------------------------------------------------
 
-VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#1e8449", "--"), "fp32_ds_bf16": ("#2874a6", "-"),
-                 "bf16_bwd_fp32": ("#7d3c98", "-"), "bf16": ("#c0392b", "-"), "bf16_fused": ("#c0392b", "--"),
+VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#58d68d", "--"), "fp32_ds_bf16": ("#2874a6", "-"),
+                 "bf16_bwd_fp32": ("#7d3c98", "-"), "bf16": ("#c0392b", "-"), "bf16_fused": ("#f1948a", "--"),
                  "reference_bf16": ("#7f8c8d", ":")}
+
+
+def _offset_axis(ax, label: str = "|mu| added to every key") -> None:
+    """x axis of an offset sweep that starts at 0: linear below 1, logarithmic above."""
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(left=0)
+    ax.set_xlabel(label)
 
 
 def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
@@ -464,7 +478,7 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
     sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
     sharp = ds["sharpness"].values
     fig, axes = subplots(1, len(sharp), sharey=True, figsize=(3.6 * len(sharp) + 1.8, 3.6))
-    x = np.maximum(ds["mu_norm"].values, 1e-1)
+    x = ds["mu_norm"].values
     for ax, s in zip(axes[0], sharp):
         for variant in ds["variant"].values:
             color, style = VARIANT_STYLE.get(str(variant), ("grey", "-"))
@@ -472,9 +486,8 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
                     label=str(variant))
         pmax = float(ds["mech_max_prob"].sel(sharpness=s).isel(seq_len=-1, head_dim=0).median())
         ax.set_title(f"sharpness {s:g} (median max P {pmax:.2f})")
-        ax.set_xscale("symlog", linthresh=1.0)
+        _offset_axis(ax)
         ax.set_yscale("log")
-        ax.set_xlabel("|mu| added to every key")
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error", "median row rel. err."))
     axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -489,15 +502,14 @@ def plot_error_vs_size(ds: xr.Dataset, var: str = "mech_dq_err", variant: str = 
 
     fig, axes = subplots(1, 1, figsize=(5.6, 3.8))
     ax = axes[0][0]
-    x = np.maximum(ds["mu_norm"].values, 1e-1)
+    x = ds["mu_norm"].values
     sub = ds[var].sel(variant=variant).isel(sharpness=0).median("seed")
     for n in ds["seq_len"].values:
         for j, d in enumerate(ds["head_dim"].values):
             ax.plot(x, sub.sel(seq_len=n, head_dim=d).values, ["-", "--", ":", "-."][j % 4], marker="o", ms=3,
                     label=f"N = {n}, d = {d}")
-    ax.set_xscale("symlog", linthresh=1.0)
+    _offset_axis(ax)
     ax.set_yscale("log")
-    ax.set_xlabel("|mu| added to every key")
     ax.set_ylabel("median row rel. err. of dQ")
     ax.set_title(f"{variant}, sharpness {float(ds['sharpness'][0]):g}")
     ax.legend(fontsize="x-small")
@@ -509,7 +521,7 @@ def plot_row_sums(ds: xr.Dataset):
     from ..plots import subplots
 
     fig, axes = subplots(1, 2, figsize=(10.5, 3.8))
-    x = np.maximum(ds["mu_norm"].values, 1e-1)
+    x = ds["mu_norm"].values
     for variant in ds["variant"].values:
         color, style = VARIANT_STYLE.get(str(variant), ("grey", "-"))
         for ax, var in zip(axes[0], ("mech_ds_row_sum", "mech_dq_err_cos_mu")):
@@ -517,8 +529,7 @@ def plot_row_sums(ds: xr.Dataset):
             if np.isfinite(vals).any():
                 ax.plot(x, vals, style, color=color, marker="o", ms=3, label=str(variant))
     for ax in axes[0]:
-        ax.set_xscale("symlog", linthresh=1.0)
-        ax.set_xlabel("|mu| added to every key")
+        _offset_axis(ax)
     axes[0][0].set_yscale("log")
     axes[0][0].set_ylabel("median |sum_j dS_ij| / sum_j |dS_ij|")
     axes[0][0].set_title("row sums of dS as the dQ matmul sees it")
@@ -588,15 +599,14 @@ def plot_checkpoint_offsets(ds: xr.Dataset, var: str = "diag_dq_rel_err"):
     fig, axes = subplots(1, len(layers), sharey=True, figsize=(4.4 * len(layers) + 1.5, 3.6))
     steps = ds["checkpoint"].values
     cmap = mpl.colormaps["viridis"]
-    x = np.maximum(ds["offset_norm"].values, 1e-1)
+    x = ds["offset_norm"].values
     for ax, layer in zip(axes[0], layers):
         for i, step in enumerate(steps):
             ax.plot(x, ds[var].sel(layer=layer, checkpoint=step).values, marker="o", ms=3,
                     color=cmap(i / max(1, len(steps) - 1)), label=f"step {step}")
         ax.axhline(float(ds["diag_threshold"].max()), color="grey", lw=0.8, ls=":")
-        ax.set_xscale("symlog", linthresh=1.0)
+        _offset_axis(ax, "common key offset |mu| per head")
         ax.set_yscale("log")
-        ax.set_xlabel("common key offset |mu| per head")
         ax.set_title(f"layer {layer}")
     axes[0][0].set_ylabel("dQ rel. error vs FP32 recompute")
     axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
