@@ -458,6 +458,19 @@ def training_summary(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp3
 
 # -- figures --------------------------------------------------------------------------------------
 
+def save_and_show(fig, output_dir, name: str):
+    """Save ``fig`` with ``plots.save_figure`` and return the saved PNG for display, closing the
+    figure (the notebook shows the file that was written, and renders each figure once)."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image
+
+    from ..plots import save_figure
+
+    path = save_figure(fig, output_dir, name)
+    plt.close(fig)
+    return Image(filename=str(path))
+
+
 VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#58d68d", "--"), "fp32_ds_bf16": ("#2874a6", "-"),
                  "bf16_bwd_fp32": ("#7d3c98", "-"), "bf16": ("#c0392b", "-"), "bf16_fused": ("#f1948a", "--"),
                  "reference_bf16": ("#7f8c8d", ":")}
