@@ -11,7 +11,9 @@ xarray Dataset with CF attributes for ``attnum.ncio.write_results``.
 Determinism: the initial weights come from ``TrainConfig.seed`` alone, the data
 from the task's ``data_seed`` and the step alone, and nothing draws from torch's
 global generator, so two runs with the same configuration are bitwise identical
-on one machine (``tests/test_training.py``). Runs that differ in one thing (the
+on one machine's CPU (``tests/test_training.py``). On CUDA some backward kernels
+(the embedding's, for one) accumulate with atomics, so bitwise identity is not
+claimed there. Runs that differ in one thing (the
 attention implementation of a layer, ``init_perturbation``) share everything else.
 
 Step convention: the checkpoint of step s holds the weights after s updates; the
