@@ -98,3 +98,12 @@ def test_a_sweep_run_reads_back_like_a_plain_run(tmp_path):
     assert ncio.open_results(path)["rel_l2_err"].dims == ("head_dim", "seq_len", "seed")
     squeezed = ncio.open_results(path, squeeze_sweep_dims=True)
     assert squeezed["rel_l2_err"].dims == ("seq_len", "seed") and int(squeezed["head_dim"]) == 32
+
+
+def test_describe_fills_cf_attributes_and_names_what_it_cannot():
+    ds = xr.Dataset({"a": ("x", [1.0]), "b": ("x", [2.0])})
+    ds["b"].attrs.update(units="s", long_name="kept")
+    ncio.describe(ds, {"a": ("1", "first")}, {"a": ("m", "second")})
+    assert ds["a"].attrs == {"units": "1", "long_name": "first"} and ds["b"].attrs["long_name"] == "kept"
+    with pytest.raises(KeyError, match=r"\['c'\]"):
+        ncio.describe(xr.Dataset({"c": ("x", [0.0])}), {"a": ("1", "first")})

@@ -95,6 +95,26 @@ def provenance(study: str, params: dict, device: str = "cpu") -> dict[str, str]:
     return attrs
 
 
+def describe(ds: xr.Dataset, *tables: dict[str, tuple[str, str]]) -> xr.Dataset:
+    """Set CF ``units`` and ``long_name`` of every data variable from ``name -> (units, long_name)`` tables.
+
+    Variables that already carry both keep them; the first table naming a
+    variable wins. A variable no table names is an error, named.
+    """
+    missing = []
+    for name, var in ds.data_vars.items():
+        if {"units", "long_name"} <= set(var.attrs):
+            continue
+        entry = next((t[name] for t in tables if name in t), None)
+        if entry is None:
+            missing.append(name)
+            continue
+        var.attrs.update(units=entry[0], long_name=entry[1])
+    if missing:
+        raise KeyError(f"no units/long_name for data variable(s) {missing}")
+    return ds
+
+
 def check_cf(ds: xr.Dataset) -> None:
     missing = [f"{name} lacks {attr!r}" for name, var in ds.data_vars.items()
                for attr in ("units", "long_name") if attr not in var.attrs]

@@ -18,6 +18,7 @@ from .. import acceptance
 from ..flash import flash_attention
 from ..inputs import normal_qkv
 from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, row_rel_l2, strata_bounds
+from ..ncio import describe
 from ..precision import policy_for, round_to
 from ..reference import golden_attention, reference_attention
 
@@ -57,10 +58,7 @@ ATTRS = {
 
 
 def with_attrs(ds: xr.Dataset) -> xr.Dataset:
-    for name in ds.data_vars:
-        units, long_name = ATTRS[name]
-        ds[name].attrs.update(units=units, long_name=long_name)
-    return ds
+    return describe(ds, ATTRS)
 
 
 def _inputs(fmt, seq_len, seed, batch, heads, head_dim, device):
