@@ -37,6 +37,7 @@ from ..flash import flash_attention
 from ..inputs import FLASHINFER_TARGET_LOGITS, AttentionInputs, make_inputs, mask_to_bias
 from ..metrics import (finite_error_summary, finiteness_counts, rel_l2_error, row_rel_l2_max, scaled_max_error,
                        zero_rows)
+from ..ncio import describe
 from ..precision import FORMATS, MIN_EXPONENT, SIGNIFICAND_BITS, get_policy, policy_for
 from ..reference import default_scale, golden_attention, reference_attention
 
@@ -107,10 +108,7 @@ ATTRS = {
 
 
 def with_attrs(ds: xr.Dataset) -> xr.Dataset:
-    for name in ds.data_vars:
-        units, long_name = ATTRS[name]
-        ds[name].attrs.update(units=units, long_name=long_name)
-    return ds
+    return describe(ds, ATTRS)
 
 
 class ExceptionLog:
@@ -943,7 +941,7 @@ def fault_table(names=None) -> pd.DataFrame:
                           "default": f"{FAULTS[n].default_severity:g}"} for n in names]).set_index("fault")
 
 
-def family_false_alarm_table(ds: xr.DataArray) -> pd.DataFrame:
+def family_false_alarm_table(ds: xr.Dataset) -> pd.DataFrame:
     """False-alarm rate of each rule on the correct flash kernel, per family and dtype (over N, seeds)."""
     rate = ds["family_false_alarm"].mean(["seq_len", "seed"])
     table = rate.to_dataframe()["family_false_alarm"].unstack("rule")
