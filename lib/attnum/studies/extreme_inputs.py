@@ -505,7 +505,8 @@ def sentinel_onset(seq_len, logits, policies, *, seed=0, fill=-5e4, batch=1, hea
 def onset_table(ds: xr.Dataset) -> pd.DataFrame:
     """Per policy: the measured onset interval (in row-max logits) against the prediction."""
     rows = []
-    for policy in ds["sentinel_policy"].values:
+    styles = ("-", "--", "-.", ":")
+    for i, policy in enumerate(ds["sentinel_policy"].values):
         logit = ds["onset_row_max_logit"].sel(sentinel_policy=policy).values.ravel()
         zero = ds["onset_row_zero"].sel(sentinel_policy=policy).values.ravel().astype(bool)
         rows.append({
@@ -852,7 +853,8 @@ def plot_onset(ds: xr.Dataset):
 
     fig, axes = subplots(1, 1, figsize=(7, 3.6))
     ax = axes[0][0]
-    for policy in ds["sentinel_policy"].values:
+    styles = ("-", "--", "-.", ":")
+    for i, policy in enumerate(ds["sentinel_policy"].values):
         logit = ds["onset_row_max_logit"].sel(sentinel_policy=policy).values.ravel()
         zero = ds["onset_row_zero"].sel(sentinel_policy=policy).values.ravel()
         order = np.argsort(logit)
@@ -860,7 +862,7 @@ def plot_onset(ds: xr.Dataset):
         which = np.digitize(logit[order], bins)
         centers = [logit[order][which == b].mean() for b in np.unique(which)]
         rate = [zero[order][which == b].mean() for b in np.unique(which)]
-        line, = ax.plot(centers, rate, marker="o", ms=2, label=f"{policy}")
+        line, = ax.plot(centers, rate, marker="os^D"[i % 4], ms=3, ls=styles[i % 4], alpha=0.85, label=f"{policy}")
         ax.axvline(float(ds["onset_predicted_logit"].sel(sentinel_policy=policy)), color=line.get_color(),
                    ls=":", lw=1)
     ax.axvline(float(ds["onset_fill"]), color="k", lw=0.8, ls="--", label="sentinel")
