@@ -28,11 +28,29 @@ are one fp32-accumulated matmul over those rows, rounded to ``grad_acc`` once.
 chunks, with the exact output (not a stored one) in D: the value every study
 measures against.
 
-Where fixes go (study 05): a correction of the rounded dS (GProj) acts between
-``ds = round(ds_exact, ds)`` and the two matmuls, with the row sums r_i that
-``stats["ds_row_sum"]`` already accumulates in the carrier format; its dK part
-needs a pass over key blocks that computes r first. Options of the kernel travel
-in ``attnum.attention.AttentionImpl`` next to ``fused_scale_max``.
+GProj (seed 004's fix; study 05), option ``gproj``: after dS is rounded, restore the
+zero row sums on the values the matmuls actually multiply,
+
+    r_i  = sum_j dS~_ij                   (accumulated in the ``dp`` format, fp32)
+    dS'  = dS~ - r_i P_ij                 (rows of P sum to 1, so rows of dS' sum to ~0)
+
+computed the way a kernel has to, without ever forming dS' in the low format (that
+would round the row sums away again):
+
+    ``"dq"``    the dQ correction inside the existing pass: r_i and (P~ K)_i are
+                accumulated beside dQ, and dQ_i -= r_i (P~ K)_i once every key block
+                has been seen. dK is not corrected.
+    ``"full"``  one extra pass over the key blocks first computes r_i for every query row
+                (the backward is key-block-outer: r_i is a reduction over all key blocks,
+                unknown while dK_j is accumulated); in the main pass each dQ tile gets
+                r_i (P~ K_j)_i subtracted beside dS~ K_j (r scales the fp32 GEMM output), and
+                the correction r_i P~_ij, rounded to ``p_bwd``, is a second operand of dK_j's
+                fp32 accumulator beside dS~.
+
+P~ is P as rounded for the dV matmul (``p_bwd``): a kernel reuses that register tile.
+Because D_i enters dS as -D_i P_ij, GProj also removes the error of a D formed from
+the stored output: dS' equals dS with D_i replaced by sum_j P_ij dP_ij.
+Options of the kernel travel in ``attnum.attention.AttentionImpl`` next to ``fused_scale_max``.
 """
 from __future__ import annotations
 
@@ -62,44 +80,16 @@ def _recompute_p(s, lse, scale: float, fused: bool, pol: PrecisionPolicy):
     return torch.exp2(pol.round(x, "stats"))
 
 
-def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | PrecisionPolicy = "fa2_bf16", *,
-                             scale: float | None = None, causal: bool = False,
-                             attn_bias: torch.Tensor | None = None, block_q: int = 128, block_k: int = 128,
-                             fused_scale_max: bool = False, stats: dict | None = None):
-    """Emulated FlashAttention backward. Returns ``(dq, dk, dv)`` in the policy's carrier dtype.
+GPROJ_MODES = ("off", "dq", "full")
 
-    ``q, k, v`` are the forward's inputs (rounded to the ``inputs`` format here, as the
-    forward did), ``out`` and ``lse`` what the forward stored, ``grad_out`` = dL/dO.
-    ``attn_bias`` (additive, no gradient) and ``causal`` must be the forward's.
 
-    ``stats``: a dict to fill with per-row diagnostics of shape (batch, heads, n_q):
-    ``ds_row_sum`` (sum_j of dS as fed to the matmuls), ``ds_exact_row_sum`` (the same
-    before the ``ds`` rounding) and ``ds_row_abs_sum`` (sum_j |dS~_ij|).
-    """
-    _check_qkv(q, k, v)
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
-    pol = get_policy(policy)
-    carrier = pol.carrier
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
-    out = out.to(carrier)
-    grad_out = pol.round(grad_out.to(carrier), "grad_out")
-    lse = lse.to(carrier).unsqueeze(-1)
+def _key_block_tiles(q, k, v, grad_out, lse, delta, bias, pol: PrecisionPolicy, scale: float, causal: bool,
+                     block_q: int, block_k: int, fused: bool):
+    """One pass over the key blocks: per block, ``(rows, keys, p, ds_exact, ds)`` for every query
+    row that reaches it, with P recomputed from the stored log-sum-exp and dS before and after
+    the ``ds`` rounding."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     offset = n_k - n_q
-    bias = None if attn_bias is None else attn_bias.to(carrier).expand(q.shape[:2] + (n_q, n_k))
-
-    # -- preprocessing: D_i = rowsum(dO * O) from the stored (rounded) output --
-    delta = pol.round((grad_out * out).sum(dim=-1, keepdim=True), "delta")
-
-    dq_acc = torch.zeros_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros(v.shape, dtype=carrier, device=v.device)
-    if stats is not None:
-        for key in ("ds_row_sum", "ds_exact_row_sum", "ds_row_abs_sum"):
-            stats[key] = torch.zeros(q.shape[:-1], dtype=carrier, device=q.device)
-
     for k_start in range(0, n_k, block_k):
         k_stop = min(k_start + block_k, n_k)
         row0 = 0
@@ -108,38 +98,120 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | Precisio
             if first_row >= n_q:
                 break
             row0 = max(0, first_row) // block_q * block_q
-        rows = slice(row0, n_q)
-        q_blk, k_blk, v_blk = q[..., rows, :], k[..., k_start:k_stop, :], v[..., k_start:k_stop, :]
+        rows, keys = slice(row0, n_q), slice(k_start, k_stop)
+        q_blk, k_blk, v_blk = q[..., rows, :], k[..., keys, :], v[..., keys, :]
         do_blk = grad_out[..., rows, :]
 
         # -- recompute S and P from the stored log-sum-exp --
         s = pol.round(q_blk @ k_blk.transpose(-1, -2), "score")
         if bias is not None:
-            s = pol.round(s + bias[..., rows, k_start:k_stop] / scale, "score")
+            s = pol.round(s + bias[..., rows, keys] / scale, "score")
         if causal:
             qi = torch.arange(row0, n_q, device=q.device)[:, None] + offset
             kj = torch.arange(k_start, k_stop, device=q.device)[None, :]
             s = s.masked_fill(kj > qi, -math.inf)
-        p = _recompute_p(s, lse[..., rows, :], scale, fused_scale_max, pol)
-
-        # -- dV_j = P^T dO, with P rounded for the matmul --
-        dv[..., k_start:k_stop, :] = pol.round(pol.round(
-            pol.round(p, "p_bwd").transpose(-1, -2) @ do_blk, "grad_acc"), "grad")
+        p = _recompute_p(s, lse[..., rows, :], scale, fused, pol)
 
         # -- dS = P * (dP - D) in the accumulator format, then rounded for the matmuls --
         dp = pol.round(do_blk @ v_blk.transpose(-1, -2), "dp")
         ds_exact = pol.round(p * pol.round(dp - delta[..., rows, :], "dp"), "dp")
-        ds = pol.round(ds_exact, "ds")
+        yield rows, keys, p, ds_exact, pol.round(ds_exact, "ds")
+
+
+def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | PrecisionPolicy = "fa2_bf16", *,
+                             scale: float | None = None, causal: bool = False,
+                             attn_bias: torch.Tensor | None = None, block_q: int = 128, block_k: int = 128,
+                             fused_scale_max: bool = False, gproj: str = "off", stats: dict | None = None):
+    """Emulated FlashAttention backward. Returns ``(dq, dk, dv)`` in the policy's carrier dtype.
+
+    ``q, k, v`` are the forward's inputs (rounded to the ``inputs`` format here, as the
+    forward did), ``out`` and ``lse`` what the forward stored, ``grad_out`` = dL/dO.
+    ``attn_bias`` (additive, no gradient) and ``causal`` must be the forward's.
+    ``gproj``: ``"off"``, ``"dq"`` or ``"full"`` (see the module docstring).
+
+    ``stats``: a dict to fill with per-row diagnostics of shape (batch, heads, n_q):
+    ``ds_row_sum`` (sum_j of dS as the dQ matmul effectively multiplies it: dS' under GProj),
+    ``ds_rounded_row_sum`` (sum_j dS~, after the ``ds`` rounding and before any projection),
+    ``ds_exact_row_sum`` (before the ``ds`` rounding) and ``ds_row_abs_sum`` (sum_j |dS~_ij|).
+    """
+    _check_qkv(q, k, v)
+    if block_q < 1 or block_k < 1:
+        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    if gproj not in GPROJ_MODES:
+        raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
+    pol = get_policy(policy)
+    carrier = pol.carrier
+    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
+    out = out.to(carrier)
+    grad_out = pol.round(grad_out.to(carrier), "grad_out")
+    lse = lse.to(carrier).unsqueeze(-1)
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    bias = None if attn_bias is None else attn_bias.to(carrier).expand(q.shape[:2] + (n_q, n_k))
+
+    # -- preprocessing: D_i = rowsum(dO * O) from the stored (rounded) output --
+    delta = pol.round((grad_out * out).sum(dim=-1, keepdim=True), "delta")
+
+    def tiles():
+        return _key_block_tiles(q, k, v, grad_out, lse, delta, bias, pol, scale, causal, block_q, block_k,
+                                fused_scale_max)
+
+    row_shape = q.shape[:-1] + (1,)
+    r_full = None
+    if gproj == "full":
+        # -- GProj pass 1: r_i = sum_j dS~_ij over every key block, before any dK_j is formed --
+        r_full = torch.zeros(row_shape, dtype=carrier, device=q.device)
+        for rows, _, _, _, ds in tiles():
+            r_full[..., rows, :] = pol.round(r_full[..., rows, :] + ds.sum(dim=-1, keepdim=True), "dp")
+
+    dq_acc = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros(v.shape, dtype=carrier, device=v.device)
+    if gproj == "dq":
+        r_acc = torch.zeros(row_shape, dtype=carrier, device=q.device)  # beside dQ: r_i and (P~ K)_i
+        pk_acc = torch.zeros_like(q)
+    if stats is not None:
+        for key in ("ds_row_sum", "ds_rounded_row_sum", "ds_exact_row_sum", "ds_row_abs_sum", "p_row_sum"):
+            stats[key] = torch.zeros(q.shape[:-1], dtype=carrier, device=q.device)
+
+    for rows, keys, p, ds_exact, ds in tiles():
+        q_blk, k_blk, do_blk = q[..., rows, :], k[..., keys, :], grad_out[..., rows, :]
+        p_mm = pol.round(p, "p_bwd")
+
+        # -- dV_j = P^T dO, with P rounded for the matmul --
+        dv[..., keys, :] = pol.round(pol.round(p_mm.transpose(-1, -2) @ do_blk, "grad_acc"), "grad")
+
+        # -- dQ tile: dS~ K_j, less r_i (P~ K_j)_i beside it when r is known (GProj "full") --
+        dq_tile = ds @ k_blk
+        ds_k = ds
+        if gproj == "full":
+            r_blk = r_full[..., rows, :]
+            dq_tile = dq_tile - r_blk * (p_mm @ k_blk)  # r applied to the fp32 GEMM output, not rounded
+            # dK's correction: the operand r_i P~_ij (rounded like P~) into dK's fp32 accumulator
+            ds_k = ds - pol.round(r_blk * p_mm, "p_bwd")
+        elif gproj == "dq":
+            r_acc[..., rows, :] = pol.round(r_acc[..., rows, :] + ds.sum(dim=-1, keepdim=True), "dp")
+            pk_acc[..., rows, :] = pol.round(pk_acc[..., rows, :] + pol.round(p_mm @ k_blk, "grad_acc"),
+                                             "grad_acc")
         if stats is not None:
-            stats["ds_row_sum"][..., rows] += ds.sum(dim=-1)
+            stats["ds_rounded_row_sum"][..., rows] += ds.sum(dim=-1)
             stats["ds_exact_row_sum"][..., rows] += ds_exact.sum(dim=-1)
             stats["ds_row_abs_sum"][..., rows] += ds.abs().sum(dim=-1)
+            stats["p_row_sum"][..., rows] += p_mm.sum(dim=-1)
 
         # -- dQ accumulates across key blocks; dK_j is complete after this block --
-        dq_acc[..., rows, :] = pol.round(dq_acc[..., rows, :] + pol.round(ds @ k_blk, "grad_acc"), "grad_acc")
-        dk[..., k_start:k_stop, :] = pol.round(
-            pol.round(ds.transpose(-1, -2) @ q_blk, "grad_acc") * scale, "grad")
+        dq_acc[..., rows, :] = pol.round(dq_acc[..., rows, :] + pol.round(dq_tile, "grad_acc"), "grad_acc")
+        dk[..., keys, :] = pol.round(pol.round(ds_k.transpose(-1, -2) @ q_blk, "grad_acc") * scale, "grad")
 
+    if gproj == "dq":
+        # -- GProj's dQ correction, once r_i is complete: dQ_i -= r_i (P~ K)_i --
+        dq_acc = pol.round(dq_acc - r_acc * pk_acc, "grad_acc")
+    if stats is not None:
+        # the row sums of dS as the dQ matmul effectively multiplies it: sum_j (dS~_ij - r_i P~_ij) = r_i (1 - sum_j P~_ij)
+        stats["ds_row_sum"] = stats["ds_rounded_row_sum"]
+        if gproj != "off":
+            r = r_acc if gproj == "dq" else r_full
+            stats["ds_row_sum"] = (r * (1 - stats["p_row_sum"].unsqueeze(-1))).squeeze(-1)
     dq = pol.round(dq_acc * scale, "grad")
     return dq, dk, dv
 
