@@ -113,6 +113,8 @@ def stable_flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", 
         e_new = torch.where(finite, pol.round(stable_offset(m_new, t_new, beta), "stats"), m_new)
         p = _exponent_base_e(s, e_new, scale, fused_scale_max, pol)
         alpha = _rescale(e_old, e_new, scale, pol)
+        # nothing carried yet (or all of it underflowed): no rescale, rather than 0 * exp(overflow) = NaN
+        alpha = torch.where(l[..., rows, :] > 0, alpha, torch.zeros_like(alpha))
         l_new = pol.round(alpha * l[..., rows, :] + p.sum(dim=-1, keepdim=True), "stats")
         pv = pol.round(pol.round(p, "p") @ v_blk, "out_acc")
         acc_new = pol.round(alpha * acc[..., rows, :] + pv, "out_acc")

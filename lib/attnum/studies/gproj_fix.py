@@ -1,0 +1,484 @@
+"""Study 05: the GProj fix of seed 004, against every other fix.
+
+Every fix is one change of a base kernel, the emulated BF16 FlashAttention-3 of seed 004
+(``fa2_bf16`` with the fused scale-max), named in ``attnum.attention.FIXES`` and applied by
+``with_fix``. Four experiments, each a function returning an xarray Dataset with CF attributes:
+
+``fix_grid``
+    study 04's mechanism grid (its operands and fp64 golden values, reused from
+    ``attnum.studies.gradient_blowup``): q scaled by a sharpness factor, a vector mu of norm
+    |mu| added to every key (the exact output and dQ do not depend on it). Per fix: dQ, dK, dV
+    median and 99th-percentile row relative errors against fp64; the forward error; the row sums
+    of dS before and after its rounding and as the dQ matmul effectively multiplies it; the dQ
+    error when D is formed from the exact output instead of the stored one (what is left when the
+    D path is removed); the fraction of rows whose output collapsed to zero.
+
+``regime_comparison``
+    study 04's regimes (``gradient_blowup.regime_operands``): seed 004's key offset beside
+    Qiu & Yao's tied maxima with negative-mean or zero-mean values.
+
+``fix_costs``
+    the analytic count of ``attnum.cost`` for a real kernel, and the emulator's measured time
+    (a CPU emulation, not a kernel timing).
+
+``fix_training``
+    the small GPT trained from the same initialisation and data order with FP32 attention, the
+    BF16 flash emulator and each fix (``gradient_blowup.train_runs``).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+import xarray as xr
+from tqdm.auto import tqdm
+
+from ..attention import FIXES, AttentionImpl, flash_backward, flash_forward, with_fix
+from ..cost import cost_table
+from ..metrics import row_rel_l2
+from ..training import torch_threads
+from . import gradient_blowup as blowup
+from .gradient_blowup import save_and_show  # noqa: F401  (the notebook shows the saved PNG)
+
+SEED004_DQ_ERR_BEFORE = 2.19  # [src] seed 004: median relative dQ error before GProj
+SEED004_DQ_ERR_AFTER = 0.0034  # [src] seed 004: after GProj
+METRICS = ("dq_err", "dk_err", "dv_err", "dq_err_p99", "dk_err_p99", "dv_err_p99", "dq_err_exact_delta",
+           "out_err", "out_err_coherence", "zero_rows", "ds_exact_row_sum", "ds_rounded_row_sum", "ds_row_sum")
+
+ATTRS = {
+    "dq_err": ("1", "median row relative L2 error of dQ against fp64"),
+    "dk_err": ("1", "median row relative L2 error of dK against fp64"),
+    "dv_err": ("1", "median row relative L2 error of dV against fp64"),
+    "dq_err_p99": ("1", "99th percentile of the row relative L2 error of dQ against fp64"),
+    "dk_err_p99": ("1", "99th percentile of the row relative L2 error of dK against fp64"),
+    "dv_err_p99": ("1", "99th percentile of the row relative L2 error of dV against fp64"),
+    "dq_err_exact_delta": ("1", "median row relative L2 error of dQ when the backward forms D from the exact "
+                                "output instead of the stored one (the D path removed)"),
+    "out_err": ("1", "relative L2 error of the forward output against fp64"),
+    "out_err_coherence": ("1", "mean over columns of |mean_i e_ic| / rms_i e_ic of the output error e "
+                               "(1: every row errs alike; ~N^-1/2: independent)"),
+    "zero_rows": ("1", "fraction of rows whose output is 0 and log-sum-exp -inf (every probability underflowed)"),
+    "ds_exact_row_sum": ("1", "median over rows of |sum_j dS_ij| / sum_j |dS~_ij| before the ds rounding"),
+    "ds_rounded_row_sum": ("1", "median over rows of |sum_j dS~_ij| / sum_j |dS~_ij| after the ds rounding"),
+    "ds_row_sum": ("1", "median over rows of |sum_j dS_ij| / sum_j |dS~_ij|, dS as the dQ matmul effectively "
+                        "multiplies it (after GProj's projection)"),
+    "max_prob": ("1", "median over rows of the largest attention probability (fp64)"),
+    "fix_description": ("1", "what the fix changes in the base kernel"),
+    "emul_forward_seconds": ("s", "CPU emulator: median wall time of the forward (an emulation, not a kernel)"),
+    "emul_backward_seconds": ("s", "CPU emulator: median wall time of the backward (an emulation, not a kernel)"),
+}
+
+
+def base_impl(block_q: int, block_k: int) -> AttentionImpl:
+    """Seed 004's kernel: BF16 FlashAttention-3 (FA2 policy ``fa2_bf16``, fused scale-max)."""
+    return AttentionImpl("flash", "fa2_bf16", block_q=block_q, block_k=block_k, fused_scale_max=True)
+
+
+def fix_impls(fixes, block_q: int, block_k: int, stable_beta: float = 2.0) -> dict[str, AttentionImpl]:
+    return {fix: with_fix(base_impl(block_q, block_k), fix, stable_beta=stable_beta) for fix in fixes}
+
+
+def _median(x: torch.Tensor) -> float:
+    x = x[torch.isfinite(x)]
+    return x.median().item() if x.numel() else math.nan
+
+
+def _quantile(x: torch.Tensor, q: float) -> float:
+    x = x[torch.isfinite(x)].double()
+    return torch.quantile(x, q).item() if x.numel() else math.nan
+
+
+def fix_errors(q, k, v, do, impl: AttentionImpl, gold: dict) -> dict[str, float]:
+    """Every metric of ``METRICS`` for one implementation on the operands q, k, v, dO it reads,
+    against the fp64 values ``gold`` (``gradient_blowup.golden_values``)."""
+    stats = {}
+    out, lse = flash_forward(q, k, v, impl)
+    dq, dk, dv = flash_backward(q, k, v, out, lse, do, impl, stats=stats)
+    dq_exact_delta = flash_backward(q, k, v, gold["out"], lse, do, impl)[0]
+    res = {}
+    for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
+        rows = row_rel_l2(grad, gold[name])
+        res[f"{name}_err"], res[f"{name}_err_p99"] = _median(rows), _quantile(rows, 0.99)
+    res["dq_err_exact_delta"] = _median(row_rel_l2(dq_exact_delta, gold["dq"]))
+    out_err = out.double() - gold["out"]
+    res["out_err"] = (torch.linalg.vector_norm(out_err) / torch.linalg.vector_norm(gold["out"])).item()
+    rms = out_err.pow(2).mean(-2).sqrt()
+    res["out_err_coherence"] = (out_err.mean(-2).abs() / rms.clamp_min(1e-300)).mean().item()
+    res["zero_rows"] = torch.isneginf(lse).double().mean().item()
+    abs_sum = stats["ds_row_abs_sum"].clamp_min(1e-300)
+    for key in ("ds_exact_row_sum", "ds_rounded_row_sum", "ds_row_sum"):
+        res[key] = _median(stats[key].abs() / abs_sum)
+    return res
+
+
+def _describe(ds: xr.Dataset, prefix: str) -> xr.Dataset:
+    for name in ds.data_vars:
+        units, long_name = ATTRS[name.removeprefix(prefix)]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    return ds
+
+
+def fix_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, fixes=tuple(FIXES), block_q: int = 64,
+             block_k: int = 64, stable_beta: float = 2.0, golden_chunk: int = 1024, device="cpu",
+             progress: bool = True, threads: int = 1) -> xr.Dataset:
+    """Every fix's errors over sharpness x |mu| x N x d x seed, on study 04's mechanism operands."""
+    shape = (len(fixes), len(sharpness), len(mu_norms), len(seq_lens), len(head_dims), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in METRICS}
+    max_prob = np.full(shape[1:], np.nan)
+    impls = fix_impls(fixes, block_q, block_k, stable_beta)
+    work = [(a, s, b, m, c, n, e, d, f, seed) for a, s in enumerate(sharpness) for b, m in enumerate(mu_norms)
+            for c, n in enumerate(seq_lens) for e, d in enumerate(head_dims) for f, seed in enumerate(seeds)]
+    with torch_threads(threads):
+        for a, s, b, m, c, n, e, d, f, seed in tqdm(work, desc="fix grid", disable=not progress):
+            q, k, v, do, _ = blowup.mechanism_operands(n, d, s, m, seed, device=device)
+            gold = blowup.golden_values(q, k, v, do, golden_chunk)
+            max_prob[a, b, c, e, f] = gold["max_prob"].median().item()
+            for i, fix in enumerate(fixes):
+                res = fix_errors(q, k, v, do, impls[fix], gold)
+                for metric in METRICS:
+                    data[metric][i, a, b, c, e, f] = res[metric]
+    dims = ("fix", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
+    coords = {"fix": list(fixes), "sharpness": list(map(float, sharpness)), "mu_norm": list(map(float, mu_norms)),
+              "seq_len": list(seq_lens), "head_dim": list(head_dims), "seed": list(seeds)}
+    ds = xr.Dataset({f"grid_{m}": (dims, data[m]) for m in METRICS}, coords=coords)
+    ds["grid_max_prob"] = (dims[1:], max_prob)
+    ds = _describe(ds, "grid_")
+    ds["fix_description"] = ("fix", [FIXES[fix][0] for fix in fixes])
+    ds["fix_description"].attrs.update(units="1", long_name=ATTRS["fix_description"][1])
+    ds["sharpness"].attrs.update(long_name="factor multiplying q (attention sharpness)", units="1")
+    ds["mu_norm"].attrs.update(long_name="norm of the vector mu added to every key", units="1")
+    return ds
+
+
+def regime_comparison(seq_len: int, head_dim: int, seeds, *, fixes=tuple(FIXES), n_ties: int = 8,
+                      mu_norm: float = 100.0, block_q: int = 64, block_k: int = 64, stable_beta: float = 2.0,
+                      golden_chunk: int = 1024, device="cpu", progress: bool = True, threads: int = 1) -> xr.Dataset:
+    """Every fix in seed 004's key-offset regime and Qiu & Yao's tied-maxima regimes."""
+    shape = (len(blowup.REGIMES), len(fixes), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in METRICS}
+    impls = fix_impls(fixes, block_q, block_k, stable_beta)
+    work = [(r, regime, s, seed) for r, regime in enumerate(blowup.REGIMES) for s, seed in enumerate(seeds)]
+    with torch_threads(threads):
+        for r, regime, s, seed in tqdm(work, desc="regimes", disable=not progress):
+            q, k, v, do, _ = blowup.regime_operands(regime, seq_len, head_dim, seed, n_ties=n_ties, mu_norm=mu_norm,
+                                                    device=device)
+            gold = blowup.golden_values(q, k, v, do, golden_chunk)
+            for i, fix in enumerate(fixes):
+                res = fix_errors(q, k, v, do, impls[fix], gold)
+                for metric in METRICS:
+                    data[metric][r, i, s] = res[metric]
+    coords = {"regime": list(blowup.REGIMES), "fix": list(fixes), "seed": list(seeds)}
+    ds = xr.Dataset({f"regime_{m}": (("regime", "fix", "seed"), data[m]) for m in METRICS}, coords=coords)
+    return _describe(ds, "regime_")
+
+
+def emulator_seconds(fixes, seq_len: int, head_dim: int, *, block_q: int = 64, block_k: int = 64,
+                     stable_beta: float = 2.0, repeats: int = 3, device="cpu", threads: int = 1) -> xr.Dataset:
+    """Median wall time of the emulator's forward and backward per fix, one head, after a warm-up
+    call. The emulator loops over key blocks in Python: its times rank the fixes' extra work only
+    roughly and say nothing of a GPU kernel's."""
+    impls = fix_impls(fixes, block_q, block_k, stable_beta)
+    q, k, v, do, _ = blowup.mechanism_operands(seq_len, head_dim, 1.0, 0.0, 0, device=device)
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    fwd, bwd = np.full(len(fixes), np.nan), np.full(len(fixes), np.nan)
+    with torch_threads(threads):
+        for i, fix in enumerate(fixes):
+            times = []
+            for _ in range(repeats + 1):
+                sync()
+                t0 = time.perf_counter()
+                out, lse = flash_forward(q, k, v, impls[fix])
+                sync()
+                t1 = time.perf_counter()
+                flash_backward(q, k, v, out, lse, do, impls[fix])
+                sync()
+                times.append((t1 - t0, time.perf_counter() - t1))
+            fwd[i], bwd[i] = np.median(np.array(times[1:]), axis=0)
+    ds = xr.Dataset({"emul_forward_seconds": ("fix", fwd), "emul_backward_seconds": ("fix", bwd)},
+                    coords={"fix": list(fixes)})
+    ds.attrs.update(timing_seq_len=seq_len, timing_head_dim=head_dim)
+    return _describe(ds, "")
+
+
+def fix_costs(fixes, *, seq_len: int, head_dim: int, block: int, causal: bool, timing_seq_len: int,
+              timing_head_dim: int, block_q: int = 64, block_k: int = 64, stable_beta: float = 2.0,
+              repeats: int = 3, device="cpu", threads: int = 1) -> xr.Dataset:
+    """The analytic cost of each fix for a real kernel beside the emulator's measured time."""
+    analytic = cost_table(fixes, seq_len, head_dim, block_q=block, block_k=block, causal=causal)
+    measured = emulator_seconds(fixes, timing_seq_len, timing_head_dim, block_q=block_q, block_k=block_k,
+                                stable_beta=stable_beta, repeats=repeats, device=device, threads=threads)
+    return xr.merge([analytic, measured], combine_attrs="no_conflicts")
+
+
+def fix_training(task, model_cfg, train_cfg, *, baseline: AttentionImpl, fixes, block: int,
+                 stable_beta: float = 2.0, device="cpu", progress: bool = True) -> xr.Dataset:
+    """Train the small GPT from one initialisation and data order with ``baseline`` attention (run
+    ``fp32``) and with the base BF16 kernel under each fix (run named after the fix; ``none`` is the
+    BF16 flash emulator as it is)."""
+    runs = {"fp32": baseline, **fix_impls(fixes, block, block, stable_beta)}
+    records, _ = blowup.train_runs(task, model_cfg, train_cfg, runs, device=device, progress=progress)
+    return blowup.with_attrs(records)
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+def seed004_comparison(ds: xr.Dataset, var: str = "grid_dq_err"):
+    """Per sharpness (largest N, first d, median over seeds): the grid's |mu| at which the unfixed
+    kernel's median dQ error is nearest seed 004's 219% (in log), the errors of ``none``, the GProj
+    variants and FP32 attention there, and seed 004's own before/after numbers, marked as theirs."""
+    import pandas as pd
+
+    sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
+    rows = []
+    for s in ds["sharpness"].values:
+        none = sub.sel(fix="none", sharpness=s)
+        dist = np.abs(np.log(none.values / SEED004_DQ_ERR_BEFORE))
+        mu = float(ds["mu_norm"].values[int(np.nanargmin(dist))])
+        row = {"sharpness": float(s), "|mu|": mu}
+        for fix in ("none", "gproj_dq", "gproj", "mean_key", "fp32_backward", "fp32_attention"):
+            if fix in ds["fix"].values:
+                row[f"ours: {fix}"] = float(sub.sel(fix=fix, sharpness=s, mu_norm=mu))
+        row["theirs (seed 004): before GProj"] = SEED004_DQ_ERR_BEFORE
+        row["theirs (seed 004): after GProj"] = SEED004_DQ_ERR_AFTER
+        rows.append(row)
+    return pd.DataFrame(rows).set_index(["sharpness", "|mu|"])
+
+
+def offset_growth(ds: xr.Dataset, var: str = "grid_dq_err"):
+    """Per fix and sharpness (largest N, first d, median over seeds): the error at |mu| = 0, at the
+    largest |mu|, and their ratio (1: the offset does nothing)."""
+    sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
+    first, last = sub.isel(mu_norm=0, drop=True), sub.isel(mu_norm=-1, drop=True)
+    table = xr.Dataset({f"|mu| = {float(ds['mu_norm'][0]):g}": first, f"|mu| = {float(ds['mu_norm'][-1]):g}": last,
+                        "growth": last / first})
+    return table.to_dataframe().drop(columns=["seq_len", "head_dim"], errors="ignore").unstack("sharpness")
+
+
+def cost_summary(ds: xr.Dataset):
+    """One row per fix: analytic extras over the base kernel (per head, forward + backward) and the
+    emulator's measured time relative to the base's (labelled as an emulation)."""
+    import pandas as pd
+
+    total = lambda name: ds[f"cost_{name}"].sum("kernel_pass")
+    base = lambda name: float(total(name).sel(fix="none"))
+    emul = ds["emul_forward_seconds"] + ds["emul_backward_seconds"]
+    table = pd.DataFrame({
+        "extra GEMM FLOPs, low precision (x base)": (total("gemm_flops_low") - base("gemm_flops_low")).values
+        / base("gemm_flops_low"),
+        "GEMM FLOPs in fp32 (x base GEMM FLOPs)": total("gemm_flops_fp32").values / base("gemm_flops_low"),
+        "extra exponentials (x base)": (total("exp_ops") - base("exp_ops")).values / base("exp_ops"),
+        "extra memory traffic (x base)": ds["cost_extra_traffic_vs_attention"].values,
+        "extra tile passes per backward": ds["cost_tile_passes"].sel(kernel_pass="backward").values
+        - float(ds["cost_tile_passes"].sel(kernel_pass="backward", fix="none")),
+        "extra small kernels": (total("extra_kernels") - base("extra_kernels")).values,
+        "workspace (KiB per head)": total("workspace_bytes").values / 1024,
+        "extra arithmetic time at H100 peaks, / base backward": ds["cost_extra_compute_vs_backward"].values,
+        "extra arithmetic time at H100 peaks, / base fwd+bwd": ds["cost_extra_compute_vs_attention"].values,
+        "EMULATION (CPU): fwd+bwd time / base": (emul / emul.sel(fix="none")).values,
+    }, index=pd.Index(ds["fix"].values, name="fix"))
+    return table
+
+
+def training_table(ds: xr.Dataset, baseline: str = "fp32", last: int = 10, late_fraction: float = 0.5):
+    """One row per run: final loss (mean of the last ``last`` records), its gap to ``baseline``, the
+    median late-training ratio of the global gradient norm to the baseline's, and the final key-mean
+    norm of each layer."""
+    import pandas as pd
+
+    steps = ds["step"].values
+    late = steps >= steps[0] + (1 - late_fraction) * (steps[-1] - steps[0])
+    final = ds["train_loss"].isel(step=slice(-last, None)).mean("step")
+    ratio = (ds["train_grad_norm_total"] / ds["train_grad_norm_total"].sel(run=baseline)).isel(step=late)
+    table = pd.DataFrame({"attention": ds["run_attention"].values, "final loss (nat)": final.values,
+                          f"gap vs {baseline} (nat)": (final - final.sel(run=baseline)).values,
+                          "late grad-norm ratio, median": ratio.median("step").values},
+                         index=pd.Index(ds["run"].values, name="run"))
+    for layer in ds["layer"].values:
+        table[f"final key-mean norm, layer {layer}"] = ds["train_key_mean_norm"].sel(layer=layer).isel(
+            step=slice(-last, None)).mean("step").values
+    return table
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+FIX_STYLE = {"none": ("#c0392b", "-"), "forward_fix": ("#f1948a", "--"), "mean_key": ("#d68910", "-"),
+             "stable_max": ("#7d3c98", "-."), "fp32_backward": ("#2874a6", "-"), "gproj_dq": ("#17a589", "--"),
+             "gproj": ("#117a65", "-"), "fp32_attention": ("#1e8449", ":"), "fp32": ("#1e8449", ":")}
+
+
+def _style(fix) -> tuple[str, str]:
+    return FIX_STYLE.get(str(fix), ("grey", "-"))
+
+
+def plot_error_vs_offset(ds: xr.Dataset, var: str = "grid_dq_err"):
+    """One panel per sharpness: median (over seeds) error vs |mu| of every fix, at the largest N and
+    the first d, with seed 004's before/after numbers as horizontal marks (theirs)."""
+    from ..plots import subplots
+
+    sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
+    sharp = ds["sharpness"].values
+    fig, axes = subplots(1, len(sharp), sharey=True, figsize=(3.6 * len(sharp) + 1.8, 3.6))
+    x = ds["mu_norm"].values
+    for ax, s in zip(axes[0], sharp):
+        for fix in ds["fix"].values:
+            color, style = _style(fix)
+            ax.plot(x, sub.sel(sharpness=s, fix=fix).values, style, color=color, marker="o", ms=3, label=str(fix))
+        if var == "grid_dq_err":
+            for level, text in ((SEED004_DQ_ERR_BEFORE, "seed 004 before (theirs)"),
+                                (SEED004_DQ_ERR_AFTER, "seed 004 after GProj (theirs)")):
+                ax.axhline(level, color="k", lw=0.7, ls=(0, (1, 3)))
+                ax.annotate(text, (0.02, level), xycoords=("axes fraction", "data"), fontsize="xx-small",
+                            va="bottom")
+        ax.set_title(f"sharpness {s:g}")
+        blowup._offset_axis(ax)
+        ax.set_yscale("log")
+    axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error",
+                                                                      "median row rel. err."), fontsize="small")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"N = {int(ds['seq_len'][-1])}, d = {int(ds['head_dim'][0])}: the exact gradient does not "
+                 f"depend on |mu|", fontsize="medium")
+    return fig
+
+
+def plot_delta_path(ds: xr.Dataset):
+    """dQ error vs sharpness for every fix, as run (solid) and with D formed from the exact output
+    (dashed), at |mu| = 0 and at the largest |mu| (largest N, first d)."""
+    from ..plots import subplots
+
+    mus = [float(ds["mu_norm"][0]), float(ds["mu_norm"][-1])]
+    fig, axes = subplots(1, 2, sharey=True, figsize=(11, 3.8))
+    x = ds["sharpness"].values
+    for ax, mu in zip(axes[0], mus):
+        for fix in ds["fix"].values:
+            color, _ = _style(fix)
+            sel = dict(fix=fix, mu_norm=mu)
+            ax.plot(x, ds["grid_dq_err"].sel(**sel).isel(seq_len=-1, head_dim=0).median("seed").values, "-",
+                    color=color, marker="o", ms=3, label=f"{fix}")
+            ax.plot(x, ds["grid_dq_err_exact_delta"].sel(**sel).isel(seq_len=-1, head_dim=0).median("seed").values,
+                    "--", color=color, marker="x", ms=3)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sharpness (factor on q)")
+        ax.set_title(f"|mu| = {mu:g}; dashed: D from the exact output")
+    axes[0][0].set_ylabel("median row rel. err. of dQ")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_dk_dv(ds: xr.Dataset):
+    """dK and dV median (solid) and 99th-percentile (dotted) errors vs |mu| at the largest sharpness
+    (largest N, first d)."""
+    from ..plots import subplots
+
+    s = float(ds["sharpness"][-1])
+    fig, axes = subplots(1, 2, sharey=True, figsize=(11, 3.8))
+    x = ds["mu_norm"].values
+    for ax, grad in zip(axes[0], ("dk", "dv")):
+        names = [f"grid_{grad}_err", f"grid_{grad}_err_p99"]
+        sub = ds[names].sel(sharpness=s).isel(seq_len=-1, head_dim=0).median("seed")
+        for fix in ds["fix"].values:
+            color, style = _style(fix)
+            ax.plot(x, sub[names[0]].sel(fix=fix).values, style, color=color, marker="o", ms=3, label=str(fix))
+            ax.plot(x, sub[names[1]].sel(fix=fix).values, ":", color=color, lw=0.9)
+        blowup._offset_axis(ax)
+        ax.set_yscale("log")
+        ax.set_title(f"{'dK' if grad == 'dk' else 'dV'}, sharpness {s:g} (dotted: 99th percentile)", fontsize="small")
+    axes[0][0].set_ylabel("row rel. err.")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_regimes(ds: xr.Dataset):
+    """dQ error and forward-output error of every fix in each regime (median over seeds)."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 2, figsize=(12, 3.9))
+    regimes = ds["regime"].values
+    fixes = ds["fix"].values
+    width = 0.8 / len(fixes)
+    for ax, var, label in zip(axes[0], ("regime_dq_err", "regime_out_err"),
+                              ("median row rel. err. of dQ", "rel. L2 error of the output")):
+        vals = ds[var].median("seed")
+        for i, fix in enumerate(fixes):
+            ax.bar(np.arange(len(regimes)) + (i - len(fixes) / 2 + 0.5) * width, vals.sel(fix=fix).values, width,
+                   color=_style(fix)[0], label=str(fix))
+        ax.set_xticks(np.arange(len(regimes)), [str(r) for r in regimes], fontsize="x-small")
+        ax.set_yscale("log")
+        ax.set_ylabel(label)
+    axes[0][-1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_costs(ds: xr.Dataset):
+    """Left: analytic extras of each fix over the base kernel (forward + backward, per head).
+    Right: the CPU emulator's measured time relative to the base (an emulation, not a kernel)."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+    fixes = [str(f) for f in ds["fix"].values]
+    y = np.arange(len(fixes))
+    bars = (("cost_extra_compute_vs_attention", "arithmetic time at H100 peaks"),
+            ("cost_extra_traffic_vs_attention", "memory traffic"))
+    for i, (var, label) in enumerate(bars):
+        axes[0][0].barh(y + (i - 0.5) * 0.4, 100 * ds[var].values, 0.4, label=label,
+                        color=["#2874a6", "#d68910"][i])
+    axes[0][0].set_yticks(y, fixes)
+    axes[0][0].set_xscale("symlog", linthresh=10)
+    axes[0][0].set_xlabel("extra over the base kernel, % of its forward + backward (analytic)")
+    axes[0][0].set_title(f"real kernel, counted: N = {ds.attrs.get('cost_seq_len')}, "
+                         f"d = {ds.attrs.get('cost_head_dim')}, causal = {bool(ds.attrs.get('cost_causal'))}",
+                         fontsize="small")
+    axes[0][0].legend(fontsize="x-small")
+    emul = ds["emul_forward_seconds"] + ds["emul_backward_seconds"]
+    axes[0][1].barh(y, (emul / emul.sel(fix="none")).values, 0.6, color="grey")
+    axes[0][1].axvline(1.0, color="k", lw=0.8)
+    axes[0][1].set_yticks(y, fixes)
+    axes[0][1].set_xlabel("fwd + bwd time / base")
+    axes[0][1].set_title(f"CPU EMULATION, measured: N = {ds.attrs.get('timing_seq_len')}, "
+                         f"d = {ds.attrs.get('timing_head_dim')}", fontsize="small")
+    return fig
+
+
+def plot_fix_training(ds: xr.Dataset, baseline: str = "fp32", window: int = 5):
+    """Top: loss (running mean over ``window`` records), its difference from the baseline, and the
+    global gradient norm ratio to the baseline. Bottom: each layer's gradient norm, and the key-mean
+    norm of every layer (solid: layer 0, then dashed, dotted)."""
+    from ..plots import subplots
+
+    layers = ds["layer"].values
+    ncols = max(3, len(layers) + 1)
+    fig, axes = subplots(2, ncols, figsize=(4.6 * ncols, 7.2))
+    steps = ds["step"].values
+    smooth = lambda da: da.rolling(step=window, center=True, min_periods=1).mean()
+    base_loss = smooth(ds["train_loss"].sel(run=baseline))
+    for run in ds["run"].values:
+        color, style = _style(run)
+        label = f"{run}: {str(ds['run_attention'].sel(run=run).values)}"
+        loss = smooth(ds["train_loss"].sel(run=run))
+        axes[0][0].plot(steps, loss.values, style, color=color, lw=1, label=label)
+        axes[0][1].plot(steps, (loss - base_loss).values, style, color=color, lw=1)
+        ratio = ds["train_grad_norm_total"].sel(run=run) / ds["train_grad_norm_total"].sel(run=baseline)
+        axes[0][2].plot(steps, smooth(ratio).values, style, color=color, lw=1)
+        for i, layer in enumerate(layers):
+            axes[1][i].plot(steps, smooth(ds["train_grad_norm"].sel(run=run, layer=layer)).values, style,
+                            color=color, lw=1)
+            axes[1][len(layers)].plot(steps, ds["train_key_mean_norm"].sel(run=run, layer=layer).values,
+                                      ["-", "--", ":", "-."][i % 4], color=color, lw=1)
+    axes[0][0].set_ylabel("training loss (nat)")
+    axes[0][0].legend(fontsize="xx-small")
+    axes[0][1].axhline(0, color="grey", lw=0.8)
+    axes[0][1].set_ylabel(f"loss - loss of {baseline} (nat)")
+    axes[0][2].axhline(1, color="grey", lw=0.8)
+    axes[0][2].set_ylabel(f"global grad norm / {baseline}'s")
+    for i, layer in enumerate(layers):
+        axes[1][i].set_yscale("log")
+        axes[1][i].set_ylabel(f"layer {layer}: gradient norm")
+    axes[1][len(layers)].set_ylabel("key-mean norm ||mean_j k_j||")
+    for row in axes:
+        for ax in row:
+            ax.set_xlabel("step")
+    for ax in list(axes[0][3:]) + list(axes[1][len(layers) + 1:]):
+        ax.set_visible(False)
+    return fig
