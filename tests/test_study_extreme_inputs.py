@@ -22,7 +22,7 @@ def test_smoke_run_writes_results_figures_and_record(smoke):
     path, ds = smoke
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
     figures = {p.name for p in path.glob("*.png")}
-    assert {"finiteness.png", "amplification.png", "sentinels.png", "sentinel_onset.png", "detection.png",
+    assert {"sentinels.png", "sentinel_onset.png", "detection.png",
             "miss_rates.png"} <= figures
     assert ds.attrs["headline_figure"] in figures and ds.attrs["study"] == "extreme_inputs"
     assert isinstance(json.loads(ds.attrs["kernel_exceptions"]), list)

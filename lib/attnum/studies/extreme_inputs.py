@@ -289,6 +289,13 @@ def summarize_families(ds: xr.Dataset, baseline: str = "normal") -> xr.Dataset:
     return out
 
 
+def amplification_table(ds: xr.Dataset, seq_len: int) -> pd.DataFrame:
+    """Amplification at one N: families down, kernel/policy_dtype across."""
+    amp = ds["amplification"].sel(seq_len=seq_len).to_dataframe()["amplification"].reset_index()
+    amp["column"] = amp["kernel"] + "/" + amp["policy"] + "_" + amp["dtype"]
+    return amp.pivot(index="family", columns="column", values="amplification").loc[list(ds["family"].values)]
+
+
 def finiteness_table(ds: xr.Dataset) -> pd.DataFrame:
     """Per family: golden non-finite fraction, and per kernel/policy/dtype the fraction of entries
     whose finite-ness disagrees with the golden output (max over N and seeds)."""
@@ -780,60 +787,14 @@ def _heatmap(ax, table: pd.DataFrame, *, cmap, vmin=None, vmax=None, annot=None,
     return mesh
 
 
-def plot_finiteness(ds: xr.Dataset):
-    """Fraction of output entries whose finite-ness disagrees with the golden output."""
-    from ..plots import subplots
-
-    table = finiteness_table(ds)
-    fig, axes = subplots(1, 1, figsize=(1.0 + 0.55 * table.shape[1], 0.8 + 0.32 * table.shape[0]))
-    _heatmap(axes[0][0], table, cmap="Reds", vmin=0, vmax=1, fmt="{:.2f}", xrotation=50)
-    axes[0][0].axvline(1, color="k", lw=1)
-    axes[0][0].set_title("fraction of entries non-finite where golden is finite, or vice versa\n"
-                         "(max over N and seeds); first column: golden itself non-finite", fontsize="small")
-    axes[0][0].set_xlabel("kernel / policy_dtype")
-    axes[0][0].tick_params(axis="x", labelsize=7)
-    return fig
-
-
-def _amplification_text(x: float) -> str:
-    if not np.isfinite(x):
-        return ""
-    if x == 0:
-        return "0"
-    return f"{x:.2g}" if x < 100 else (f"{x:.0f}" if x < 1e4 else f"{x:.0e}")
-
-
-def plot_amplification(ds: xr.Dataset, seq_len=None):
-    """Error amplification relative to N(0, 1) inputs, per family, kernel, policy and dtype."""
-    from ..plots import subplots
-
-    n = ds["seq_len"].values[-1] if seq_len is None else seq_len
-    amp = ds["amplification"].sel(seq_len=n).to_dataframe()["amplification"].reset_index()
-    amp["column"] = amp["kernel"] + "/" + amp["policy"] + "_" + amp["dtype"]
-    wide = amp.pivot(index="family", columns="column", values="amplification").loc[list(ds["family"].values)]
-    wide = wide.astype(float)
-    fig, axes = subplots(1, 1, figsize=(2.5 + 0.62 * wide.shape[1], 1.0 + 0.3 * wide.shape[0]))
-    colour = np.log10(wide.clip(lower=1e-3))
-    _heatmap(axes[0][0], colour, cmap="RdBu_r", vmin=-2, vmax=2, annot=wide.map(_amplification_text),
-             colorbar_label="log10 amplification", xrotation=50)
-    axes[0][0].set_title(f"median rel. L2 error / that of N(0, 1) inputs, N = {n}\n"
-                         "(blank: no entry finite in both kernel and golden output)", fontsize="small")
-    axes[0][0].set_xlabel("kernel / policy_dtype")
-    axes[0][0].tick_params(axis="x", labelsize=7)
-    return fig
-
-
 def plot_sentinels(ds: xr.Dataset, policy: str):
-    """Mask handlings x cases, one policy: rows zeroed, NaN, masked-key influence, error."""
+    """Mask handlings x cases, one policy: rows zeroed and masked-key influence (the rest is in tables)."""
     from ..plots import subplots
 
     sub = ds.sel(sentinel_policy=policy).max("seed")
     panels = (("sentinel_zero_row_fraction", "fraction of rows zeroed where golden is not", "Reds", 1),
-              ("sentinel_nonzero_row_fraction", "fraction of rows not 0 (NaN or values) where golden is 0",
-               "Purples", 1),
-              ("sentinel_masked_key_influence", "masked-key influence max|dO| (V shifted by 100)", "Oranges", 100),
-              ("sentinel_rel_l2_err", "rel. L2 error over finite entries", "Greys", 1))
-    fig, axes = subplots(2, 2, figsize=(11.5, 7.5))
+              ("sentinel_masked_key_influence", "masked-key influence max|dO| (V shifted by 100)", "Oranges", 100))
+    fig, axes = subplots(1, 2, figsize=(11.5, 4.2))
     for ax, (var, title, cmap, vmax) in zip(axes.ravel(), panels):
         table = sub[var].to_dataframe()[var].unstack("case")[list(ds["case"].values)]
         _heatmap(ax, table, cmap=cmap, vmin=0, vmax=vmax, xrotation=50)
@@ -905,7 +866,7 @@ def plot_detection(ds: xr.Dataset):
         ax.tick_params(axis="x", labelsize=6.5, rotation=0)
         ax.tick_params(axis="y", labelsize=7)
         ax.set_title(f"fa2_{fmt}: share of (family, seed) points where the rule rejects the output; blank: "
-                     "the fault changed nothing", fontsize="small", pad=16)
+                     "the fault changed nothing", fontsize="small", pad=22)
     return fig
 
 
