@@ -292,3 +292,27 @@ def test_mask_to_bias():
     mask = torch.tensor([[True, False]])
     assert mask_to_bias(mask).tolist() == [[0.0, -math.inf]]
     assert mask_to_bias(mask, -1e4).tolist() == [[0.0, -1e4]]
+
+
+def test_a_kernel_that_raises_is_recorded_and_the_sweeps_go_on(monkeypatch):
+    real = study.flash_attention
+
+    def flaky(*args, fault=None, **kwargs):
+        if fault is not None and fault.name == "stale_max":
+            raise FloatingPointError("emulated kernel crash")
+        if kwargs.get("mask_fill") == -1e4:
+            raise FloatingPointError("emulated kernel crash")
+        return real(*args, fault=fault, **kwargs)
+
+    monkeypatch.setattr(study, "flash_attention", flaky)
+    log = study.ExceptionLog()
+    ds = study.detection_sweep(["stale_max", "narrow_p"], ["normal"], [128], ["fp16"], [0], block_k=32,
+                               head_dim=16, log=log, progress=False)
+    assert ds["det_fault_exception"].sel(fault="stale_max").all()
+    assert not ds["det_fault_exception"].sel(fault="narrow_p").any()
+    assert ds["det_detected"].sel(fault="stale_max").all()  # a crash is caught by every rule
+    sent = study.sentinel_experiment(64, ["fa2_bf16"], [0], targets=(-6e4,), head_dim=16, block_k=32, log=log,
+                                     progress=False)
+    assert sent["sentinel_exception"].sel(mask_handling="fill_-1e4").all()
+    assert not sent["sentinel_exception"].sel(mask_handling="fill_-inf").any()
+    assert "emulated kernel crash" in log.to_json()
