@@ -1,0 +1,669 @@
+"""Study 03: Wasserstein weight drift (Golden et al., arXiv 2405.02803, Sec. V).
+
+Train the small GPT several times from the same initialisation and data order, changing
+one thing per *pair* of runs, and measure how far apart the two runs' weights are at every
+checkpoint (``attnum.drift``). The pairs (``pair_runs``):
+
+    repeat             the same configuration trained twice: must be 0 at every step
+    flash              flash emulator vs reference attention, both under ``kernel_policy``
+                       (the kernel's effect; the rest of the model in fp32)
+    flash_fp32         the same with both kernels in fp32
+    init_seed          two initialisation seeds (the noise floor)
+    init_perturbation  the same seed, every initial weight plus ``perturbation`` * N(0, 1)
+                       (a chaos baseline: how fast a tiny deviation grows)
+    bf16_training      torch.autocast bf16 and reference attention under fa2_bf16, vs fp32
+    fp16_training      the same in fp16 (with a gradient scaler), vs fp32
+
+Runs shared between pairs are trained once per seed: the fp32 reference run is side a of
+``repeat``, ``flash_fp32``, ``init_seed``, ``init_perturbation`` and both training pairs.
+
+``drift_experiment`` trains everything and returns one dataset: per-tensor drift (pair, seed,
+step, tensor), its aggregates per kind, per layer and over the model, drift rates, the trainer's
+records of every run, and ``drift_ratios``: ratios of one pair's drift to another's with a
+confidence interval over seeds (the headline: low-precision training over flash).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import xarray as xr
+from scipy import stats as sps
+from tqdm.auto import tqdm
+
+from .. import drift
+from ..attention import AttentionImpl
+from ..model import GPTConfig
+from ..ncio import describe
+from ..tasks import Task
+from ..training import ATTRS as TRAIN_ATTRS
+from ..training import TrainConfig, train
+
+PAIRS = ("repeat", "flash", "flash_fp32", "init_seed", "init_perturbation", "bf16_training", "fp16_training")
+LOW_PRECISION_PAIRS = ("bf16_training", "fp16_training")
+METRICS = ("wasserstein", "max_abs", "rel_l2")
+STATISTICS = ("max_logit", "entropy", "key_mean_ratio", "grad_norm_qk", "grad_norm")
+CORR_METRICS = ("wasserstein_rel", "rel_l2")
+GOLDEN_RATIO_RANGE = (2.0, 5.0)  # Golden et al.: flash causes ~2-5x less weight deviation than low precision
+
+ATTRS = {
+    "pair_run_a": ("1", "the pair's reference run (side a)"),
+    "pair_run_b": ("1", "the pair's changed run (side b)"),
+    "pair_description": ("1", "what the two runs of the pair differ in"),
+    "run_attention": ("1", "attention implementation of every layer of the run"),
+    "run_autocast": ("1", "torch.autocast format of everything but the attention kernel (none: fp32)"),
+    "run_seed_offset": ("1", "offset added to the initialisation seed"),
+    "run_perturbation": ("1", "standard deviation of the perturbation added to every initial weight"),
+    "drift_ratio": ("1", "geometric mean over seeds of the model-level drift ratio numerator pair / denominator pair"),
+    "drift_ratio_low": ("1", "lower end of the confidence interval of the drift ratio (t interval on log ratios over seeds)"),
+    "drift_ratio_high": ("1", "upper end of the confidence interval of the drift ratio (t interval on log ratios over seeds)"),
+    "drift_ratio_per_seed": ("1", "model-level drift ratio numerator pair / denominator pair of one seed"),
+    "corr_layer_rank": ("1", "mean over (seed, step) of the Spearman correlation across layers between the "
+                             "pair's per-layer drift and the run's attention statistic"),
+    "corr_pooled": ("1", "Spearman correlation over every (seed, step > 0, layer) between the pair's per-layer "
+                         "drift and the run's attention statistic"),
+}
+for _metric, (_units, _long) in drift.ATTRS.items():
+    ATTRS[f"kind_{_metric}"] = (_units, _long + ", aggregated per kind of tensor")
+    ATTRS[f"layer_{_metric}"] = (_units, _long + ", aggregated over the tensors of a transformer block")
+    ATTRS[f"model_{_metric}"] = (_units, _long + ", aggregated over every tensor of the model")
+    ATTRS[f"model_{_metric}_rate"] = ("1/step", f"rate of change per optimizer step of model-level {_metric} "
+                                                "since the previous checkpoint")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One training configuration, relative to the experiment's common settings."""
+
+    attention: str = "reference:fp32"
+    autocast: str = "none"
+    seed_offset: int = 0
+    perturbation: float = 0.0
+    repeat: int = 0  # a second copy of an otherwise identical run (trained again, not reused)
+
+
+def pair_runs(kernel_policy: str = "fa2_bf16", perturbation: float = 1e-6,
+              noise_seed_offset: int = 1000) -> dict[str, tuple[str, str, str]]:
+    """Pair name -> (run a, run b, description) and the runs themselves (``run_specs``)."""
+    kp = kernel_policy
+    return {
+        "repeat": ("reference_fp32", "reference_fp32_repeat", "the same configuration trained twice"),
+        "flash": (f"reference_{kp}", f"flash_{kp}", f"flash emulator vs reference attention, both {kp}"),
+        "flash_fp32": ("reference_fp32", "flash_fp32", "flash emulator vs reference attention, both fp32"),
+        "init_seed": ("reference_fp32", "reference_fp32_other_seed",
+                      f"initialisation seed s vs s + {noise_seed_offset} (noise floor)"),
+        "init_perturbation": ("reference_fp32", "reference_fp32_perturbed",
+                              f"initial weights plus {perturbation:g} * N(0, 1) (chaos baseline)"),
+        "bf16_training": ("reference_fp32", "bf16_training", "autocast bf16 + attention fa2_bf16 vs fp32"),
+        "fp16_training": ("reference_fp32", "fp16_training", "autocast fp16 + attention fa2_fp16 vs fp32"),
+    }
+
+
+def run_specs(kernel_policy: str = "fa2_bf16", perturbation: float = 1e-6,
+              noise_seed_offset: int = 1000) -> dict[str, RunSpec]:
+    """Run name -> configuration, for every run any pair names."""
+    return {
+        "reference_fp32": RunSpec("reference:fp32"),
+        "reference_fp32_repeat": RunSpec("reference:fp32", repeat=1),
+        f"reference_{kernel_policy}": RunSpec(f"reference:{kernel_policy}"),
+        f"flash_{kernel_policy}": RunSpec(f"flash:{kernel_policy}"),
+        "flash_fp32": RunSpec("flash:fp32"),
+        "reference_fp32_other_seed": RunSpec("reference:fp32", seed_offset=noise_seed_offset),
+        "reference_fp32_perturbed": RunSpec("reference:fp32", perturbation=perturbation),
+        "bf16_training": RunSpec("reference:fa2_bf16", autocast="bf16"),
+        "fp16_training": RunSpec("reference:fa2_fp16", autocast="fp16"),
+    }
+
+
+def runs_needed(pairs, **kw) -> list[str]:
+    """The distinct runs the pairs need per seed, in a fixed order (shared runs once)."""
+    table = pair_runs(**kw)
+    unknown = [p for p in pairs if p not in table]
+    if unknown:
+        raise ValueError(f"unknown pair(s) {unknown}; allowed: {list(PAIRS)}")
+    names = []
+    for p in pairs:
+        for run in table[p][:2]:
+            if run not in names:
+                names.append(run)
+    return names
+
+
+def _train_config(base: TrainConfig, spec: RunSpec, seed: int) -> TrainConfig:
+    return dataclasses.replace(base, seed=seed + spec.seed_offset, init_perturbation=spec.perturbation,
+                               perturbation_seed=seed + 1_000_003, autocast=spec.autocast)
+
+
+def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, pairs, seeds, *,
+                     kernel_policy: str = "fa2_bf16", perturbation: float = 1e-6,
+                     noise_seed_offset: int = 1000, model_block: int = 16, confidence: float = 0.95,
+                     device="cpu", progress: bool = True) -> xr.Dataset:
+    """Train every run each seed needs, measure every pair's drift at the checkpoints, aggregate."""
+    kw = dict(kernel_policy=kernel_policy, perturbation=perturbation, noise_seed_offset=noise_seed_offset)
+    table, specs = pair_runs(**kw), run_specs(**kw)
+    runs = runs_needed(pairs, **kw)
+    steps = list(train_cfg.checkpoint_steps)
+    per_seed, records = [], []
+    bar = tqdm(total=len(seeds) * len(runs), desc="training runs", disable=not progress)
+    for seed in seeds:
+        results = {}
+        for name in runs:
+            spec = specs[name]
+            impl = AttentionImpl.parse(spec.attention, block_q=model_block, block_k=model_block)
+            cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (impl,)})
+            res = train(cfg, task, _train_config(train_cfg, spec, seed), device=device, progress=False)
+            if res.diverged_at is not None:
+                raise RuntimeError(f"run {name} (seed {seed}) diverged at step {res.diverged_at}")
+            results[name] = res
+            records.append(res.records.expand_dims(run=[name], seed=[seed]))
+            bar.update()
+        per_seed.append(xr.concat([drift.checkpoint_drift(results[table[p][0]].checkpoints,
+                                                          results[table[p][1]].checkpoints, steps)
+                                   for p in pairs], dim=xr.DataArray(list(pairs), dims="pair", name="pair"),
+                                  coords="minimal").expand_dims(seed=[seed]))
+        del results  # checkpoints of one seed at a time
+    bar.close()
+    ds = xr.concat(per_seed, dim="seed", coords="minimal").transpose("pair", "seed", "step", "tensor")
+    ds = summarize(ds)
+    ds = xr.merge([ds, training_records(records), drift_ratios(ds, confidence=confidence)], compat="no_conflicts")
+    ds["pair_run_a"] = ("pair", [table[p][0] for p in pairs])
+    ds["pair_run_b"] = ("pair", [table[p][1] for p in pairs])
+    ds["pair_description"] = ("pair", [table[p][2] for p in pairs])
+    ds["run_attention"] = ("run", [specs[r].attention for r in ds["run"].values])
+    ds["run_autocast"] = ("run", [specs[r].autocast for r in ds["run"].values])
+    ds["run_seed_offset"] = ("run", [specs[r].seed_offset for r in ds["run"].values])
+    ds["run_perturbation"] = ("run", [specs[r].perturbation for r in ds["run"].values])
+    ds = xr.merge([ds, attention_correlations(ds)], compat="no_conflicts")
+    ds["seed"].attrs.update(long_name="initialisation seed of the pair's reference run")
+    return with_attrs(ds)
+
+
+def training_records(records: list[xr.Dataset]) -> xr.Dataset:
+    """The trainer's records of every run and seed (dims run, seed, train_step[, layer])."""
+    ds = xr.combine_by_coords(records, combine_attrs="drop_conflicts").rename(step="train_step")
+    ds = ds.rename({name: f"train_{name}" for name in ds.data_vars})
+    ds["train_step"].attrs.update(long_name="optimizer updates before the recorded forward and backward")
+    return ds
+
+
+def with_attrs(ds: xr.Dataset) -> xr.Dataset:
+    train = {f"train_{k}": v for k, v in TRAIN_ATTRS.items()}
+    return describe(ds, ATTRS, drift.ATTRS, train)
+
+
+# -- aggregates, rates, ratios --------------------------------------------------------------------
+
+def summarize(ds: xr.Dataset) -> xr.Dataset:
+    """Add per-kind, per-layer and model-level aggregates and model-level drift rates."""
+    out = ds.copy()
+    for by in ("kind", "layer", "model"):
+        agg = drift.aggregate(ds, by)
+        for name in agg.data_vars:
+            out[f"{by}_{name}"] = agg[name].transpose("pair", "seed", "step", ...)
+    for metric in METRICS:
+        out[f"model_{metric}_rate"] = drift_rate(out[f"model_{metric}"])
+    return out
+
+
+def drift_rate(da: xr.DataArray) -> xr.DataArray:
+    """Change per optimizer step since the previous checkpoint (NaN at the first)."""
+    steps = da["step"].astype(float)
+    rate = da.diff("step", label="upper") / steps.diff("step", label="upper")
+    return rate.reindex(step=da["step"])
+
+
+def ratio_interval(ratios: np.ndarray, confidence: float = 0.95) -> tuple[float, float, float]:
+    """Geometric mean of positive ratios (last axis) and a t interval on their logs.
+
+    Non-finite or non-positive entries are dropped; fewer than two left: the interval is NaN.
+    """
+    r = np.asarray(ratios, dtype=float)
+    r = r[np.isfinite(r) & (r > 0)]
+    if r.size == 0:
+        return math.nan, math.nan, math.nan
+    logs = np.log(r)
+    centre = float(np.exp(logs.mean()))
+    if r.size < 2:
+        return centre, math.nan, math.nan
+    half = sps.t.ppf(0.5 + confidence / 2, r.size - 1) * logs.std(ddof=1) / math.sqrt(r.size)
+    return centre, float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+
+
+def comparisons(pairs) -> list[tuple[str, str]]:
+    """(numerator, denominator) pairs of drift ratios that the present pairs allow."""
+    out = []
+    for flash in ("flash", "flash_fp32"):
+        if flash not in pairs:
+            continue
+        out += [(low, flash) for low in LOW_PRECISION_PAIRS if low in pairs]
+        out += [(flash, base) for base in ("init_seed", "init_perturbation") if base in pairs]
+    return out
+
+
+def drift_ratios(ds: xr.Dataset, confidence: float = 0.95) -> xr.Dataset:
+    """Model-level drift ratios numerator / denominator per seed, their geometric mean over seeds
+    and its confidence interval, for every comparison the pairs allow (dims comparison, metric, step)."""
+    comps = comparisons(list(ds["pair"].values))
+    names = [f"{a}/{b}" for a, b in comps]
+    shape = (len(comps), len(METRICS), ds.sizes["seed"], ds.sizes["step"])
+    per_seed = np.full(shape, np.nan)
+    for c, (num, den) in enumerate(comps):
+        for m, metric in enumerate(METRICS):
+            a = ds[f"model_{metric}"].sel(pair=num).transpose("seed", "step").values
+            b = ds[f"model_{metric}"].sel(pair=den).transpose("seed", "step").values
+            with np.errstate(divide="ignore", invalid="ignore"):
+                per_seed[c, m] = np.where(b > 0, a / np.where(b > 0, b, 1.0), np.nan)
+    summary = np.apply_along_axis(lambda r: ratio_interval(r, confidence), 2, per_seed)  # (c, m, 3, step)
+    coords = {"comparison": names, "metric": list(METRICS), "seed": ds["seed"].values, "step": ds["step"].values,
+              "comparison_numerator": ("comparison", [a for a, _ in comps]),
+              "comparison_denominator": ("comparison", [b for _, b in comps])}
+    dims = ("comparison", "metric", "step")
+    out = xr.Dataset({"drift_ratio": (dims, summary[:, :, 0]), "drift_ratio_low": (dims, summary[:, :, 1]),
+                      "drift_ratio_high": (dims, summary[:, :, 2]),
+                      "drift_ratio_per_seed": (("comparison", "metric", "seed", "step"), per_seed)}, coords=coords)
+    out.attrs["confidence"] = confidence
+    for name in ("drift_ratio_low", "drift_ratio_high"):
+        out[name].attrs["confidence"] = confidence
+    return out
+
+
+def first_step_above(ds: xr.Dataset, comparison: str, metric: str = "wasserstein", rule: str = "ci") -> float:
+    """The first checkpoint step from which the numerator pair's drift stays above the denominator's
+    at every later step. ``rule="ci"``: the interval's lower end is above 1; ``"all_seeds"``: every
+    seed's ratio is above 1. NaN when it never does (at the last step at least)."""
+    sub = ds.sel(comparison=comparison, metric=metric)
+    if rule == "ci":
+        above = (sub["drift_ratio_low"] > 1).values
+    elif rule == "all_seeds":
+        above = (sub["drift_ratio_per_seed"] > 1).all("seed").values
+    else:
+        raise ValueError(f"rule must be 'ci' or 'all_seeds', not {rule!r}")
+    steps = sub["step"].values
+    if not above[-1]:
+        return math.nan
+    below = np.nonzero(~above)[0]
+    return float(steps[below[-1] + 1] if below.size else steps[0])
+
+
+def checks(ds: xr.Dataset) -> dict:
+    """Statements the text relies on, computed from the results (True/False, or a number)."""
+    later = ds["step"].values > 0
+    out = {}
+    pairs = [str(p) for p in ds["pair"].values]
+    if "repeat" in pairs:
+        out["repeat pair exactly 0 at every step, seed and tensor"] = bool(
+            all((ds[m].sel(pair="repeat") == 0).all() for m in METRICS))
+    moving = [p for p in pairs if p != "repeat"]
+    for metric in METRICS:
+        d = ds[f"model_{metric}"].isel(step=later)
+        if "init_seed" in pairs and len(moving) > 1:
+            rest = d.sel(pair=[p for p in moving if p != "init_seed"])
+            out[f"{metric}: init_seed largest at every checkpoint and seed"] = bool(
+                (d.sel(pair="init_seed") > rest.max("pair")).all())
+        if "flash_fp32" in pairs and len(moving) > 1:
+            rest = d.sel(pair=[p for p in moving if p != "flash_fp32"]).median("seed")
+            out[f"{metric}: flash_fp32 smallest at every checkpoint (median over seeds)"] = bool(
+                (d.sel(pair="flash_fp32").median("seed") < rest.min("pair")).all())
+        if "flash" in pairs and "init_seed" in pairs:
+            out[f"{metric}: flash below init_seed at every checkpoint and seed"] = bool(
+                (d.sel(pair="flash") < d.sel(pair="init_seed")).all())
+        out[f"{metric}: every pair's drift grows at every checkpoint (median over seeds)"] = bool(
+            (d.sel(pair=moving).median("seed").diff("step") >= 0).all())
+    last = ds.isel(step=-1)
+    for metric in ("rel_l2", "wasserstein_rel"):
+        kinds = last[f"kind_{metric}"].median("seed").sel(pair=moving)
+        out[f"{metric}: norms the least-drifting kind of every pair at the last checkpoint"] = bool(
+            (kinds.argmin("kind") == list(kinds["kind"].values).index("norm")).all())
+    for comp in ds["comparison"].values:
+        if str(ds["comparison_denominator"].sel(comparison=comp).values) != "flash":
+            continue
+        r = ds["drift_ratio"].sel(comparison=comp)
+        for metric in METRICS:
+            vals = r.sel(metric=metric).values[later]
+            out[f"{comp} ({metric}): smallest and largest geometric mean over checkpoints"] = (
+                f"{np.nanmin(vals):.2f} .. {np.nanmax(vals):.2f}")
+    return out
+
+
+def verdict(low: float, high: float, claim=GOLDEN_RATIO_RANGE) -> str:
+    """Where an interval [low, high] lies against a claimed range."""
+    lo, hi = claim
+    if not (np.isfinite(low) and np.isfinite(high)):
+        return "undetermined (too few seeds for an interval)"
+    if high < lo:
+        return f"below the claimed {lo:g}-{hi:g}x"
+    if low > hi:
+        return f"above the claimed {lo:g}-{hi:g}x"
+    if lo <= low and high <= hi:
+        return f"inside the claimed {lo:g}-{hi:g}x"
+    return f"overlaps the claimed {lo:g}-{hi:g}x"
+
+
+# -- drift against the trainer's attention statistics ---------------------------------------------
+
+def _spearman(x, y) -> float:
+    """Spearman rank correlation of the finite pairs (two points: the sign agreement, +-1); NaN
+    with fewer than two points or a constant side."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 2 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return math.nan
+    return float(np.corrcoef(sps.rankdata(x[ok]), sps.rankdata(y[ok]))[0, 1])
+
+
+def layer_statistic(ds: xr.Dataset, run: str, statistic: str) -> xr.DataArray:
+    """A run's per-layer training record at the checkpoint steps (the nearest record at or before)."""
+    rec = ds[f"train_{statistic}"].sel(run=run)
+    return rec.sel(train_step=ds["step"].values, method="pad").rename(train_step="step").assign_coords(
+        step=ds["step"].values)
+
+
+def attention_correlations(ds: xr.Dataset) -> xr.Dataset:
+    """Per pair, statistic and drift metric: Spearman correlations between the pair's per-layer drift
+    and the statistic recorded by its reference run; within each (seed, step) across layers
+    (``corr_layer_rank``, free of the common trend over training) and pooled (``corr_pooled``)."""
+    pairs = ds["pair"].values
+    rank = np.full((len(pairs), len(STATISTICS), len(CORR_METRICS)), np.nan)
+    pooled = np.full_like(rank, np.nan)
+    for p, pair in enumerate(pairs):
+        run = str(ds["pair_run_a"].sel(pair=pair).values)
+        for s, stat in enumerate(STATISTICS):
+            x_all = layer_statistic(ds, run, stat).transpose("seed", "step", "layer").values
+            for m, metric in enumerate(CORR_METRICS):
+                y_all = ds[f"layer_{metric}"].sel(pair=pair).transpose("seed", "step", "layer").values
+                later = ds["step"].values > 0
+                x, y = x_all[:, later], y_all[:, later]
+                pooled[p, s, m] = _spearman(x.ravel(), y.ravel())
+                within = [_spearman(x[i, j], y[i, j]) for i in range(x.shape[0]) for j in range(x.shape[1])]
+                within = [w for w in within if np.isfinite(w)]
+                rank[p, s, m] = float(np.mean(within)) if within else math.nan
+    dims = ("pair", "statistic", "corr_metric")
+    coords = {"pair": pairs, "statistic": list(STATISTICS), "corr_metric": list(CORR_METRICS)}
+    return xr.Dataset({"corr_layer_rank": (dims, rank), "corr_pooled": (dims, pooled)}, coords=coords)
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+def final_drift_table(ds: xr.Dataset, step: int | None = None):
+    """Model-level drift of every pair at one checkpoint (default the last): median over seeds,
+    and the smallest and largest seed."""
+    import pandas as pd
+
+    step = int(ds["step"][-1]) if step is None else step
+    cols = {}
+    for metric in ("wasserstein", "wasserstein_rel", "max_abs", "rel_l2"):
+        da = ds[f"model_{metric}"].sel(step=step)
+        cols[(metric, "median")] = da.median("seed").values
+        cols[(metric, "min")] = da.min("seed").values
+        cols[(metric, "max")] = da.max("seed").values
+    return pd.DataFrame(cols, index=pd.Index(ds["pair"].values, name=f"pair (step {step})"))
+
+
+def ratio_table(ds: xr.Dataset, step: int | None = None, claim=GOLDEN_RATIO_RANGE):
+    """Every drift ratio at one checkpoint: geometric mean over seeds, its interval, and where the
+    interval lies against Golden et al.'s 2-5x (low-precision over flash comparisons only)."""
+    import pandas as pd
+
+    step = int(ds["step"][-1]) if step is None else step
+    rows = []
+    for comp in ds["comparison"].values:
+        for metric in ds["metric"].values:
+            sel = dict(comparison=comp, metric=metric, step=step)
+            low, high = float(ds["drift_ratio_low"].sel(**sel)), float(ds["drift_ratio_high"].sel(**sel))
+            lowp = str(ds["comparison_numerator"].sel(comparison=comp).values) in LOW_PRECISION_PAIRS
+            rows.append({"comparison": comp, "metric": metric, "ratio": float(ds["drift_ratio"].sel(**sel)),
+                         "ci low": low, "ci high": high,
+                         "against Golden et al.": verdict(low, high, claim) if lowp else ""})
+    return pd.DataFrame(rows).set_index(["comparison", "metric"])
+
+
+def floor_table(ds: xr.Dataset):
+    """For every comparison of a flash pair with a baseline pair: from which checkpoint step on its
+    drift stays above the baseline's (interval above 1; every seed above 1), per metric."""
+    import pandas as pd
+
+    rows = []
+    for comp in ds["comparison"].values:
+        if str(ds["comparison_numerator"].sel(comparison=comp).values) in LOW_PRECISION_PAIRS:
+            continue
+        for metric in ds["metric"].values:
+            last = dict(comparison=comp, metric=metric, step=ds["step"][-1])
+            rows.append({"comparison": comp, "metric": metric,
+                         "ratio at last step": float(ds["drift_ratio"].sel(**last)),
+                         "above from step (interval)": first_step_above(ds, comp, metric, "ci"),
+                         "above from step (every seed)": first_step_above(ds, comp, metric, "all_seeds")})
+    return pd.DataFrame(rows).set_index(["comparison", "metric"])
+
+
+def group_table(ds: xr.Dataset, by: str = "kind", metric: str = "wasserstein_rel", step: int | None = None):
+    """Drift per kind of tensor (or per layer) and pair at one checkpoint, median over seeds."""
+    step = int(ds["step"][-1]) if step is None else step
+    return ds[f"{by}_{metric}"].sel(step=step).median("seed").to_pandas()
+
+
+def correlation_table(ds: xr.Dataset, metric: str = "rel_l2"):
+    """Within-step and pooled Spearman correlations of per-layer drift with each statistic."""
+    import pandas as pd
+
+    return pd.concat({"across layers, within (seed, step)": ds["corr_layer_rank"].sel(corr_metric=metric).to_pandas(),
+                      "pooled over seeds, steps, layers": ds["corr_pooled"].sel(corr_metric=metric).to_pandas()},
+                     axis=1)
+
+
+# -- figures --------------------------------------------------------------------------------------
+
+PAIR_STYLE = {"repeat": ("#7f8c8d", ":"), "flash": ("#c0392b", "-"), "flash_fp32": ("#f1948a", "--"),
+              "init_seed": ("#000000", "-"), "init_perturbation": ("#7d3c98", "--"),
+              "bf16_training": ("#2874a6", "-"), "fp16_training": ("#1e8449", "-")}
+METRIC_LABEL = {"wasserstein": "Wasserstein-1 of weight values", "wasserstein_rel": "W1 / RMS weight",
+                "max_abs": "max |w_a - w_b|", "rel_l2": "||w_b - w_a|| / ||w_a||"}
+
+
+def save_and_show(fig, output_dir, name: str):
+    """Save ``fig`` with ``plots.save_figure``, close it, and return the written PNG for display."""
+    import matplotlib.pyplot as plt
+    from IPython.display import Image
+
+    from ..plots import save_figure
+
+    path = save_figure(fig, output_dir, name)
+    plt.close(fig)
+    return Image(filename=str(path))
+
+
+def _log_y(ax) -> None:
+    """Log y axis with major ticks only: minor ticks over many decades make saving slow."""
+    import matplotlib.ticker as mticker
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(mticker.LogLocator(numticks=8))
+    ax.yaxis.set_minor_locator(mticker.NullLocator())
+
+
+def _band(ax, x, values, pair, label=None):
+    """Median over seeds (last axis) with a min-max band, in the pair's style; zeros are not drawn."""
+    color, style = PAIR_STYLE.get(pair, ("grey", "-"))
+    values = np.where(values > 0, values, np.nan)
+    with np.errstate(all="ignore"):
+        ax.plot(x, np.nanmedian(values, -1), style, color=color, marker="o", ms=3, lw=1.2, label=label or pair)
+        ax.fill_between(x, np.nanmin(values, -1), np.nanmax(values, -1), color=color, alpha=0.15, lw=0)
+
+
+def plot_drift_over_training(ds: xr.Dataset, metrics=("wasserstein", "max_abs", "rel_l2")):
+    """Model-level drift of every pair over training (Golden et al.'s Fig 7), one panel per metric:
+    median over seeds, band from the smallest to the largest seed. Zero drift is not drawn."""
+    from ..plots import subplots
+
+    import warnings
+
+    fig, axes = subplots(1, len(metrics), figsize=(4.6 * len(metrics) + 1.6, 3.8))
+    x = ds["step"].values
+    for ax, metric in zip(axes[0], metrics):
+        for pair in ds["pair"].values:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                _band(ax, x, ds[f"model_{metric}"].sel(pair=pair).transpose("step", "seed").values, str(pair))
+        _log_y(ax)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(METRIC_LABEL[metric])
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_drift_rates(ds: xr.Dataset, metric: str = "wasserstein"):
+    """Left: rate of change of model-level drift per step since the previous checkpoint (Golden et
+    al.'s Fig 8; negative rates are not drawn on the log axis). Right: its relative growth rate
+    d log(drift) / d step (a chaos baseline grows at a steady positive rate)."""
+    from ..plots import subplots
+
+    import warnings
+
+    fig, axes = subplots(1, 2, figsize=(11.5, 3.8))
+    x = ds["step"].values
+    da = ds[f"model_{metric}"]
+    with np.errstate(all="ignore"):
+        growth = np.log(da.where(da > 0)).diff("step", label="upper") / ds["step"].astype(float).diff(
+            "step", label="upper")
+    for pair in ds["pair"].values:
+        if str(pair) == "repeat":
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _band(axes[0][0], x, ds[f"model_{metric}_rate"].sel(pair=pair).transpose("step", "seed").values,
+                  str(pair))
+        color, style = PAIR_STYLE.get(str(pair), ("grey", "-"))
+        g = growth.sel(pair=pair).median("seed")
+        axes[0][1].plot(g["step"].values, g.values, style, color=color, marker="o", ms=3, lw=1.2, label=str(pair))
+    _log_y(axes[0][0])
+    axes[0][0].set_ylabel(f"d({metric}) / d step")
+    axes[0][1].axhline(0.0, color="grey", lw=0.8, ls=":")
+    axes[0][1].set_ylabel(f"d log({metric}) / d step (median over seeds)")
+    for ax in axes[0]:
+        ax.set_xlabel("optimizer step")
+    axes[0][1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_drift_ratios(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE):
+    """Top: low-precision training drift over flash drift, per metric, geometric mean over seeds with
+    its confidence interval; Golden et al.'s 2-5x shaded. Bottom: flash drift over the noise floor
+    (different seeds) and over the chaos baseline; above 1 means above that baseline."""
+    from ..plots import subplots
+
+    metrics = list(ds["metric"].values)
+    fig, axes = subplots(2, len(metrics), figsize=(4.6 * len(metrics) + 2.2, 7.0), sharex=True)
+    x = ds["step"].values
+    conf = ds["drift_ratio_low"].attrs.get("confidence", ds.attrs.get("confidence", 0.95))
+    for col, metric in enumerate(metrics):
+        for comp in ds["comparison"].values:
+            num = str(ds["comparison_numerator"].sel(comparison=comp).values)
+            den = str(ds["comparison_denominator"].sel(comparison=comp).values)
+            row = 0 if num in LOW_PRECISION_PAIRS else 1
+            if row == 0 and den != "flash":
+                continue  # over the fp32 kernel's drift the ratios are off this scale; see the table
+            ax = axes[row][col]
+            color, _ = PAIR_STYLE.get(num if row == 0 else den, ("grey", "-"))
+            style = "-" if den == "flash" or (row == 1 and num == "flash") else "--"
+            sel = dict(comparison=comp, metric=metric)
+            ax.plot(x, ds["drift_ratio"].sel(**sel).values, style, color=color, marker="o", ms=3, lw=1.2,
+                    label=str(comp))
+            ax.fill_between(x, ds["drift_ratio_low"].sel(**sel).values, ds["drift_ratio_high"].sel(**sel).values,
+                            color=color, alpha=0.12, lw=0)
+        axes[0][col].axhspan(*claim, color="#f4d03f", alpha=0.25, lw=0, label=f"Golden et al. {claim[0]:g}-{claim[1]:g}x")
+        for row in (0, 1):
+            axes[row][col].axhline(1.0, color="grey", lw=0.8, ls=":")
+            _log_y(axes[row][col])
+        low, high = axes[0][col].get_ylim()
+        low, high = min(low, 0.5), max(high, 1.5 * claim[1])  # the claimed band in full
+        axes[0][col].set_ylim(low, high)
+        ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low <= t <= high]
+        axes[0][col].set_yticks(ticks, [f"{t:g}" for t in ticks])
+        axes[0][col].set_title(METRIC_LABEL[metric])
+        axes[1][col].set_xlabel("optimizer step")
+    axes[0][0].set_ylabel(f"low precision / flash ({conf:.0%} interval)")
+    axes[1][0].set_ylabel("flash / baseline pair")
+    for row in (0, 1):
+        axes[row][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_drift_by_group(ds: xr.Dataset, metric: str = "wasserstein_rel", step: int | None = None):
+    """Heatmaps at one checkpoint (default the last), median over seeds: drift per kind of tensor
+    and per transformer block, one row per pair (log colour scale; blank: exactly zero)."""
+    import matplotlib.colors as mcolors
+
+    from ..plots import subplots
+
+    step = int(ds["step"][-1]) if step is None else step
+    kind = group_table(ds, "kind", metric, step)
+    layer = group_table(ds, "layer", metric, step)
+    values = np.concatenate([kind.values.ravel(), layer.values.ravel()])
+    positive = values[np.isfinite(values) & (values > 0)]
+    norm = mcolors.LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size else None
+    fig, axes = subplots(1, 2, figsize=(12, 0.45 * len(kind) + 1.8),
+                         gridspec_kw={"width_ratios": [kind.shape[1], max(2, layer.shape[1])]})
+    for ax, table, title in ((axes[0][0], kind, "per kind of tensor"), (axes[0][1], layer, "per transformer block")):
+        shown = np.where(table.values > 0, table.values, np.nan)
+        image = ax.imshow(shown, norm=norm, cmap="viridis", aspect="auto")
+        for (i, j), value in np.ndenumerate(shown):
+            if np.isfinite(value):
+                light = norm is not None and norm(value) > 0.6
+                ax.text(j, i, f"{value:.1e}", ha="center", va="center", fontsize="x-small",
+                        color="black" if light else "white")
+        ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
+        ax.set_yticks(range(table.shape[0]), [str(r) for r in table.index])
+        ax.set_xlabel(table.columns.name)
+        ax.grid(False)
+        ax.set_title(f"{METRIC_LABEL.get(metric, metric)} {title}, step {step}", fontsize="small")
+    fig.colorbar(image, ax=axes[0][1])
+    return fig
+
+
+def plot_drift_vs_attention(ds: xr.Dataset, pairs=("flash", "init_perturbation"), statistics=("max_logit", "entropy"),
+                            metric: str = "rel_l2"):
+    """Per-layer drift of a pair against the attention statistic its reference run recorded at the
+    same step: one panel per (pair, statistic), colour = layer, later steps darker."""
+    from ..plots import subplots
+
+    pairs = [p for p in pairs if p in ds["pair"].values]
+    fig, axes = subplots(len(pairs), len(statistics), figsize=(4.4 * len(statistics) + 1.4, 3.4 * len(pairs)))
+    palette = ["#c0392b", "#2874a6", "#1e8449", "#7d3c98", "#d35400", "#17a589"]
+    later = ds["step"].values > 0
+    alpha = np.linspace(0.25, 1.0, int(later.sum()))
+    for i, pair in enumerate(pairs):
+        run = str(ds["pair_run_a"].sel(pair=pair).values)
+        drift_layer = ds[f"layer_{metric}"].sel(pair=pair).isel(step=later)
+        for j, stat in enumerate(statistics):
+            ax = axes[i][j]
+            stat_layer = layer_statistic(ds, run, stat).isel(step=later)
+            for layer in ds["layer"].values:
+                for seed in ds["seed"].values:
+                    x = stat_layer.sel(layer=layer, seed=seed).values
+                    y = drift_layer.sel(layer=layer, seed=seed).values
+                    ax.scatter(x, np.where(y > 0, y, np.nan), s=12, color=palette[int(layer) % len(palette)],
+                               alpha=alpha, label=f"layer {layer}" if seed == ds["seed"].values[0] else None)
+            rho = float(ds["corr_layer_rank"].sel(pair=pair, statistic=stat, corr_metric=metric))
+            ax.set_title(f"{pair}: rank corr. across layers {rho:+.2f}", fontsize="small")
+            ax.set_xlabel(f"{stat} of run {run}")
+            _log_y(ax)
+            ax.set_ylabel(f"per-layer {METRIC_LABEL.get(metric, metric)}")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_training_loss(ds: xr.Dataset):
+    """Training loss of every run (median over seeds): the pairs' runs learn alike."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 1, figsize=(7.5, 3.6))
+    ax = axes[0][0]
+    x = ds["train_step"].values
+    for run in ds["run"].values:
+        loss = ds["train_loss"].sel(run=run).median("seed")
+        ax.plot(x, loss.values, lw=1, label=f"{run} ({ds['run_attention'].sel(run=run).values}, "
+                                            f"autocast {ds['run_autocast'].sel(run=run).values})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (nat)")
+    ax.legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig

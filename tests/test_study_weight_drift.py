@@ -1,0 +1,150 @@
+"""Study 03 end to end: the smoke tier through the runner; and the study's helpers on small inputs."""
+import json
+import math
+
+import numpy as np
+import pytest
+import xarray as xr
+from scipy import stats as sps
+
+from attnum import drift, ncio, runner
+from attnum.model import GPT, GPTConfig
+from attnum.studies import weight_drift as study
+from attnum.tasks import Task
+
+STUDY = "wasserstein_weight_drift"
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    outputs = tmp_path_factory.mktemp("outputs")
+    return runner.run(STUDY, "smoke", outputs=outputs, progress=False)
+
+
+@pytest.mark.slow
+def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
+    path = smoke_run
+    assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
+    assert {"drift_over_training.png", "training_loss.png", "drift_rates.png", "drift_ratios.png",
+            "drift_by_group.png", "drift_vs_attention.png"} <= {p.name for p in path.glob("*.png")}
+    ds = ncio.open_results(path / "results.nc")
+    params = runner.load_param_set(STUDY, "smoke")
+    for metric in ("wasserstein", "max_abs", "rel_l2"):
+        assert ds[metric].dims == ("pair", "seed", "step", "tensor")
+        assert ds[f"kind_{metric}"].dims == ("pair", "seed", "step", "kind")
+        assert ds[f"layer_{metric}"].dims == ("pair", "seed", "step", "layer")
+        assert ds[f"model_{metric}"].dims == ("pair", "seed", "step")
+    assert ds["pair"].values.tolist() == params["pairs"]
+    assert ds["seed"].values.tolist() == params["seeds"]
+    assert ds["step"].values.tolist() == list(range(0, params["steps"] + 1, params["checkpoint_every"]))
+    task = Task(params["task"], context=params["context"], n_symbols=params["n_symbols"])
+    model = GPT(GPTConfig(vocab_size=task.vocab_size, context=params["context"], n_layer=params["n_layer"],
+                          n_head=params["n_head"], d_model=params["d_model"]))
+    state = model.state_dict()
+    assert ds["tensor"].values.tolist() == list(state)
+    assert ds["tensor_numel"].values.tolist() == [t.numel() for t in state.values()]
+    assert set(ds["tensor_kind"].values) == set(drift.KINDS) == set(ds["kind"].values)
+    assert ds["layer"].values.tolist() == list(range(params["n_layer"]))
+    assert ds["train_loss"].dims == ("run", "seed", "train_step")
+    assert ds["train_max_logit"].dims == ("run", "seed", "train_step", "layer")
+    assert len(ds["run"]) == 9  # shared runs trained once per seed
+    assert ds["drift_ratio"].dims == ("comparison", "metric", "step")
+    assert {"bf16_training/flash", "fp16_training/flash", "flash/init_seed"} <= set(ds["comparison"].values)
+    assert ds.attrs["headline_figure"] == "drift_over_training.png" and ds.attrs["study"] == STUDY
+    for name, var in ds.data_vars.items():
+        assert var.attrs.get("units") and var.attrs.get("long_name"), name
+    # what must hold on any tier
+    for metric in ("wasserstein", "max_abs", "rel_l2"):
+        assert (ds[metric].sel(pair="repeat") == 0).all()  # same configuration: bitwise the same weights
+        start = ds[metric].sel(step=0).drop_sel(pair=["init_seed", "init_perturbation"])
+        assert (start == 0).all()  # every other pair starts from the same weights
+        last = ds[f"model_{metric}"].isel(step=-1).drop_sel(pair="repeat")
+        assert (last > 0).all()
+    assert 0 < float(ds["max_abs"].sel(pair="init_perturbation", step=0).max()) < 1e-5
+    low, mid, high = (ds[name].values for name in ("drift_ratio_low", "drift_ratio", "drift_ratio_high"))
+    ok = np.isfinite(low)
+    assert ok.any() and np.isnan(mid[..., 0]).all()  # step 0: the flash pairs have not drifted, no ratio is defined
+    assert (low[ok] <= mid[ok] * (1 + 1e-12)).all() and (mid[ok] <= high[ok] * (1 + 1e-12)).all()
+
+
+# -- helpers --------------------------------------------------------------------------------------
+
+def test_runs_are_shared_between_pairs():
+    assert len(study.runs_needed(list(study.PAIRS))) == 9
+    assert study.runs_needed(["flash"]) == ["reference_fa2_bf16", "flash_fa2_bf16"]
+    assert study.runs_needed(["init_seed", "bf16_training", "repeat"]) == [
+        "reference_fp32", "reference_fp32_other_seed", "bf16_training", "reference_fp32_repeat"]
+    specs = study.run_specs()
+    assert set(study.runs_needed(list(study.PAIRS))) <= set(specs)
+    assert specs["reference_fp32_repeat"] != specs["reference_fp32"]  # trained again, not reused
+    assert specs["fp16_training"].autocast == "fp16" and specs["reference_fp32_perturbed"].perturbation == 1e-6
+    with pytest.raises(ValueError, match="unknown pair"):
+        study.runs_needed(["flash", "fp8_training"])
+
+
+def test_ratio_interval_is_a_t_interval_on_log_ratios():
+    centre, low, high = study.ratio_interval([2.0, 8.0], confidence=0.95)
+    assert centre == pytest.approx(4.0)
+    half = sps.t.ppf(0.975, 1) * np.std(np.log([2.0, 8.0]), ddof=1) / math.sqrt(2)
+    assert low == pytest.approx(4.0 * math.exp(-half)) and high == pytest.approx(4.0 * math.exp(half))
+    assert study.ratio_interval([3.0, 3.0, 3.0]) == pytest.approx((3.0, 3.0, 3.0))
+    centre, low, high = study.ratio_interval([5.0, np.nan, 0.0])  # one usable ratio: no interval
+    assert centre == pytest.approx(5.0) and math.isnan(low) and math.isnan(high)
+    assert all(math.isnan(v) for v in study.ratio_interval([np.nan, np.nan]))
+
+
+def _ratios(per_seed, steps=(0, 10, 20, 30)):
+    """A drift_ratios-like dataset for one comparison and metric from per-seed ratios (seed, step)."""
+    per_seed = np.asarray(per_seed, dtype=float)
+    summary = np.array([study.ratio_interval(per_seed[:, j]) for j in range(per_seed.shape[1])]).T
+    coords = {"comparison": ["flash/init_seed"], "metric": ["wasserstein"], "step": list(steps),
+              "seed": list(range(per_seed.shape[0]))}
+    dims = ("comparison", "metric", "step")
+    return xr.Dataset({"drift_ratio": (dims, summary[None, None, 0]), "drift_ratio_low": (dims, summary[None, None, 1]),
+                       "drift_ratio_high": (dims, summary[None, None, 2]),
+                       "drift_ratio_per_seed": (("comparison", "metric", "seed", "step"), per_seed[None, None])},
+                      coords=coords)
+
+
+def test_first_step_above_needs_the_ratio_to_stay_above_one():
+    ds = _ratios([[np.nan, 0.5, 2.0, 3.0], [np.nan, 0.6, 2.2, 3.3], [np.nan, 0.4, 1.9, 2.8]])
+    assert study.first_step_above(ds, "flash/init_seed", rule="all_seeds") == 20
+    assert study.first_step_above(ds, "flash/init_seed", rule="ci") == 20
+    ds = _ratios([[np.nan, 2.0, 0.5, 3.0], [np.nan, 2.0, 0.5, 3.0], [np.nan, 2.0, 0.5, 3.0]])
+    assert study.first_step_above(ds, "flash/init_seed", rule="all_seeds") == 30  # dipped below at 20
+    ds = _ratios([[np.nan, 2.0, 3.0, 0.9], [np.nan, 2.0, 3.0, 3.0], [np.nan, 2.0, 3.0, 3.0]])
+    assert math.isnan(study.first_step_above(ds, "flash/init_seed", rule="all_seeds"))
+    with pytest.raises(ValueError, match="rule"):
+        study.first_step_above(ds, "flash/init_seed", rule="median")
+
+
+def test_verdict_places_an_interval_against_the_claim():
+    assert study.verdict(2.5, 4.0).startswith("inside")
+    assert study.verdict(1.0, 3.0).startswith("overlaps")
+    assert study.verdict(0.5, 1.5).startswith("below")
+    assert study.verdict(6.0, 9.0).startswith("above")
+    assert study.verdict(math.nan, math.nan).startswith("undetermined")
+
+
+def test_drift_rate_and_rank_correlation():
+    da = xr.DataArray([0.0, 1.0, 4.0, 3.0], coords={"step": [0, 10, 20, 40]}, dims="step")
+    rate = study.drift_rate(da)
+    assert np.isnan(rate.values[0]) and rate.values[1:].tolist() == pytest.approx([0.1, 0.3, -0.05])
+    assert study._spearman([1.0, 2.0], [5.0, 3.0]) == pytest.approx(-1.0)  # two layers: sign agreement
+    assert study._spearman([1.0, 2.0, 3.0, 4.0], [1.0, 4.0, 9.0, 16.0]) == pytest.approx(1.0)
+    assert math.isnan(study._spearman([1.0, 1.0], [2.0, 3.0]))
+
+
+def test_drift_ratios_pair_seeds_and_skip_zero_denominators():
+    steps, seeds = [0, 10], [0, 1]
+    values = {"flash": [[0.0, 1.0], [0.0, 2.0]], "bf16_training": [[0.0, 4.0], [0.0, 2.0]],
+              "init_seed": [[1.0, 4.0], [1.0, 8.0]]}
+    ds = xr.Dataset(coords={"pair": list(values), "seed": seeds, "step": steps})
+    for metric in study.METRICS:
+        ds[f"model_{metric}"] = (("pair", "seed", "step"), np.array(list(values.values())))
+    out = study.drift_ratios(ds)
+    assert out["comparison"].values.tolist() == ["bf16_training/flash", "flash/init_seed"]
+    per_seed = out["drift_ratio_per_seed"].sel(comparison="bf16_training/flash", metric="wasserstein")
+    assert np.isnan(per_seed.sel(step=0)).all() and per_seed.sel(step=10).values.tolist() == [4.0, 1.0]
+    assert float(out["drift_ratio"].sel(comparison="bf16_training/flash", metric="rel_l2", step=10)) == pytest.approx(2.0)
+    assert float(out["drift_ratio"].sel(comparison="flash/init_seed", metric="max_abs", step=10)) == pytest.approx(0.25)
