@@ -50,10 +50,10 @@ clean:
 	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
 	find outputs -maxdepth 2 -name '.*.running-*' -type d -prune -exec rm -rf {} + 2>/dev/null || true
 
-# Deletes every study result: only when asked explicitly.
+# Deletes every study result not tracked by git: only when asked explicitly.
 clean-results:
 	@test "$(CONFIRM)" = yes || { echo "refusing: run 'make clean-results CONFIRM=yes' to delete outputs/*"; exit 2; }
-	find outputs -mindepth 1 -maxdepth 1 ! -name README.md -exec rm -rf {} +
+	git clean -fdqX -- outputs/
 
 distclean: clean
 	rm -rf $(VENV)
