@@ -107,3 +107,10 @@ def test_describe_fills_cf_attributes_and_names_what_it_cannot():
     assert ds["a"].attrs == {"units": "1", "long_name": "first"} and ds["b"].attrs["long_name"] == "kept"
     with pytest.raises(KeyError, match=r"\['c'\]"):
         ncio.describe(xr.Dataset({"c": ("x", [0.0])}), {"a": ("1", "first")})
+
+
+def test_commit_can_be_given_where_there_is_no_git_history(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNUM_GIT_COMMIT", "0123456789abcdef0123456789abcdef01234567")
+    monkeypatch.setenv("ATTNUM_GIT_DIRTY", "false")
+    back = ncio.open_results(ncio.write_results(_dataset(), tmp_path / "r.nc", study="s", params={}))
+    assert back.attrs["git_commit"].startswith("0123456789") and back.attrs["git_dirty"] == "false"

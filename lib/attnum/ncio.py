@@ -32,7 +32,14 @@ PACKAGES = ("attnum", "torch", "numpy", "scipy", "xarray", "netCDF4", "pandas", 
 
 
 def git_state(root: Path | None = None) -> dict[str, str]:
-    """Commit hash and dirty flag of the project checkout ("unknown" outside git)."""
+    """Commit hash and dirty flag of the project checkout ("unknown" outside git).
+
+    ``$ATTNUM_GIT_COMMIT`` (and ``$ATTNUM_GIT_DIRTY``) stand in where the code runs
+    from a copy of the tree without its git history, e.g. on a lent GPU machine.
+    """
+    if os.environ.get("ATTNUM_GIT_COMMIT"):
+        return {"git_commit": os.environ["ATTNUM_GIT_COMMIT"],
+                "git_dirty": os.environ.get("ATTNUM_GIT_DIRTY", "unknown")}
     try:
         root = root or project_root()
     except RuntimeError:
