@@ -58,6 +58,7 @@ import math
 
 import torch
 
+from .flash import key_blocks
 from .precision import LOG2E, PrecisionPolicy, get_policy
 from .reference import _check_qkv, default_scale
 
@@ -90,14 +91,7 @@ def _key_block_tiles(q, k, v, grad_out, lse, delta, bias, pol: PrecisionPolicy, 
     the ``ds`` rounding."""
     n_q, n_k = q.shape[-2], k.shape[-2]
     offset = n_k - n_q
-    for k_start in range(0, n_k, block_k):
-        k_stop = min(k_start + block_k, n_k)
-        row0 = 0
-        if causal:
-            first_row = k_start - offset
-            if first_row >= n_q:
-                break
-            row0 = max(0, first_row) // block_q * block_q
+    for _, k_start, k_stop, row0 in key_blocks(n_q, n_k, block_q, block_k, causal, offset):
         rows, keys = slice(row0, n_q), slice(k_start, k_stop)
         q_blk, k_blk, v_blk = q[..., rows, :], k[..., keys, :], v[..., keys, :]
         do_blk = grad_out[..., rows, :]

@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from .flash import _exponent_base_e, _rescale
+from .flash import _exponent_base_e, _rescale, key_blocks
 from .precision import PrecisionPolicy, get_policy
 from .reference import _check_qkv, default_scale
 
@@ -82,14 +82,7 @@ def stable_flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", 
     l = torch.zeros(stat_shape, dtype=carrier, device=q.device)
     acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=carrier, device=q.device)
 
-    for k_start in range(0, n_k, block_k):
-        k_stop = min(k_start + block_k, n_k)
-        row0 = 0
-        if causal:
-            first_row = k_start - offset
-            if first_row >= n_q:
-                break
-            row0 = max(0, first_row) // block_q * block_q
+    for _, k_start, k_stop, row0 in key_blocks(n_q, n_k, block_q, block_k, causal, offset):
         rows = slice(row0, n_q)
         q_blk, k_blk, v_blk = q[..., rows, :], k[..., k_start:k_stop, :], v[..., k_start:k_stop, :]
 

@@ -80,6 +80,24 @@ class KernelHooks:
 NO_FAULT = KernelHooks()
 
 
+def key_blocks(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool, offset: int):
+    """The kernel's loop over key blocks: ``(block, k_start, k_stop, row0)`` for each.
+
+    ``row0`` is the first row of the first query block that reaches the key
+    block; under a causal mask, (query block, key block) tiles that lie wholly
+    above the diagonal are skipped, as the kernels do, and the loop ends once no
+    query row reaches the keys. Query i sees keys <= i + ``offset``.
+    """
+    for block, k_start in enumerate(range(0, n_k, block_k)):
+        row0 = 0
+        if causal:
+            first_row = k_start - offset
+            if first_row >= n_q:
+                return
+            row0 = max(0, first_row) // block_q * block_q
+        yield block, k_start, min(k_start + block_k, n_k), row0
+
+
 def _parse_mask_fill(mask_fill) -> float:
     if isinstance(mask_fill, str):
         if mask_fill not in ("-inf", "finfo_min"):
@@ -152,15 +170,8 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
     l = torch.zeros(stat_shape, dtype=carrier, device=q.device)
     acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=carrier, device=q.device)
 
-    for block, k_start in enumerate(range(0, n_read, block_k)):
-        k_stop = min(k_start + block_k, n_read)
-        # -- which query rows reach this key block (causal: skip whole tiles) --
-        row0 = 0
-        if causal:
-            first_row = k_start - offset
-            if first_row >= n_q:
-                break
-            row0 = max(0, first_row) // block_q * block_q
+    # -- which query rows reach each key block (causal: skip whole tiles) --
+    for block, k_start, k_stop, row0 in key_blocks(n_q, n_read, block_q, block_k, causal, offset):
         rows = slice(row0, n_q)
         q_blk, k_blk, v_blk = q[..., rows, :], k[..., k_start:k_stop, :], v[..., k_start:k_stop, :]
 
