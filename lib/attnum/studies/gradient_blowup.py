@@ -38,6 +38,7 @@ from ..flash import flash_attention
 from ..inputs import generator, normal_qkv
 from ..metrics import row_rel_l2
 from ..model import GPTConfig, add_key_offset
+from ..ncio import describe
 from ..precision import get_policy, round_to
 from ..reference import golden_attention
 from ..tasks import Task
@@ -91,20 +92,10 @@ def with_attrs(ds: xr.Dataset) -> xr.Dataset:
     from ..diagnostics import ATTRS as DIAG_ATTRS
     from ..training import ATTRS as TRAIN_ATTRS
 
-    for name in ds.data_vars:
-        if {"units", "long_name"} <= set(ds[name].attrs):
-            continue
-        if name in ATTRS:
-            units, long_name = ATTRS[name]
-        elif name.startswith("diag_") and name[5:] in DIAG_ATTRS:
-            units, long_name = DIAG_ATTRS[name[5:]]
-        elif name.startswith("live_") and name[5:] in DIAG_ATTRS:
-            units, long_name = DIAG_ATTRS[name[5:]]
-            long_name += " (training batch, during training)"
-        else:
-            units, long_name = TRAIN_ATTRS[name.removeprefix("train_")]
-        ds[name].attrs.update(units=units, long_name=long_name)
-    return ds
+    diag = {f"diag_{k}": v for k, v in DIAG_ATTRS.items()}
+    live = {f"live_{k}": (u, f"{name} (training batch, during training)") for k, (u, name) in DIAG_ATTRS.items()}
+    train = {f"train_{k}": v for k, v in TRAIN_ATTRS.items()}
+    return describe(ds, ATTRS, diag, live, train, TRAIN_ATTRS)
 
 
 def variant_impl(name: str, block_q: int, block_k: int) -> AttentionImpl:
