@@ -1,0 +1,522 @@
+"""Our own FlashAttention-2 kernel in Triton: forward, backward, and GProj as a compile-time switch.
+
+Forward: Dao, "FlashAttention-2" (2023), Alg. 1 -- query-block outer, a loop over key blocks
+inside, online softmax with a running row max ``m`` (raw-score units) and row sum ``l``, the
+unnormalised output accumulator kept in registers, one normalisation at the end. Backward: the
+same paper's Alg. 2 -- recompute P from the stored log-sum-exp, ``dV = P^T dO``,
+``dS = P * (dP - D)``, ``dQ = dS K``, ``dK = dS^T Q``. GProj is seed 004's fix for cause 2
+(``/work/shared/research/papers.md`` section 4): after dS is rounded to the input format its rows
+no longer sum to zero, and the residual ``r_i = sum_j dS~_ij`` multiplies the mean key in dQ.
+
+Numerics (the ``fa2_bf16`` / ``fa2_fp16`` policies of ``attnum.precision``, matched stage by stage
+to the emulators ``attnum...flash.flash_attention(loop_order="q_outer", fused_scale_max=False)``
+and ``attnum...backward.flash_attention_backward``):
+
+* forward: q, k, v in the input format; ``s = q k^T`` accumulated in fp32; the running max in
+  raw-score units; ``p = exp((s - m) * scale)`` -- the max subtracted first, then scaled, so the
+  maximum gives exp(0) = 1 exactly (seed 004, cause 1 does not arise); ``l`` summed in fp32 from p
+  *before* rounding; ``acc = alpha * acc + round(p) @ v`` with an fp32 accumulator; the output
+  ``acc / l`` rounded once to the input format; ``lse = m * scale + log(l)`` stored in fp32.
+* backward: dO in the input format; ``D = rowsum(dO * O)`` in fp32 from the stored, rounded O;
+  ``P = exp(s * scale - lse)``; dP, dS in fp32; dS and P rounded to the input format before the
+  tensor-core matmuls; dQ, dK, dV accumulated in fp32 and stored in the input format.
+
+Where the GPU kernel departs from the emulator at the fp32 level only (far below the unit
+roundoff of bf16/fp16, but it can flip a rounding of P or dS that sits on a boundary):
+``tl.exp`` is lowered on NVIDIA GPUs to ``ex2.approx(x * log2 e)`` (a few fp32 ulp; exp(0) is
+still exactly 1); ptxas may contract ``s * scale - lse`` into one FMA; the P V product is
+accumulated into the rescaled accumulator by the MMA (``tl.dot(p, v, acc)``) instead of being
+formed first and then added; and fp32 sums run in the hardware's order. In the CPU interpreter
+``tl.exp`` is numpy's fp32 exp.
+
+Causal masking is top-left aligned and needs ``n_q == n_k`` (query i sees keys j <= i); the
+module raises otherwise (q, k, v must have the same sequence length in every case). With
+``n_q == n_k`` no row is fully masked. Sequence lengths need not be multiples of the block sizes
+(masked loads and stores); head dims 16, 32, 64, 128 (any size up to 256 works, padded to the
+next power of two).
+
+Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
+
+1. ``_bwd_dq_kernel``: query-block outer, loop over key blocks; recomputes S, P, dP, dS and
+   accumulates ``dQ += dS~ K_j`` in registers. Three matmuls per tile (Q K^T, dO V^T, dS~ K).
+2. ``_bwd_dkdv_kernel``: key-block outer, loop over query blocks; recomputes S^T, P^T, dP^T,
+   dS^T and accumulates ``dV += P~^T dO``, ``dK += dS~^T Q``. Four matmuls per tile.
+
+Recomputing S and dP in both kernels costs 7 tile matmuls where a single key-outer kernel with
+atomic fp32 adds into dQ costs 5 (+40% backward matmul FLOPs), in exchange for a deterministic
+dQ with no atomics and no fp32 dQ scratch buffer; the Triton tutorial's fused-attention backward
+makes the same trade. The dQ kernel runs first so that GProj's ``r`` is ready for dK.
+
+GProj (``gproj``, a ``tl.constexpr``; seed 004):
+
+* ``"off"``: the algorithm above.
+* ``"dq"``: in the dQ kernel, ``r_i = sum_j dS~_ij`` (fp32 sum of the rounded values) and
+  ``(P~ K)_i`` are accumulated beside dQ over all key blocks, and once the loop ends
+  ``dQ_i -= r_i (P~ K)_i`` (then the common ``* scale``). Cost: one extra matmul per dQ tile
+  (P~ K_j; 4 instead of 3, so 8 instead of 7 in the whole backward) and a second BLOCK_M x d
+  fp32 accumulator in registers; no extra pass, no extra memory traffic.
+* ``"dq_dk"``: ``"dq"``, plus the dQ kernel writes r (fp32, one value per query row) to memory,
+  and the dK/dV kernel, which runs after it, reads ``r_i`` with each query block and feeds
+  ``dS~ - round(r_i P~_ij)`` to dK's fp32 accumulator as two operands: ``dK += dS~^T Q`` and
+  ``dK -= round(r P~)^T Q`` (the correction is rounded like P~, the difference is never rounded,
+  as in the emulator). Cost: one more matmul per dK/dV tile (5 instead of 4; 9 of 7 in all),
+  4 bytes per query row written and re-read per key block. The extra *pass* the emulator needs
+  for r is free here because the separate dQ kernel already is that pass.
+
+``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
+upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32
+dot is silently rounded to TF32: what "FP32 attention backward" costs in the same kernel (the
+fp32 dots leave the tensor cores). Every ``tl.dot`` of this module passes
+``input_precision="ieee"``; for fp16/bf16 operands it changes nothing.
+
+Block sizes (``BlockConfig``): autotune-free constants for the H200 (Hopper, 228 KiB shared
+memory per SM, 64K registers): forward BLOCK_M = 128 query rows by BLOCK_N = 64 keys; the dQ
+kernel 128 query rows by 64 keys; the dK/dV kernel 128 keys by 64 query rows; 4 warps for
+d <= 64 and 8 for d = 128 (two fp32 128 x 128 accumulators need 8 warps to stay in registers);
+``num_stages`` 3 forward and 2 backward. The fp32 backward halves the backward tiles (fp32
+operands take twice the shared memory). Tests pass small blocks through ``config=``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import torch
+
+try:  # never fail at import: CI has no GPU and perhaps no triton
+    import triton
+    import triton.language as tl
+except Exception as exc:  # pragma: no cover - depends on the machine
+    triton = None
+    tl = None
+    _IMPORT_ERROR: Exception | None = exc
+else:
+    _IMPORT_ERROR = None
+
+GPROJ_MODES = ("off", "dq", "dq_dk")
+_GPROJ_CODE = {"off": 0, "dq": 1, "dq_dk": 2}
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockConfig:
+    """Tile sizes and launch parameters. ``fwd_m``/``fwd_n``: forward query rows / keys per tile;
+    ``dq_m``/``dq_n``: the dQ kernel's; ``kv_n``/``kv_m``: the dK/dV kernel's (keys outer)."""
+    fwd_m: int = 128
+    fwd_n: int = 64
+    dq_m: int = 128
+    dq_n: int = 64
+    kv_n: int = 128
+    kv_m: int = 64
+    num_warps: int = 4
+    fwd_stages: int = 3
+    bwd_stages: int = 2
+
+    def __post_init__(self):
+        for name in ("fwd_m", "fwd_n", "dq_m", "dq_n", "kv_n", "kv_m"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
+
+
+def default_config(head_dim: int, fp32_backward: bool = False) -> BlockConfig:
+    """The H200 choice (see the module docstring): no autotuning, so runs are reproducible."""
+    warps = 4 if head_dim <= 64 else 8
+    if fp32_backward:
+        return BlockConfig(dq_m=64, dq_n=32, kv_n=64, kv_m=32, num_warps=warps, bwd_stages=1)
+    return BlockConfig(num_warps=warps)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def unavailable_reason(device=None) -> str | None:
+    """None when the kernels can run on ``device`` (default: CUDA if present, else the CPU
+    interpreter); otherwise one sentence saying why not."""
+    if triton is None:
+        return f"triton is not importable ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR})"
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        if _interpreting():
+            return ("TRITON_INTERPRET is set: the kernels were built for the CPU interpreter, "
+                    "which takes CPU tensors")
+        if not torch.cuda.is_available():
+            return "no CUDA device is visible to torch"
+        major, _ = torch.cuda.get_device_capability(device)
+        if major < 8:
+            return f"the kernel needs compute capability >= 8.0 (bf16 tensor cores), got {major}.x"
+        return None
+    if device.type == "cpu":
+        if not _interpreting():
+            return ("no CUDA device, and TRITON_INTERPRET=1 was not set before triton was imported "
+                    "(the CPU interpreter is the only way to run Triton kernels without a GPU)")
+        if not _KERNELS_INTERPRETED:
+            return ("TRITON_INTERPRET=1 is set but this module was imported before it was: "
+                    "the kernels were compiled for the GPU")
+        return None
+    return f"device type {device.type!r} is not supported (CUDA, or CPU through TRITON_INTERPRET=1)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. Every tensor is contiguous (batch * heads, N, d); a program's ``bh`` picks the head.
+# ---------------------------------------------------------------------------------------------
+if triton is not None:
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, O, LSE, N, D_HEAD, scale,
+                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr):
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        base = bh.to(tl.int64) * N * D_HEAD
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < N
+        d_ok = offs_d < D_HEAD
+        q = tl.load(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+
+        # -- running statistics: row max m (raw-score units), row sum l, accumulator; all fp32 --
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+        # causal: key blocks wholly above the diagonal are skipped
+        hi = N
+        if CAUSAL:
+            hi = tl.minimum(N, start_m + BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < N
+            kv_mask = col_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+
+            # -- compute qk: raw scores, fp32 accumulation --
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            keep = col_ok[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(keep, s, float("-inf"))
+
+            # -- online softmax: new max, then subtract the max first and scale second --
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp((s - m_new[:, None]) * scale)
+            alpha = tl.exp((m_i - m_new) * scale)
+            # -- row sum from p before rounding, in fp32 --
+            l_i = alpha * l_i + tl.sum(p, 1)
+
+            # -- P rounded to the input format, then acc = alpha * acc + P~ V (fp32 accumulator) --
+            acc = acc * alpha[:, None]
+            acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
+            m_i = m_new
+
+        # -- epilogue: normalise once, round the output once, store the natural-log LSE in fp32 --
+        out = acc / l_i[:, None]
+        tl.store(O + base + offs_m[:, None] * D_HEAD + offs_d[None, :], out.to(O.dtype.element_ty),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        lse = m_i * scale + tl.log(l_i)
+        tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=row_ok)
+
+    @triton.jit
+    def _bwd_preprocess_kernel(O, DO, DELTA, N, D_HEAD, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        base = bh.to(tl.int64) * N * D_HEAD
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        mask = (offs_m < N)[:, None] & (offs_d < D_HEAD)[None, :]
+        o = tl.load(O + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=mask, other=0.0)
+        do = tl.load(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=mask, other=0.0)
+        # -- D_i = rowsum(dO * O) in fp32, from the stored (rounded) output --
+        delta = tl.sum(do.to(tl.float32) * o.to(tl.float32), 1)
+        tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
+
+    @triton.jit
+    def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, R, N, D_HEAD, scale,
+                       CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        base = bh.to(tl.int64) * N * D_HEAD
+        row_base = bh.to(tl.int64) * N
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < N
+        d_ok = offs_d < D_HEAD
+        q_mask = row_ok[:, None] & d_ok[None, :]
+        q = tl.load(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
+        do = tl.load(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
+        # padded rows get lse = +inf, so their P is exactly 0
+        lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
+        delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        if GPROJ != 0:
+            # -- GProj: r_i and (P~ K)_i accumulated beside dQ, fp32 --
+            r = tl.zeros([BLOCK_M], dtype=tl.float32)
+            pk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+        hi = N
+        if CAUSAL:
+            hi = tl.minimum(N, start_m + BLOCK_M)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < N
+            kv_mask = col_ok[:, None] & d_ok[None, :]
+            k = tl.load(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+
+            # -- recompute S and P from the stored log-sum-exp --
+            s = tl.dot(q, tl.trans(k), input_precision="ieee")
+            p = tl.exp(s * scale - lse[:, None])
+            keep = col_ok[None, :]
+            if CAUSAL:
+                keep = keep & (offs_n[None, :] <= offs_m[:, None])
+            p = tl.where(keep, p, 0.0)
+
+            # -- dP = dO V^T and dS = P * (dP - D), fp32 --
+            dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            ds = p * (dp - delta[:, None])
+
+            if FP32_BWD:
+                # -- FP32 backward: dS stays fp32, K upcast exactly, ieee fp32 dot (no TF32) --
+                dq = tl.dot(ds, k.to(tl.float32), dq, input_precision="ieee")
+            else:
+                # -- dS rounded to the input format: seed 004, cause 2 --
+                ds_lo = ds.to(k.dtype)
+                dq = tl.dot(ds_lo, k, dq, input_precision="ieee")
+            if GPROJ != 0:
+                # -- GProj: r_i += sum_j dS~_ij (of the values the matmul saw), (P~ K)_i += P~ K_j --
+                if FP32_BWD:
+                    r += tl.sum(ds, 1)
+                    pk = tl.dot(p, k.to(tl.float32), pk, input_precision="ieee")
+                else:
+                    r += tl.sum(ds_lo.to(tl.float32), 1)
+                    pk = tl.dot(p.to(k.dtype), k, pk, input_precision="ieee")
+
+        if GPROJ != 0:
+            # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --
+            dq = dq - r[:, None] * pk
+        if GPROJ == 2:
+            # -- GProj dq_dk: hand r to the dK/dV kernel, which runs next --
+            tl.store(R + row_base + offs_m, r, mask=row_ok)
+        dq = dq * scale
+        tl.store(DQ + base + offs_m[:, None] * D_HEAD + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+                 mask=q_mask)
+
+    @triton.jit
+    def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, R, DK, DV, N, D_HEAD, scale,
+                         CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
+        # key-block outer: this program owns keys [start_n, start_n + BLOCK_N); tiles are transposed
+        # (keys x query rows) so that dK and dV accumulate as plain row-major products.
+        start_n = tl.program_id(0) * BLOCK_N
+        bh = tl.program_id(1)
+        base = bh.to(tl.int64) * N * D_HEAD
+        row_base = bh.to(tl.int64) * N
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        col_ok = offs_n < N
+        d_ok = offs_d < D_HEAD
+        kv_mask = col_ok[:, None] & d_ok[None, :]
+        k = tl.load(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+        lo = 0
+        if CAUSAL:
+            lo = (start_n // BLOCK_M) * BLOCK_M  # query rows above the first key never see it
+        for start_m in range(lo, N, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            row_ok = offs_m < N
+            q_mask = row_ok[:, None] & d_ok[None, :]
+            q = tl.load(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
+            do = tl.load(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
+            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
+            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+
+            # -- recompute S^T and P^T from the stored log-sum-exp --
+            s_t = tl.dot(k, tl.trans(q), input_precision="ieee")
+            p_t = tl.exp(s_t * scale - lse[None, :])
+            if CAUSAL:
+                p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
+
+            # -- dV_j += P~^T dO (P rounded to the input format; fp32 under FP32_BWD) --
+            if FP32_BWD:
+                p_mm = p_t
+                dv = tl.dot(p_mm, do.to(tl.float32), dv, input_precision="ieee")
+            else:
+                p_mm = p_t.to(do.dtype)
+                dv = tl.dot(p_mm, do, dv, input_precision="ieee")
+
+            # -- dP^T = V dO^T and dS^T = P^T * (dP^T - D), fp32 --
+            dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
+            ds_t = p_t * (dp_t - delta[None, :])
+
+            # -- dK_j += dS~^T Q --
+            if FP32_BWD:
+                dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision="ieee")
+            else:
+                # -- dS rounded to the input format: seed 004, cause 2 --
+                ds_lo = ds_t.to(q.dtype)
+                dk = tl.dot(ds_lo, q, dk, input_precision="ieee")
+            if GPROJ == 2:
+                # -- GProj dq_dk: dK's operand is dS~ - round(r_i P~_ij); the correction is a second
+                #    operand of the fp32 accumulator, so the difference itself is never rounded --
+                r = tl.load(R + row_base + offs_m, mask=row_ok, other=0.0)
+                if FP32_BWD:
+                    dk = tl.dot(-(r[None, :] * p_mm), q.to(tl.float32), dk, input_precision="ieee")
+                else:
+                    corr = (r[None, :] * p_mm.to(tl.float32)).to(q.dtype)
+                    dk = tl.dot(-corr, q, dk, input_precision="ieee")
+
+        dk = dk * scale
+        tl.store(DK + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
+        tl.store(DV + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+
+    # jit() decides at decoration time whether a kernel runs in the interpreter
+    _KERNELS_INTERPRETED = not isinstance(_fwd_kernel, triton.runtime.JITFunction)
+
+    def _fix_interpreter_index():
+        """Triton 3.6's CPU interpreter holds scalars as 1-element numpy arrays and converts a loop
+        bound with ``int(array)``, which NumPy >= 2.3 refuses for arrays of ndim > 0, so any ``range()``
+        over a runtime value fails there. Convert through the single element instead; interpreter only."""
+        import numpy as np
+        from triton.runtime import interpreter as interp
+        try:
+            int(np.zeros(1, dtype=np.int32))
+            return
+        except TypeError:
+            pass
+        original = interp._patch_lang_tensor
+        if getattr(original, "_attnum_fixed", False):
+            return
+
+        def patched(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+        patched._attnum_fixed = True
+        interp._patch_lang_tensor = patched
+
+    if _KERNELS_INTERPRETED:
+        _fix_interpreter_index()
+else:  # pragma: no cover
+    _KERNELS_INTERPRETED = False
+
+
+# ---------------------------------------------------------------------------------------------
+# Host side
+# ---------------------------------------------------------------------------------------------
+def _check(q, k, v, causal: bool, scale):
+    reason = unavailable_reason(q.device)
+    if reason is not None:
+        raise RuntimeError(f"triton_fa2 cannot run: {reason}")
+    if q.dim() != 4 or k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"q, k, v must all have shape (batch, heads, N, d); got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)} (n_q == n_k and d_v == d are required; "
+                         f"{'causal masking is top-left aligned and needs n_q == n_k' if causal else ''})")
+    if 0 in q.shape:
+        raise ValueError(f"empty size in q {tuple(q.shape)}")
+    if q.dtype not in _DTYPES or k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k, v must share one dtype among fp16, bf16, fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    if q.shape[-1] > 256:
+        raise ValueError(f"head_dim <= 256 is supported, got {q.shape[-1]}")
+    if scale is None:
+        return 1.0 / math.sqrt(q.shape[-1])
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a finite positive number, got {scale!r}")
+    return scale
+
+
+def _block_d(d: int) -> int:
+    return max(16, triton.next_power_of_2(d))
+
+
+def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config: BlockConfig | None = None):
+    """FlashAttention-2 forward. Returns ``(out, lse)``: out (batch, heads, N, d) in q's dtype,
+    lse (batch, heads, N) fp32, the natural-log log-sum-exp of the scaled scores."""
+    scale = _check(q, k, v, causal, scale)
+    b, h, n, d = q.shape
+    cfg = config or default_config(d)
+    q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    out = torch.empty_like(q)
+    lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(n, cfg.fwd_m), b * h)
+    _fwd_kernel[grid](q, k, v, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
+                      BLOCK_N=cfg.fwd_n, BLOCK_D=_block_d(d), num_warps=cfg.num_warps,
+                      num_stages=cfg.fwd_stages)
+    return out, lse
+
+
+def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float | None = None,
+             gproj: str = "off", fp32_backward: bool = False, config: BlockConfig | None = None):
+    """FlashAttention-2 backward from the forward's stored ``out`` and ``lse``. Returns
+    ``(dq, dk, dv)`` in q's dtype. ``gproj`` in ``GPROJ_MODES``; see the module docstring."""
+    scale = _check(q, k, v, causal, scale)
+    if gproj not in GPROJ_MODES:
+        raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
+    b, h, n, d = q.shape
+    if out.shape != q.shape or grad_out.shape != q.shape or lse.shape != (b, h, n):
+        raise ValueError(f"out {tuple(out.shape)}, grad_out {tuple(grad_out.shape)} must be {tuple(q.shape)} "
+                         f"and lse {tuple(lse.shape)} must be {(b, h, n)}")
+    cfg = config or default_config(d, fp32_backward)
+    q, k, v, out = q.contiguous(), k.contiguous(), v.contiguous(), out.to(q.dtype).contiguous()
+    grad_out = grad_out.to(q.dtype).contiguous()
+    lse = lse.to(torch.float32).contiguous()
+    block_d = _block_d(d)
+    code = _GPROJ_CODE[gproj]
+
+    # -- preprocessing: D_i = rowsum(dO * O) --
+    delta = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
+    _bwd_preprocess_kernel[(triton.cdiv(n, 64), b * h)](out, grad_out, delta, n, d, BLOCK_M=64,
+                                                        BLOCK_D=block_d)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # r is only written and read in dq_dk mode; a 1-element dummy otherwise
+    r = torch.empty((b, h, n) if code == 2 else (1,), dtype=torch.float32, device=q.device)
+
+    # -- dQ first (query-block outer): its r is what dK needs under GProj dq_dk --
+    _bwd_dq_kernel[(triton.cdiv(n, cfg.dq_m), b * h)](
+        q, k, v, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
+        FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
+        num_warps=cfg.num_warps, num_stages=cfg.bwd_stages)
+    # -- then dK, dV (key-block outer) --
+    _bwd_dkdv_kernel[(triton.cdiv(n, cfg.kv_n), b * h)](
+        q, k, v, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
+        FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
+        num_warps=cfg.num_warps, num_stages=cfg.bwd_stages)
+    return dq, dk, dv
+
+
+class TritonFlashAttention(torch.autograd.Function):
+    """Autograd wrapper: saves q, k, v, out, lse (no N x N tensor), recomputes P in backward."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, scale, gproj, fp32_backward, config):
+        out, lse = forward(q, k, v, causal=causal, scale=scale, config=config)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = dict(causal=causal, scale=scale, gproj=gproj, fp32_backward=fp32_backward, config=config)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, out, lse, grad_out, **ctx.options)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def triton_attention(q, k, v, *, causal: bool = False, scale: float | None = None, gproj: str = "off",
+                     fp32_backward: bool = False, config: BlockConfig | None = None):
+    """Attention output (batch, heads, N, d) with a FlashAttention-2 Triton forward and backward;
+    differentiable in q, k, v. Drop-in for ``scaled_dot_product_attention(q, k, v, is_causal=causal)``
+    with n_q == n_k and no mask or dropout."""
+    if gproj not in GPROJ_MODES:
+        raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
+    return TritonFlashAttention.apply(q, k, v, bool(causal), scale, gproj, bool(fp32_backward), config)
