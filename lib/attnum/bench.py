@@ -46,9 +46,9 @@ def measure(case: str, n: int, heads: int, head_dim: int, repeats: int) -> dict:
     """Run one case in this process; returns seconds (median) and peak extra memory in bytes."""
     import torch
 
-    from .flash import flash_attention
+    from .kernels import flash_attention
     from .inputs import normal_qkv
-    from .reference import golden_attention, reference_attention
+    from .kernels import golden_attention, reference_attention
 
     ops = {
         "naive_reference_fp32": lambda q, k, v: reference_attention(q, k, v, "fp32"),

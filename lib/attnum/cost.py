@@ -24,7 +24,7 @@ What each fix adds is what ``attnum.backward`` / ``attnum.fixes`` emulate:
                     (dO arrives in the low format); gradients stored in fp32
     gproj_dq        one more GEMM per tile (P~ K_j), a row sum of dS~, and fp32 buffers for
                     (P~ K)_i and r_i filled with atomics beside dQ, read once at the end
-    gproj           a first pass over the tiles (query blocks outer) recomputing S, P, dP, dS~ and
+    gproj_dq_dk     a first pass over the tiles (query blocks outer) recomputing S, P, dP, dS~ and
                     r; in the main pass, two more GEMMs per tile: r_i (P~ K_j)_i for dQ and
                     (r P~)^T Q_i for dK
     fp32_attention  every GEMM of both passes in fp32, every tensor read and written in fp32
@@ -41,7 +41,8 @@ import math
 import numpy as np
 import xarray as xr
 
-FIXES = ("none", "forward_fix", "mean_key", "stable_max", "fp32_backward", "gproj_dq", "gproj", "fp32_attention")
+from .kernels.fixes import FIXES
+
 PASSES = ("forward", "backward")
 QUANTITIES = {
     "gemm_flops_low": ("FLOP", "GEMM FLOPs with low-precision operands (tensor cores, fp32 accumulation)"),
@@ -127,7 +128,7 @@ def kernel_cost(fix: str, seq_len: int, head_dim: int, *, block_q: int = 128, bl
         bwd["pointwise_ops"] += elems + 2 * n * d  # row sum of dS~; dQ -= r (P~ K) at the end
         bwd["hbm_bytes"] += q_rows_per_tile * (2 * d * f + 2 * f) + n * d * f + n * f
         bwd["workspace_bytes"] += n * d * f + n * f
-    elif fix == "gproj":
+    elif fix == "gproj_dq_dk":
         # pass 1, query blocks outer: S, P, dP, dS~ and its row sum; r written once
         bwd["gemm_flops_low"] += 2 * gemm
         bwd["exp_ops"] += elems

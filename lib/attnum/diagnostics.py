@@ -7,7 +7,7 @@ kernel, not the data, optimiser or architecture, made the excess gradient.
 
 Two entry points:
 
-* ``backward_errors(q, k, v, grad_out, impl)`` on raw tensors (saved from any
+* ``backward_errors(q, k, v, grad_out, kernel)`` on raw tensors (saved from any
   model): the gradients the implementation computes (from a stored ``out`` and
   ``lse`` when given, i.e. the forward exactly as it ran) against the FP32
   recompute on the same operands;
@@ -28,11 +28,10 @@ import numpy as np
 import torch
 import xarray as xr
 
-from .attention import FP32_BACKWARD, AttentionImpl, attention_grads
-from .metrics import rel_l2_error, row_rel_l2
+from .kernels import FP32_BACKWARD, as_kernel
+from .metrics import GRADS, gradient_errors
 from .model import GPT, grad_norms
 
-GRADS = ("dq", "dk", "dv")
 DEFAULT_THRESHOLD = 0.1
 
 ATTRS = {
@@ -57,35 +56,26 @@ def _ratio(a: float, b: float) -> float:
     return a / b
 
 
-def kernel_operands(q, k, v, grad_out, impl: AttentionImpl):
-    """q, k, v and dO as the kernel of ``impl`` reads them (sdpa reads them as given)."""
-    if impl.kind == "sdpa":
-        return q, k, v, grad_out
-    pol = impl.policy
-    q, k, v = (pol.round(t.to(pol.carrier), "inputs") for t in (q, k, v))
-    return q, k, v, pol.round(grad_out.to(pol.carrier), "grad_out")
-
-
-def backward_errors(q, k, v, grad_out, impl: AttentionImpl, *, causal: bool = False, scale: float | None = None,
-                    out=None, lse=None, reference: AttentionImpl = FP32_BACKWARD,
+def backward_errors(q, k, v, grad_out, kernel, *, causal: bool = False, scale: float | None = None,
+                    out=None, lse=None, reference=FP32_BACKWARD,
                     threshold: float = DEFAULT_THRESHOLD) -> dict[str, float]:
-    """Errors of ``impl``'s attention gradients against the FP32 recompute, on raw tensors.
+    """Errors of ``kernel``'s attention gradients against the FP32 recompute, on raw tensors.
 
-    ``out``/``lse``: what the forward stored (flash only); without them the forward is
-    recomputed under ``impl``, which is the same thing for a deterministic kernel.
+    ``out``/``lse``: what the forward stored (the emulator); without them the forward is
+    recomputed, which is the same thing for a deterministic kernel.
     Returns per gradient ``<g>_rel_err`` (relative L2), ``<g>_row_rel_err`` (median row
     relative error), ``<g>_norm_ratio``, plus ``grad_norm_ratio`` over all three and ``flagged``.
     """
-    low = attention_grads(q, k, v, grad_out, impl, causal=causal, scale=scale, out=out, lse=lse)
-    operands = kernel_operands(q, k, v, grad_out, impl)
-    ref = attention_grads(*(t.float() for t in operands), reference, causal=causal, scale=scale)
+    kernel, reference = as_kernel(kernel), as_kernel(reference)
+    low = kernel.backward(q, k, v, grad_out, causal=causal, scale=scale, out=out, lse=lse)
+    operands = kernel.read_operands(q, k, v, grad_out)
+    ref = reference.backward(*(t.float() for t in operands), causal=causal, scale=scale)
+    errors = gradient_errors(low, ref, global_l2=True)
     result = {}
-    for name, a, b in zip(GRADS, low, ref):
-        result[f"{name}_rel_err"] = rel_l2_error(a, b)
-        rows = row_rel_l2(a, b)
-        result[f"{name}_row_rel_err"] = rows[torch.isfinite(rows)].median().item() if rows.numel() else math.nan
-        result[f"{name}_norm_ratio"] = _ratio(torch.linalg.vector_norm(a.double()).item(),
-                                              torch.linalg.vector_norm(b.double()).item())
+    for name in GRADS:
+        result[f"{name}_rel_err"] = errors[f"{name}_rel_err"]
+        result[f"{name}_row_rel_err"] = errors[f"{name}_err"]  # the median row error, named for this table
+        result[f"{name}_norm_ratio"] = errors[f"{name}_norm_ratio"]
     norm = lambda ts: math.sqrt(sum(torch.linalg.vector_norm(t.double()).item() ** 2 for t in ts))
     result["grad_norm_ratio"] = _ratio(norm(low), norm(ref))
     result["flagged"] = int(max(result[f"{g}_rel_err"] for g in GRADS) > threshold)
@@ -103,28 +93,29 @@ def _backward(model: GPT, inputs, targets):
 
 
 def recompute_backward_fp32(model: GPT, batch, layers=None, *, threshold: float = DEFAULT_THRESHOLD,
-                            reference: AttentionImpl = FP32_BACKWARD) -> xr.Dataset:
+                            reference=FP32_BACKWARD) -> xr.Dataset:
     """Per selected layer: gradient-norm ratios (as trained / FP32 attention backward) and
     dQ, dK, dV errors on the layer's own (q, k, v, dO); ``flagged`` past ``threshold``.
 
     The model is left as it was (no gradients kept, no layer changed).
     """
     inputs, targets = batch
+    reference = as_kernel(reference)
     attns = model.attention_modules()
     layers = list(range(len(attns))) if layers is None else sorted(layers)
     try:
         for layer in layers:
-            attns[layer].kernel.capture = {}
+            attns[layer].attention.capture = {}
         loss_low, norms_low, total_low = _backward(model, inputs, targets)
-        captured = [attns[layer].kernel.capture for layer in layers]
+        captured = [attns[layer].attention.capture for layer in layers]
         for layer in layers:
-            attns[layer].kernel.capture = None
-            attns[layer].kernel.backward_impl = reference
+            attns[layer].attention.capture = None
+            attns[layer].attention.backward_kernel = reference
         loss_ref, norms_ref, total_ref = _backward(model, inputs, targets)
     finally:
         for attn in attns:
-            attn.kernel.capture = None
-            attn.kernel.backward_impl = None
+            attn.attention.capture = None
+            attn.attention.backward_kernel = None
         model.zero_grad(set_to_none=True)
 
     data = {name: np.full(len(layers), np.nan) for name in ATTRS if name not in
@@ -134,7 +125,7 @@ def recompute_backward_fp32(model: GPT, batch, layers=None, *, threshold: float 
         data["grad_norm_fp32"][i] = norms_ref[layer]["grad_norm"]
         data["grad_norm_ratio"][i] = _ratio(norms_low[layer]["grad_norm"], norms_ref[layer]["grad_norm"])
         data["grad_norm_qk_ratio"][i] = _ratio(norms_low[layer]["grad_norm_qk"], norms_ref[layer]["grad_norm_qk"])
-        errors = backward_errors(cap["q"], cap["k"], cap["v"], cap["grad_out"], attns[layer].kernel.impl,
+        errors = backward_errors(cap["q"], cap["k"], cap["v"], cap["grad_out"], attns[layer].attention.kernel,
                                  causal=cap["causal"], scale=cap["scale"], reference=reference,
                                  threshold=threshold)
         for name in data:

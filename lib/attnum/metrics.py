@@ -205,3 +205,57 @@ def row_rel_l2_max(a, b) -> float:
     """The worst row's relative L2 error (NaN-safe: a non-finite row error counts inf)."""
     rows = row_rel_l2(a, b)
     return torch.nan_to_num(rows, nan=math.inf, posinf=math.inf).max().item()
+
+
+def _finite_median(x: torch.Tensor) -> float:
+    x = x[torch.isfinite(x)]
+    return x.median().item() if x.numel() else math.nan
+
+
+def _finite_quantile(x: torch.Tensor, q: float) -> float:
+    x = x[torch.isfinite(x)].double()
+    return torch.quantile(x, q).item() if x.numel() else math.nan
+
+
+GRADS = ("dq", "dk", "dv")
+
+
+def gradient_errors(grads, gold, *, quantiles=(), global_l2: bool = False) -> dict[str, float]:
+    """Errors of attention gradients ``grads = (dq, dk, dv)`` against ``gold`` (a matching tuple or
+    a dict with dq, dk, dv), the one measure of gradient error of every study:
+
+    ``<g>_err``       median over rows of the row relative L2 error (seed 004's 219% is such a median)
+    ``<g>_err_p<NN>`` that row error's quantiles (``quantiles``, e.g. (0.9,) gives ``_p90``)
+    ``<g>_rel_err``   the global relative L2 error, and ``<g>_norm_ratio`` ||g|| / ||gold|| (``global_l2``)
+    """
+    gold = tuple(gold[g] for g in GRADS) if isinstance(gold, dict) else tuple(gold)
+    out = {}
+    for name, grad, ref in zip(GRADS, grads, gold):
+        rows = row_rel_l2(grad, ref)
+        out[f"{name}_err"] = _finite_median(rows)
+        for q in quantiles:
+            out[f"{name}_err_p{round(q * 100):02d}"] = _finite_quantile(rows, q)
+        if global_l2:
+            out[f"{name}_rel_err"] = rel_l2_error(grad, ref)
+            ref_norm = torch.linalg.vector_norm(ref.double()).item()
+            norm = torch.linalg.vector_norm(grad.double()).item()
+            out[f"{name}_norm_ratio"] = (1.0 if norm == 0 else math.inf) if ref_norm == 0 else norm / ref_norm
+    return out
+
+
+def output_errors(out: torch.Tensor, gold: torch.Tensor) -> dict[str, float]:
+    """``out_err``: relative L2 error of a forward output; ``out_err_coherence``: mean over columns
+    of |mean_i e_ic| / rms_i e_ic of the error e (1: every row errs alike; ~N^-1/2: independent)."""
+    err = out.double() - gold
+    rms = err.pow(2).mean(-2).sqrt()
+    return {"out_err": (torch.linalg.vector_norm(err) / torch.linalg.vector_norm(gold)).item(),
+            "out_err_coherence": (err.mean(-2).abs() / rms.clamp_min(1e-300)).mean().item()}
+
+
+def ds_row_sums(stats: dict, keys=("ds_exact_row_sum", "ds_rounded_row_sum", "ds_row_sum")) -> dict[str, float]:
+    """Median over rows of |sum_j dS_ij| / sum_j |dS~_ij| for the backward emulator's ``stats``
+    (NaN for each key when the kernel has no such statistics)."""
+    if not stats:
+        return {key: math.nan for key in keys}
+    abs_sum = stats["ds_row_abs_sum"].clamp_min(1e-300)
+    return {key: _finite_median(stats[key].abs() / abs_sum) for key in keys}

@@ -2,8 +2,8 @@
 
 Pre-LN blocks (Radford et al. 2019, GPT-2; layout as in Karpathy's minGPT):
 x + Attn(LN(x)), then x + MLP(LN(x)); learned token and position embeddings, a
-final LayerNorm and an untied output head. Attention is ``attnum.attention.Attention``
-with one ``AttentionImpl`` per layer (reference, flash emulator under a policy, or
+final LayerNorm and an untied output head. Attention is ``attnum.kernels.Attention``
+around one registry kernel per layer (reference, flash emulator under a policy, or
 torch's SDPA), always causal. The query/key/value projection has a bias, so a
 common key offset mu (seed 004) is a change of one bias vector
 (``add_key_offset``): it leaves the forward unchanged in exact arithmetic.
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import Attention, AttentionImpl
+from .kernels import Attention, AttentionImpl, Kernel, as_kernel
 from .tasks import IGNORE
 
 
@@ -33,13 +33,13 @@ class GPTConfig:
     n_head: int = 2
     d_model: int = 64
     mlp_ratio: int = 4
-    attention: tuple = (AttentionImpl(),)  # one AttentionImpl (or "kind:policy" string) per layer, or one for all
+    attention: tuple = (AttentionImpl(),)  # one kernel (a registry name, Kernel or AttentionImpl) per layer, or one for all
 
     def __post_init__(self) -> None:
         if self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
         impls = self.attention if isinstance(self.attention, (tuple, list)) else (self.attention,)
-        impls = tuple(AttentionImpl.parse(i) if isinstance(i, str) else i for i in impls)
+        impls = tuple(as_kernel(i) for i in impls)
         if len(impls) == 1:
             impls = impls * self.n_layer
         if len(impls) != self.n_layer:
@@ -52,12 +52,12 @@ class GPTConfig:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, impl: AttentionImpl):
+    def __init__(self, cfg: GPTConfig, kernel: Kernel):
         super().__init__()
         self.n_head, self.d_model = cfg.n_head, cfg.d_model
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=True)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=True)
-        self.kernel = Attention(impl)
+        self.attention = Attention(kernel)
         self.record_stats = False
         self.stats: dict[str, float] = {}
 
@@ -67,7 +67,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         if self.record_stats:
             self.stats = attention_statistics(q.detach(), k.detach())
-        y = self.kernel(q, k, v, is_causal=True)
+        y = self.attention(q, k, v, is_causal=True)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -94,10 +94,10 @@ def attention_statistics(q, k, scale: float | None = None) -> dict[str, float]:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, impl: AttentionImpl):
+    def __init__(self, cfg: GPTConfig, kernel: Kernel):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg, impl)
+        self.attn = CausalSelfAttention(cfg, kernel)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
                                  nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))
@@ -113,7 +113,7 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_emb = nn.Embedding(cfg.context, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg, impl) for impl in cfg.attention)
+        self.blocks = nn.ModuleList(Block(cfg, kernel) for kernel in cfg.attention)
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         init_weights(self, seed)
@@ -135,12 +135,12 @@ class GPT(nn.Module):
     def attention_modules(self) -> list[CausalSelfAttention]:
         return [block.attn for block in self.blocks]
 
-    def set_attention(self, impl: AttentionImpl | str, layers=None) -> None:
-        """Change the attention implementation of some layers (all by default)."""
-        impl = AttentionImpl.parse(impl) if isinstance(impl, str) else impl
+    def set_attention(self, kernel: Kernel | AttentionImpl | str, layers=None) -> None:
+        """Change the attention kernel of some layers (all by default)."""
+        kernel = as_kernel(kernel)
         for i, attn in enumerate(self.attention_modules()):
             if layers is None or i in layers:
-                attn.kernel.impl = impl
+                attn.attention.kernel = kernel
 
 
 @torch.no_grad()

@@ -57,3 +57,20 @@ def subplots(nrows: int = 1, ncols: int = 1, **kw):
     kw.setdefault("figsize", (4.2 * ncols, 3.4 * nrows))
     kw.setdefault("constrained_layout", True)
     return plt.subplots(nrows, ncols, squeeze=False, **kw)
+
+
+def save_and_show(fig, output_dir, name: str):
+    """Save ``fig`` with ``plots.save_figure`` and return the saved PNG for display, closing the
+    figure (the notebook shows the file that was written, and renders each figure once)."""
+    from IPython.display import Image
+
+    path = save_figure(fig, output_dir, name)
+    plt.close(fig)
+    return Image(filename=str(path))
+
+
+def offset_axis(ax, label: str = "|mu| added to every key") -> None:
+    """x axis of an offset sweep that starts at 0: linear below 1, logarithmic above."""
+    ax.set_xscale("symlog", linthresh=1.0)
+    ax.set_xlim(left=0)
+    ax.set_xlabel(label)

@@ -12,7 +12,7 @@ FlashAttention-2, Alg. 1):
     output   the stored output O
     lse      the stored log-sum-exp (what a backward pass reads)
 
-and, for the backward pass (``attnum.backward``; Dao, FlashAttention-2, Alg. 2):
+and, for the backward pass (``attnum.kernels.backward``; Dao, FlashAttention-2, Alg. 2):
 
     grad_out dO as the backward kernel reads it
     delta    D_i = sum_j dO_ij O_ij, from the stored output O
@@ -145,6 +145,13 @@ class PrecisionPolicy:
         """The same forward with every backward stage in ``fmt`` (``"fp32"``: the FP32 backward)."""
         check_format(fmt)
         return self.replace(name=name or f"{self.name}+bwd={fmt}", **{s: fmt for s in BACKWARD_STAGES})
+
+    def backward_at_least(self, fmt: str) -> "PrecisionPolicy":
+        """Every backward stage narrower than ``fmt`` widened to it (``"fp32"``: the FP32 backward of
+        study 05, which leaves an fp64 policy as it is)."""
+        bits = SIGNIFICAND_BITS[check_format(fmt)]
+        narrow = {s: fmt for s in BACKWARD_STAGES if SIGNIFICAND_BITS[getattr(self, s)] < bits}
+        return self.replace(name=f"{self.name}+bwd={fmt}", **narrow) if narrow else self
 
     def as_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)

@@ -31,6 +31,8 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
+from .diagnostics import recompute_backward_fp32
+from .kernels import as_kernel
 from .model import GPT, GPTConfig, grad_norms, perturb_weights
 from .tasks import IGNORE, Task
 
@@ -227,3 +229,77 @@ def records_dataset(steps, step_rec: dict, layer_rec: dict, n_layer: int) -> xr.
         ds[name].attrs.update(units=units, long_name=long_name)
     ds["step"].attrs.update(long_name="optimizer updates before this step's forward and backward")
     return ds
+
+
+# -- runs compared from one start, with the live FP32-recompute diagnostic (studies 04, 05) --
+
+class LiveDiagnostic:
+    """Training callback: the FP32 backward-recompute diagnostic on the step's own batch, every
+    ``every`` steps and whenever the global gradient norm exceeds ``spike_factor`` times the median
+    of the previous ``window`` steps (seed 004's test, applied when a spike happens)."""
+
+    def __init__(self, every: int = 50, spike_factor: float = 3.0, window: int = 50,
+                 threshold: float = 0.1):
+        self.every, self.spike_factor, self.window, self.threshold = every, spike_factor, window, threshold
+        self.history: list[float] = []
+        self.parts: list[xr.Dataset] = []
+
+    def __call__(self, step: int, model, batch, grad_norm: float) -> None:
+        recent = self.history[-self.window:]
+        spike = bool(self.spike_factor > 0 and len(recent) >= 10
+                     and grad_norm > self.spike_factor * float(np.median(recent)))
+        self.history.append(grad_norm)
+        if not spike and step > 0 and not (self.every > 0 and step % self.every == 0):
+            return  # step 0 always runs, so the record is never empty
+        attns = model.attention_modules()
+        recording = [attn.record_stats for attn in attns]
+        for attn in attns:
+            attn.record_stats = False
+        with preserve_gradients(model):
+            diag = recompute_backward_fp32(model, batch, threshold=self.threshold)
+        for attn, flag in zip(attns, recording):
+            attn.record_stats = flag
+        diag["grad_norm_total"] = grad_norm
+        diag["spike"] = np.int8(spike)
+        self.parts.append(diag.drop_vars("threshold").expand_dims(diag_step=[step]))
+
+    def spikes(self) -> list[int]:
+        return [int(part["diag_step"][0]) for part in self.parts if int(part["spike"][0])]
+
+    def dataset(self) -> xr.Dataset:
+        ds = xr.concat(self.parts, dim="diag_step")
+        ds = ds.rename({name: f"live_{name}" for name in ds.data_vars})
+        ds["diag_step"].attrs.update(long_name="training step the diagnostic ran on")
+        return ds
+
+
+def train_runs(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, runs: dict, *, device="cpu",
+               progress: bool = True, callbacks: dict | None = None):
+    """Train one model per entry of ``runs`` (name -> attention kernel of every layer) from the
+    same initialisation and data order. Returns (records with a ``run`` dim, {name: TrainResult});
+    ``callbacks`` maps run names to a training callback (e.g. a ``LiveDiagnostic``)."""
+    results, records = {}, []
+    for name, impl in runs.items():
+        cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (impl,)})
+        results[name] = train(cfg, task, train_cfg, device=device, progress=progress, desc=f"train {name}",
+                              callback=(callbacks or {}).get(name))
+        records.append(results[name].records.expand_dims(run=[name]))
+    ds = xr.concat(records, dim="run", join="outer")
+    ds = ds.rename({name: f"train_{name}" for name in ds.data_vars})
+    ds["run_attention"] = ("run", [as_kernel(kernel).name for kernel in runs.values()])
+    ds["run_attention"].attrs.update(units="1", long_name="attention kernel of every layer (registry name)")
+    return ds, results
+
+
+def describe_training_records(ds: xr.Dataset, *tables) -> xr.Dataset:
+    """CF attributes of training records (``train_*``), the diagnostic's (``diag_*``, ``live_*``)
+    and of any further study ``tables``."""
+    from .diagnostics import ATTRS as DIAG_ATTRS
+    from .ncio import describe
+
+    diag = {f"diag_{k}": v for k, v in DIAG_ATTRS.items()}
+    live = {f"live_{k}": (u, f"{name} (training batch, during training)") for k, (u, name) in DIAG_ATTRS.items()}
+    live["live_grad_norm_total"] = ("1", "global gradient norm of the training step the diagnostic ran on")
+    live["live_spike"] = ("1", "1 if the diagnostic ran because the gradient norm spiked, else 0 (periodic)")
+    train = {f"train_{k}": v for k, v in ATTRS.items()}
+    return describe(ds, *tables, diag, live, train, ATTRS)

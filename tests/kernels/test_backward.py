@@ -4,13 +4,23 @@ import math
 import pytest
 import torch
 
-from attnum.attention import Attention, AttentionImpl, attention_forward, attention_grads
-from attnum.backward import flash_attention_backward, golden_attention_backward
-from attnum.flash import flash_attention
+from attnum.kernels import Attention, AttentionImpl, as_kernel
+from attnum.kernels import flash_attention_backward, golden_attention_backward
+from attnum.kernels import flash_attention
 from attnum.inputs import normal_qkv
 from attnum.metrics import row_rel_l2
 from attnum.precision import BACKWARD_STAGES, PRESETS, PrecisionPolicy, get_policy, round_to
-from attnum.reference import reference_attention
+from attnum.kernels import reference_attention
+
+def attention_forward(q, k, v, impl, *, causal=False, scale=None):
+    """The differentiable output of a kernel (an ``AttentionImpl`` or registry name)."""
+    return as_kernel(impl)(q, k, v, is_causal=causal, scale=scale)
+
+
+def attention_grads(q, k, v, grad_out, impl, **kw):
+    """``(dq, dk, dv)`` of a kernel through its registry interface."""
+    return as_kernel(impl).backward(q, k, v, grad_out, **kw)
+
 
 
 def _grad_out(q, seed=11):
@@ -44,7 +54,7 @@ def test_backward_stages_default_to_no_rounding_and_presets_keep_their_names():
 @pytest.mark.parametrize("fused", [False, True])
 def test_gradcheck_in_fp64(causal, fused):
     q, k, v = (t.requires_grad_(True) for t in normal_qkv(1, 2, 13, 4, seed=0))
-    impl = AttentionImpl("flash", "fp64", block_q=4, block_k=5, fused_scale_max=fused)
+    impl = AttentionImpl("emulator", "fp64", block_q=4, block_k=5, fused_scale_max=fused)
     assert torch.autograd.gradcheck(lambda a, b, c: attention_forward(a, b, c, impl, causal=causal), (q, k, v))
 
 
@@ -54,7 +64,7 @@ def test_fp32_backward_matches_autograd_through_reference_attention(causal, n_q,
     q, _, _ = (t.float() for t in normal_qkv(2, 2, n_q, 16, seed=1))
     _, k, v = (t.float() for t in normal_qkv(2, 2, n_k, 16, seed=2))
     do = _grad_out(q)
-    flash = attention_grads(q, k, v, do, AttentionImpl("flash", "fp32", block_q=16, block_k=24), causal=causal)
+    flash = attention_grads(q, k, v, do, AttentionImpl("emulator", "fp32", block_q=16, block_k=24), causal=causal)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     auto = torch.autograd.grad(reference_attention(*leaves, "fp32", causal=causal), leaves, do)
     gold = golden_attention_backward(q, k, v, do, causal=causal, chunk=17)
@@ -75,8 +85,8 @@ def test_golden_backward_equals_fp64_autograd():
 def test_fused_scale_max_feeds_the_backward():
     q, k, v = (t.float() for t in normal_qkv(1, 1, 128, 32, seed=4, std=2.0))
     do = _grad_out(q)
-    plain = attention_grads(q, k, v, do, AttentionImpl("flash", "fp32", block_k=32))
-    fused = attention_grads(q, k, v, do, AttentionImpl("flash", "fp32", block_k=32, fused_scale_max=True))
+    plain = attention_grads(q, k, v, do, AttentionImpl("emulator", "fp32", block_k=32))
+    fused = attention_grads(q, k, v, do, AttentionImpl("emulator", "fp32", block_k=32, fused_scale_max=True))
     assert not all(torch.equal(a, b) for a, b in zip(plain, fused))
     # the backward's own P recompute follows the option, not only the stored O and LSE
     out, lse = flash_attention(q, k, v, "fp32", block_k=32, fused_scale_max=True)
@@ -85,7 +95,7 @@ def test_fused_scale_max_feeds_the_backward():
     # and in fp64 the fused recompute is still exact
     q64, k64, v64 = normal_qkv(1, 1, 64, 16, seed=5)
     g64 = golden_attention_backward(q64, k64, v64, _grad_out(q64))
-    f64 = attention_grads(q64, k64, v64, _grad_out(q64), AttentionImpl("flash", "fp64", fused_scale_max=True))
+    f64 = attention_grads(q64, k64, v64, _grad_out(q64), AttentionImpl("emulator", "fp64", fused_scale_max=True))
     assert max((a - b).abs().max().item() for a, b in zip(f64, g64)) < 1e-12
 
 
@@ -121,7 +131,7 @@ def test_key_offset_leaves_forward_and_fp32_dq_unchanged_but_grows_the_bf16_dq_e
     direction[:4] = 1.0  # integer steps along it keep k + mu on the grid
     base64 = flash_attention(q, k, v, "fp64", block_k=32)[0]
     base32 = flash_attention(q.float(), k.float(), v.float(), "fp32", block_k=32)[0]
-    dq32 = attention_grads(q.float(), k.float(), v.float(), do.float(), AttentionImpl("flash", "fp32", block_k=32))[0]
+    dq32 = attention_grads(q.float(), k.float(), v.float(), do.float(), AttentionImpl("emulator", "fp32", block_k=32))[0]
     bf16_errors = []
     for mu_norm in (0, 4, 64, 512):
         k_mu = k + mu_norm / 2 * direction  # |mu| = mu_norm, exactly representable
@@ -129,10 +139,10 @@ def test_key_offset_leaves_forward_and_fp32_dq_unchanged_but_grows_the_bf16_dq_e
         out32 = flash_attention(q.float(), k_mu.float(), v.float(), "fp32", block_k=32)[0]
         assert ((out32 - base32).norm() / base32.norm()).item() < 1e-4
         ops = [t.float() for t in (q, k_mu, v, do)]
-        dq32_mu = attention_grads(*ops, AttentionImpl("flash", "fp32", block_k=32))[0]
+        dq32_mu = attention_grads(*ops, AttentionImpl("emulator", "fp32", block_k=32))[0]
         assert ((dq32_mu - dq32).norm() / dq32.norm()).item() < 3e-3
         gold = golden_attention_backward(*ops)[0]
-        dq_bf16 = attention_grads(*ops, AttentionImpl("flash", "fa2_bf16", block_k=32))[0]
+        dq_bf16 = attention_grads(*ops, AttentionImpl("emulator", "fa2_bf16", block_k=32))[0]
         bf16_errors.append(row_rel_l2(dq_bf16, gold).median().item())
     assert all(a < b for a, b in zip(bf16_errors, bf16_errors[1:])), bf16_errors
     assert bf16_errors[-1] > 20 * bf16_errors[0]
@@ -142,29 +152,30 @@ def test_key_offset_leaves_forward_and_fp32_dq_unchanged_but_grows_the_bf16_dq_e
 
 def test_attention_module_recomputes_only_the_backward():
     q, k, v = (t.float().requires_grad_(True) for t in normal_qkv(1, 2, 48, 16, seed=8))
-    module = Attention("flash:fa2_bf16")
-    module.impl = module.impl.replace(block_k=16)
+    module = Attention("emulator:fa2_bf16:bq64:bk16")
     out = module(q, k, v, is_causal=True)
     do = _grad_out(out)
     low = torch.autograd.grad(out, (q, k, v), do)
-    module.backward_impl = AttentionImpl("flash", "fp32", block_k=16)
+    module.backward_kernel = as_kernel(AttentionImpl("emulator", "fp32", block_k=16))
     out_fp32_bwd = module(q, k, v, is_causal=True)
     recomputed = torch.autograd.grad(out_fp32_bwd, (q, k, v), do)
     assert torch.equal(out, out_fp32_bwd)  # the forward exactly as it ran
-    expected = attention_grads(q.detach(), k.detach(), v.detach(), do, module.backward_impl, causal=True)
+    expected = attention_grads(q.detach(), k.detach(), v.detach(), do, module.backward_kernel, causal=True)
     assert all(torch.equal(a, b) for a, b in zip(recomputed, expected))
     assert not all(torch.equal(a, b) for a, b in zip(low, recomputed))
 
 
 def test_attention_impl_parse_and_errors():
-    impl = AttentionImpl.parse("flash:fa2_bf16:fused", block_k=32)
-    assert impl.kind == "flash" and impl.policy.name == "fa2_bf16" and impl.fused_scale_max and impl.block_k == 32
-    assert AttentionImpl.parse("sdpa").label == "sdpa"
-    assert AttentionImpl.parse("reference:fp32").label == "reference:fp32"
-    with pytest.raises(ValueError, match="unknown attention implementation"):
+    impl = AttentionImpl.parse("emulator:fa2_bf16:fused", block_k=32)
+    assert impl.family == "emulator" and impl.policy.name == "fa2_bf16" and impl.fused_scale_max and impl.block_k == 32
+    assert impl.name == "emulator:fa2_bf16:bk32:bq64:fused"
+    assert AttentionImpl.parse("reference:fp32").name == "reference:fp32"
+    with pytest.raises(ValueError, match="unknown emulated implementation"):
         AttentionImpl.parse("triton:fp32")
+    with pytest.raises(ValueError, match="unknown option 'fa9'"):
+        AttentionImpl.parse("emulator:fa2_bf16:fa9")
     with pytest.raises(ValueError, match="unknown precision policy"):
-        AttentionImpl.parse("flash:fa9")
+        AttentionImpl.parse("emulator:fa9")
 
 
 def test_fully_masked_rows_give_zero_gradients_and_no_nan():

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from attnum import acceptance
-from attnum.faults import FAULTS, make_fault, round_significand
-from attnum.flash import KernelHooks, flash_attention
+from attnum.kernels.faults import FAULTS, make_fault, round_significand
+from attnum.kernels.flash import KernelHooks, flash_attention
 from attnum.inputs import (FLASHINFER_TARGET_LOGITS, INPUT_FAMILIES, make_inputs, mask_to_bias)
 from attnum.metrics import finite_error_summary, finiteness_counts, scaled_max_error, zero_rows
 from attnum.precision import get_policy, round_to
-from attnum.reference import golden_attention, reference_attention
+from attnum.kernels import golden_attention, reference_attention
 from attnum.studies import extreme_inputs as study
 
 

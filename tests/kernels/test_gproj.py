@@ -4,17 +4,35 @@ import math
 import pytest
 import torch
 
-from attnum.attention import (FIXES, Attention, AttentionImpl, attention_forward, attention_grads, flash_backward,
-                              flash_forward, with_fix)
-from attnum.backward import _recompute_p, flash_attention_backward, golden_attention_backward
-from attnum.cost import FIXES as COST_FIXES
+from attnum.kernels import (FIXES, Attention, AttentionImpl, as_kernel, flash_attention_backward,
+                            golden_attention_backward, with_fix)
+from attnum.kernels.autograd import flash_backward, flash_forward
+from attnum.kernels.common import recompute_p as _recompute_p
+from attnum.kernels.fixes import FIXES as COST_FIXES
 from attnum.cost import compute_seconds, cost_table, kernel_cost, visited_tiles
-from attnum.fixes import center_keys, stable_flash_attention, stable_offset
-from attnum.flash import flash_attention
+from attnum.kernels.fixes import center_keys
+from attnum.kernels.flash import stable_offset
+from attnum.kernels import flash_attention
 from attnum.inputs import normal_qkv
 from attnum.metrics import row_rel_l2
 from attnum.precision import get_policy, round_to
-from attnum.studies import gradient_blowup as blowup
+from attnum.studies import late_training_gradient_blowup as blowup
+
+
+def stable_flash_attention(q, k, v, policy="fa2_bf16", *, beta=2.0, **kw):
+    """The STABLE forward: the one forward emulator with ``stable_beta``."""
+    return flash_attention(q, k, v, policy, stable_beta=beta, **kw)
+
+
+def attention_forward(q, k, v, impl, *, causal=False, scale=None):
+    """The differentiable output of a kernel (an ``AttentionImpl`` or registry name)."""
+    return as_kernel(impl)(q, k, v, is_causal=causal, scale=scale)
+
+
+def attention_grads(q, k, v, grad_out, impl, **kw):
+    """``(dq, dk, dv)`` of a kernel through its registry interface."""
+    return as_kernel(impl).backward(q, k, v, grad_out, **kw)
+
 
 
 def _grad_out(q, seed=11):
@@ -28,7 +46,7 @@ def _bf16_operands(n=128, d=32, seed=0):
 
 # -- GProj ----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode", ["dq", "full"])
+@pytest.mark.parametrize("mode", ["dq", "dq_dk"])
 def test_gproj_rounded_ds_rows_sum_to_zero_in_fp32(mode):
     q, k, v, do = _bf16_operands()
     policy = get_policy("fp32").replace(ds="bf16")  # P exact in fp32: the projection alone is tested
@@ -50,17 +68,17 @@ def test_gproj_rounded_ds_rows_sum_to_zero_in_fp32(mode):
 
 
 def test_gproj_dq_error_stays_at_the_no_offset_level_while_bf16_grows():
-    errors = {"off": [], "dq": [], "full": []}
+    errors = {"off": [], "dq": [], "dq_dk": []}
     mus = (0.0, 10.0, 100.0, 1000.0)
     for mu in mus:
         q, k, v, do, _ = blowup.mechanism_operands(256, 64, 1.0, mu, seed=0)
         gold = golden_attention_backward(q, k, v, do)[0]
         for mode in errors:
-            impl = AttentionImpl("flash", "fa2_bf16", block_q=64, block_k=64, fused_scale_max=True, gproj=mode)
+            impl = AttentionImpl("emulator", "fa2_bf16", block_q=64, block_k=64, fused_scale_max=True, gproj=mode)
             errors[mode].append(row_rel_l2(attention_grads(q, k, v, do, impl)[0], gold).median().item())
     off = errors["off"]
     assert all(a < b for a, b in zip(off, off[1:])) and off[-1] > 20 * off[0], off
-    for mode in ("dq", "full"):
+    for mode in ("dq", "dq_dk"):
         assert max(errors[mode]) < 1.5 * errors[mode][0], errors[mode]
         assert errors[mode][-1] < off[-1] / 50
 
@@ -94,7 +112,7 @@ def test_two_pass_dk_equals_the_one_shot_formula(causal):
     dq_ref, dk_ref = _one_shot_gproj(q, k, v, out, lse, do, policy, scale, causal)
     rel = lambda a, b: ((a - b).norm() / b.norm()).item()
     dq, dk, _ = flash_attention_backward(q, k, v, out, lse, do, policy, scale=scale, causal=causal, block_q=16,
-                                         block_k=24, gproj="full")
+                                         block_k=24, gproj="dq_dk")
     assert rel(dk, dk_ref) < 1e-12 and rel(dq, dq_ref) < 1e-12
     dq1, dk1, _ = flash_attention_backward(q, k, v, out, lse, do, policy, scale=scale, causal=causal, block_q=16,
                                            block_k=24, gproj="dq")
@@ -105,7 +123,7 @@ def test_two_pass_dk_equals_the_one_shot_formula(causal):
     out, lse = flash_attention(q, k, v, policy, scale=scale, causal=causal, block_q=16, block_k=24)
     dq_ref, dk_ref = _one_shot_gproj(q, k, v, out, lse, do, policy, scale, causal)
     kw = dict(scale=scale, causal=causal, block_q=16, block_k=24)
-    dq, dk, _ = flash_attention_backward(q, k, v, out, lse, do, policy, gproj="full", **kw)
+    dq, dk, _ = flash_attention_backward(q, k, v, out, lse, do, policy, gproj="dq_dk", **kw)
     dk1 = flash_attention_backward(q, k, v, out, lse, do, policy, gproj="dq", **kw)[1]
     assert rel(dk, dk_ref) < 1e-5 and rel(dq, dq_ref) < 1e-5
     assert rel(dk1, dk_ref) > 100 * rel(dk, dk_ref)
@@ -116,7 +134,7 @@ def test_gproj_leaves_dv_alone_and_off_is_the_plain_backward():
     out, lse = flash_attention(q, k, v, "fa2_bf16", block_k=32)
     plain = flash_attention_backward(q, k, v, out, lse, do, "fa2_bf16", block_k=32)
     off = flash_attention_backward(q, k, v, out, lse, do, "fa2_bf16", block_k=32, gproj="off")
-    full = flash_attention_backward(q, k, v, out, lse, do, "fa2_bf16", block_k=32, gproj="full")
+    full = flash_attention_backward(q, k, v, out, lse, do, "fa2_bf16", block_k=32, gproj="dq_dk")
     assert all(torch.equal(a, b) for a, b in zip(plain, off))
     assert torch.equal(full[2], plain[2]) and not torch.equal(full[0], plain[0])
     with pytest.raises(ValueError, match="gproj"):
@@ -130,7 +148,7 @@ def test_mean_key_subtraction_leaves_the_forward_unchanged():
     k = k + 3.0  # a common key component for the centering to remove
     for policy, tol in (("fp64", 1e-12), ("fp32", 1e-5)):
         for causal in (False, True):
-            plain = AttentionImpl("flash", policy, block_q=32, block_k=32)
+            plain = AttentionImpl("emulator", policy, block_q=32, block_k=32)
             centred = plain.replace(center_keys=True)
             a = attention_forward(q, k, v, plain, causal=causal)
             b = attention_forward(q, k, v, centred, causal=causal)
@@ -151,7 +169,7 @@ def test_each_fix_leaves_fp64_policy_gradients_unchanged(fix, operands):
         do = _grad_out(q)
     else:
         q, k, v, do = _tied_operands()
-    base = AttentionImpl("flash", "fp64", block_q=16, block_k=24, fused_scale_max=True)
+    base = AttentionImpl("emulator", "fp64", block_q=16, block_k=24, fused_scale_max=True)
     impl = with_fix(base, fix)
     for causal in (False, True):
         gold = golden_attention_backward(q, k, v, do, causal=causal)
@@ -162,10 +180,10 @@ def test_each_fix_leaves_fp64_policy_gradients_unchanged(fix, operands):
             assert ((a - b).norm() / g.norm()).item() < 1e-11
 
 
-@pytest.mark.parametrize("fix", ["mean_key", "stable_max", "gproj_dq", "gproj"])
+@pytest.mark.parametrize("fix", ["mean_key", "stable_max", "gproj_dq", "gproj_dq_dk"])
 def test_gradcheck_in_fp64_with_each_fix(fix):
     q, k, v = (t.requires_grad_(True) for t in normal_qkv(1, 1, 11, 4, seed=0))
-    impl = with_fix(AttentionImpl("flash", "fp64", block_q=4, block_k=5, fused_scale_max=True), fix)
+    impl = with_fix(AttentionImpl("emulator", "fp64", block_q=4, block_k=5, fused_scale_max=True), fix)
     assert torch.autograd.gradcheck(lambda a, b, c: attention_forward(a, b, c, impl, causal=True), (q, k, v))
 
 
@@ -207,25 +225,25 @@ def test_stable_max_collapses_rows_whose_shifted_scores_underflow():
 
 
 def test_fix_options_parse_label_and_validate():
-    impl = AttentionImpl.parse("flash:fa2_bf16:fused:gproj:center_keys", block_k=32)
-    assert impl.gproj == "full" and impl.center_keys and impl.fused_scale_max and impl.block_k == 32
-    assert AttentionImpl.parse(impl.label, block_k=32) == impl
-    stable = AttentionImpl.parse("flash:fa2_bf16:stable=7")
-    assert stable.stable_beta == 7.0 and AttentionImpl.parse(stable.label) == stable
-    assert AttentionImpl.parse("flash:fa2_bf16:gproj_dq").gproj == "dq"
-    assert AttentionImpl.parse("flash:fa2_bf16:fused").label == "flash:fa2_bf16:fused"  # unchanged
+    impl = AttentionImpl.parse("emulator:fa2_bf16:fused:gproj_dq_dk:center_keys", block_k=32)
+    assert impl.gproj == "dq_dk" and impl.center_keys and impl.fused_scale_max and impl.block_k == 32
+    assert AttentionImpl.parse(impl.name, block_k=32) == impl
+    stable = AttentionImpl.parse("emulator:fa2_bf16:stable=7")
+    assert stable.stable_beta == 7.0 and AttentionImpl.parse(stable.name) == stable
+    assert AttentionImpl.parse("emulator:fa2_bf16:gproj_dq").gproj == "dq"
+    assert AttentionImpl.parse("emulator:fa2_bf16:bk64:fused").name == "emulator:fa2_bf16:bk64:fused"  # unchanged
     with pytest.raises(ValueError, match="gproj"):
-        AttentionImpl("flash", gproj="yes")
+        AttentionImpl("emulator", gproj="yes")
     with pytest.raises(ValueError, match="stable_beta"):
-        AttentionImpl("flash", stable_beta=0.5)
-    with pytest.raises(ValueError, match="options of the flash kernel"):
-        AttentionImpl("sdpa", "fp32", center_keys=True)
+        AttentionImpl("emulator", stable_beta=0.5)
+    with pytest.raises(ValueError, match="options of the emulator"):
+        AttentionImpl("reference", "fp32", center_keys=True)
     with pytest.raises(ValueError, match="unknown fix"):
         with_fix(impl, "magic")
 
 
 def test_with_fix_changes_one_thing():
-    base = AttentionImpl("flash", "fa2_bf16", block_q=32, block_k=32, fused_scale_max=True)
+    base = AttentionImpl("emulator", "fa2_bf16", block_q=32, block_k=32, fused_scale_max=True)
     assert with_fix(base, "none") == base
     assert with_fix(base, "forward_fix") == base.replace(fused_scale_max=False)
     assert with_fix(base, "stable_max", stable_beta=7.0).stable_beta == 7.0
@@ -241,7 +259,7 @@ def test_fixes_run_through_autograd_and_the_module():
     q, k, v = (t.float().requires_grad_(True) for t in normal_qkv(1, 2, 48, 16, seed=8))
     do = _grad_out(q.detach())
     for fix in FIXES:
-        impl = with_fix(AttentionImpl("flash", "fa2_bf16", block_q=16, block_k=16, fused_scale_max=True), fix)
+        impl = with_fix(AttentionImpl("emulator", "fa2_bf16", block_q=16, block_k=16, fused_scale_max=True), fix)
         module = Attention(impl)
         out = module(q, k, v, is_causal=True)
         auto = torch.autograd.grad(out, (q, k, v), do)
@@ -270,8 +288,8 @@ def test_kernel_cost_counts_what_each_fix_adds():
     assert base["backward"]["tile_passes"] == base["forward"]["tile_passes"] == 1
     assert cost["gproj_dq"]["backward"]["gemm_flops_low"] == 6 * gemm
     assert cost["gproj_dq"]["backward"]["tile_passes"] == 1
-    assert cost["gproj"]["backward"]["gemm_flops_low"] == 9 * gemm and cost["gproj"]["backward"]["tile_passes"] == 2
-    assert cost["gproj"]["backward"]["exp_ops"] == 2 * base["backward"]["exp_ops"]
+    assert cost["gproj_dq_dk"]["backward"]["gemm_flops_low"] == 9 * gemm and cost["gproj_dq_dk"]["backward"]["tile_passes"] == 2
+    assert cost["gproj_dq_dk"]["backward"]["exp_ops"] == 2 * base["backward"]["exp_ops"]
     assert cost["fp32_backward"]["backward"]["gemm_flops_fp32"] == 3 * gemm
     assert cost["fp32_attention"]["forward"]["gemm_flops_fp32"] == 2 * gemm
     assert cost["fp32_attention"]["backward"]["gemm_flops_low"] == 0
@@ -283,7 +301,7 @@ def test_kernel_cost_counts_what_each_fix_adds():
     causal = kernel_cost("none", n, d, block_q=128, block_k=128, causal=True)
     assert causal["backward"]["gemm_flops_low"] == 5 * 2.0 * 36 * 128 * 128 * d  # 36 of 64 tiles
     total = {fix: compute_seconds(c["forward"]) + compute_seconds(c["backward"]) for fix, c in cost.items()}
-    assert total["none"] < total["gproj_dq"] < total["gproj"] < total["fp32_backward"] < total["fp32_attention"]
+    assert total["none"] < total["gproj_dq"] < total["gproj_dq_dk"] < total["fp32_backward"] < total["fp32_attention"]
     with pytest.raises(ValueError, match="unknown fix"):
         kernel_cost("magic", n, d)
 
@@ -292,7 +310,7 @@ def test_cost_table_relative_extras():
     ds = cost_table(COST_FIXES, 2048, 128, causal=True)
     assert ds["cost_gemm_flops_low"].dims == ("fix", "kernel_pass")
     assert float(ds["cost_extra_compute_vs_attention"].sel(fix="none")) == 0.0
-    assert float(ds["cost_extra_compute_vs_backward"].sel(fix="gproj")) > float(
-        ds["cost_extra_compute_vs_attention"].sel(fix="gproj")) > 0
+    assert float(ds["cost_extra_compute_vs_backward"].sel(fix="gproj_dq_dk")) > float(
+        ds["cost_extra_compute_vs_attention"].sel(fix="gproj_dq_dk")) > 0
     for name in ds.data_vars:
         assert ds[name].attrs["units"] and ds[name].attrs["long_name"]

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from attnum.flash import flash_attention
+from attnum.kernels import flash_attention
 from attnum.inputs import normal_qkv
 from attnum.precision import round_to
-from attnum.reference import golden_attention, reference_attention
+from attnum.kernels import golden_attention, reference_attention
 
 pytestmark = pytest.mark.gpu
 

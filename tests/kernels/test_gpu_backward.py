@@ -2,12 +2,22 @@
 import pytest
 import torch
 
-from attnum.attention import AttentionImpl, attention_grads
-from attnum.backward import golden_attention_backward
+from attnum.kernels import AttentionImpl, as_kernel
+from attnum.kernels import golden_attention_backward
 from attnum.inputs import normal_qkv
 from attnum.model import GPTConfig
 from attnum.tasks import Task
 from attnum.training import TrainConfig, train
+
+def attention_forward(q, k, v, impl, *, causal=False, scale=None):
+    """The differentiable output of a kernel (an ``AttentionImpl`` or registry name)."""
+    return as_kernel(impl)(q, k, v, is_causal=causal, scale=scale)
+
+
+def attention_grads(q, k, v, grad_out, impl, **kw):
+    """``(dq, dk, dv)`` of a kernel through its registry interface."""
+    return as_kernel(impl).backward(q, k, v, grad_out, **kw)
+
 
 pytestmark = pytest.mark.gpu
 
@@ -16,7 +26,7 @@ pytestmark = pytest.mark.gpu
 def test_cuda_backward_matches_cpu(policy):
     q, k, v = normal_qkv(1, 2, 300, 64, seed=0)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    impl = AttentionImpl("flash", policy, block_q=64, block_k=64)
+    impl = AttentionImpl("emulator", policy, block_q=64, block_k=64)
     cpu = attention_grads(q, k, v, do, impl, causal=True)
     gpu = attention_grads(q.cuda(), k.cuda(), v.cuda(), do.cuda(), impl, causal=True)
     gold = golden_attention_backward(q, k, v, do, causal=True)
@@ -29,7 +39,7 @@ def test_cuda_backward_matches_cpu(policy):
 def test_cuda_training_runs():
     task = Task("induction", context=16, n_symbols=8, lm_loss=True)
     cfg = GPTConfig(vocab_size=task.vocab_size, context=16, n_layer=2, n_head=2, d_model=16,
-                    attention=(AttentionImpl("flash", "fa2_bf16", block_q=8, block_k=8),))
+                    attention=(AttentionImpl("emulator", "fa2_bf16", block_q=8, block_k=8),))
     tc = TrainConfig(steps=5, batch_size=4, warmup_steps=1, checkpoint_steps=(0, 5))
     a = train(cfg, task, tc, device="cuda", progress=False)
     assert a.checkpoints[5]["head.weight"].device.type == "cuda"

@@ -3,10 +3,11 @@ import math
 import pytest
 import torch
 
-from attnum.flash import _exponent_base_e, flash_attention
+from attnum.kernels import flash_attention
+from attnum.kernels.common import exponent as _exponent_base_e
 from attnum.inputs import normal_qkv
 from attnum.precision import get_policy, round_to
-from attnum.reference import golden_attention, reference_attention
+from attnum.kernels import golden_attention, reference_attention
 
 
 @pytest.mark.parametrize("n_q,n_k,block_q,block_k", [(200, 200, 32, 48), (64, 130, 16, 32), (1025, 1025, 128, 64)])

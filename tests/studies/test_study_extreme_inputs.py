@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from attnum import acceptance, ncio, runner
-from attnum.faults import FAULTS
+from attnum.kernels.faults import FAULTS
 from attnum.inputs import INPUT_FAMILIES
 
 pytestmark = pytest.mark.slow

@@ -6,7 +6,7 @@ import pytest
 import xarray as xr
 
 from attnum import ncio, runner
-from attnum.studies import gradient_blowup as study
+from attnum.studies import late_training_gradient_blowup as study
 
 STUDY = "late_training_gradient_blowup"
 

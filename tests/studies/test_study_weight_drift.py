@@ -9,7 +9,7 @@ from scipy import stats as sps
 
 from attnum import drift, ncio, runner
 from attnum.model import GPT, GPTConfig
-from attnum.studies import weight_drift as study
+from attnum.studies import wasserstein_weight_drift as study
 from attnum.tasks import Task
 
 STUDY = "wasserstein_weight_drift"
@@ -140,7 +140,7 @@ def test_drift_ratios_pair_seeds_and_skip_zero_denominators():
     values = {"flash": [[0.0, 1.0], [0.0, 2.0]], "bf16_training": [[0.0, 4.0], [0.0, 2.0]],
               "init_seed": [[1.0, 4.0], [1.0, 8.0]]}
     ds = xr.Dataset(coords={"pair": list(values), "seed": seeds, "step": steps})
-    for metric in study.METRICS:
+    for metric in study.DRIFT_METRICS:
         ds[f"model_{metric}"] = (("pair", "seed", "step"), np.array(list(values.values())))
     out = study.drift_ratios(ds)
     assert out["comparison"].values.tolist() == ["bf16_training/flash", "flash/init_seed"]

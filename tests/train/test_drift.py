@@ -5,7 +5,7 @@ import torch
 from scipy.stats import wasserstein_distance as scipy_w1
 
 from attnum import drift
-from attnum.attention import AttentionImpl
+from attnum.kernels import AttentionImpl, as_kernel
 from attnum.model import GPT, GPTConfig
 from attnum.tasks import Task
 from attnum.training import TrainConfig, train
@@ -110,7 +110,7 @@ def test_aggregates_follow_their_definitions():
 
 # -- runs -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("attention,autocast", [("reference:fp32", "none"), ("flash:fa2_bf16", "none"),
+@pytest.mark.parametrize("attention,autocast", [("reference:fp32", "none"), ("emulator:fa2_bf16", "none"),
                                                 ("reference:fa2_bf16", "bf16")])
 def test_identical_configurations_give_bitwise_identical_weights_and_zero_drift(attention, autocast):
     task, cfg = _tiny(attention)

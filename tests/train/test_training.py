@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnum import ncio
-from attnum.attention import AttentionImpl
+from attnum.kernels import AttentionImpl, as_kernel
 from attnum.diagnostics import backward_errors, recompute_backward_fp32
 from attnum.inputs import normal_qkv
 from attnum.model import GPT, GPTConfig, add_key_offset, perturb_weights
@@ -12,11 +12,11 @@ from attnum.tasks import IGNORE, Task
 from attnum.training import TrainConfig, load_checkpoint, train
 
 
-def _tiny(attention=("flash:fa2_bf16",), task=None, **kw):
+def _tiny(attention=("emulator:fa2_bf16",), task=None, **kw):
     task = task or Task("induction", context=16, n_symbols=8, lm_loss=True)
     cfg = GPTConfig(vocab_size=task.vocab_size, context=task.context, n_layer=2, n_head=2, d_model=16,
-                    attention=tuple(a if isinstance(a, AttentionImpl) else AttentionImpl.parse(a, block_k=8)
-                                    for a in attention), **kw)
+                    attention=tuple(AttentionImpl.parse(a, block_k=8) if a.startswith(("emulator", "reference"))
+                                    else a for a in attention), **kw)
     return task, cfg
 
 
@@ -51,14 +51,14 @@ def test_task_targets_are_the_answers():
 # -- model --------------------------------------------------------------------------------------
 
 def test_attention_is_chosen_per_layer():
-    _, cfg = _tiny(attention=("sdpa", "flash:fa2_bf16:fused"))
+    _, cfg = _tiny(attention=("sdpa:math", "emulator:fa2_bf16:fused"))
     model = GPT(cfg)
-    impls = [attn.kernel.impl for attn in model.attention_modules()]
-    assert impls[0].kind == "sdpa" and impls[1].kind == "flash" and impls[1].fused_scale_max
+    kernels = [attn.attention.kernel for attn in model.attention_modules()]
+    assert kernels[0].name == "sdpa:math" and kernels[1].impl.family == "emulator" and kernels[1].impl.fused_scale_max
     model.set_attention("reference:fp32", layers=[0])
-    assert model.attention_modules()[0].kernel.impl.label == "reference:fp32"
+    assert model.attention_modules()[0].attention.kernel.name == "reference:fp32"
     with pytest.raises(ValueError, match="3 layers"):
-        GPTConfig(vocab_size=8, n_layer=3, attention=("sdpa", "sdpa"))
+        GPTConfig(vocab_size=8, n_layer=3, attention=("sdpa:math", "sdpa:math"))
 
 
 def test_key_offset_leaves_the_fp64_forward_unchanged():
@@ -86,7 +86,7 @@ def test_perturbation_is_seeded_and_small():
 # -- trainer ------------------------------------------------------------------------------------
 
 def test_trainer_is_bitwise_deterministic_for_a_fixed_seed(tmp_path):
-    task, cfg = _tiny(attention=("flash:fa2_bf16:fused", "sdpa"))
+    task, cfg = _tiny(attention=("emulator:fa2_bf16:fused", "sdpa:flash"))
     tc = TrainConfig(steps=12, batch_size=4, warmup_steps=3, grad_clip=1.0, checkpoint_steps=(0, 6, 12),
                      record_every=2)
     a = train(cfg, task, tc, progress=False, checkpoint_dir=tmp_path)
@@ -111,9 +111,9 @@ def test_trainer_is_bitwise_deterministic_for_a_fixed_seed(tmp_path):
 
 
 def test_a_diagnostic_callback_leaves_the_run_bitwise_unchanged():
-    from attnum.studies.gradient_blowup import LiveDiagnostic
+    from attnum.training import LiveDiagnostic
 
-    task, cfg = _tiny(attention=("flash:fa2_bf16:fused", "flash:fa2_bf16"))
+    task, cfg = _tiny(attention=("emulator:fa2_bf16:fused", "emulator:fa2_bf16"))
     tc = TrainConfig(steps=8, batch_size=4, warmup_steps=2, checkpoint_steps=(8,))
     live = LiveDiagnostic(every=3, spike_factor=0.0)
     a = train(cfg, task, tc, progress=False, callback=live)
@@ -128,7 +128,7 @@ def test_a_diagnostic_callback_leaves_the_run_bitwise_unchanged():
 
 
 def test_training_records_and_learning(tmp_path):
-    task, cfg = _tiny(attention=("sdpa",), task=Task("copy", context=16, n_symbols=8))
+    task, cfg = _tiny(attention=("sdpa:flash",), task=Task("copy", context=16, n_symbols=8))
     res = train(cfg, task, TrainConfig(steps=100, batch_size=16, lr=1e-2, warmup_steps=5), progress=False)
     rec = res.records
     assert rec["grad_norm"].dims == ("step", "layer") and rec.sizes["layer"] == 2
@@ -153,14 +153,14 @@ def test_train_config_is_checked():
 # -- the diagnostic -----------------------------------------------------------------------------
 
 def test_diagnostic_reports_ratio_one_for_an_fp32_model_and_flags_an_injected_key_offset():
-    task, cfg = _tiny(attention=("flash:fp32",))
+    task, cfg = _tiny(attention=("emulator:fp32",))
     batch = task.batch(0, 8)
     fp32 = recompute_backward_fp32(GPT(cfg, seed=2), batch)
     assert np.allclose(fp32["grad_norm_ratio"].values, 1.0, atol=1e-6)
     assert np.all(fp32["dq_rel_err"].values < 1e-6) and not fp32["flagged"].any()
     assert int(fp32["forward_identical"]) == 1
 
-    _, cfg16 = _tiny(attention=("flash:fa2_bf16",))
+    _, cfg16 = _tiny(attention=("emulator:fa2_bf16",))
     clean = recompute_backward_fp32(GPT(cfg16, seed=2), batch)
     assert not clean["flagged"].any()
     assert np.allclose(clean["grad_norm_ratio"].values, 1.0, atol=0.02)
@@ -171,16 +171,16 @@ def test_diagnostic_reports_ratio_one_for_an_fp32_model_and_flags_an_injected_ke
     assert float(offset["dq_rel_err"].sel(layer=1)) > 10 * float(clean["dq_rel_err"].sel(layer=1))
     assert float(offset["grad_norm_qk_ratio"].sel(layer=1)) > 1.05
     # the model is left as it was
-    assert all(attn.kernel.backward_impl is None and attn.kernel.capture is None
+    assert all(attn.attention.backward_kernel is None and attn.attention.capture is None
                for attn in model.attention_modules())
 
 
 def test_diagnostic_on_raw_tensors_with_the_stored_forward():
-    from attnum.flash import flash_attention
+    from attnum.kernels import flash_attention
 
     q, k, v = (t.float() for t in normal_qkv(1, 2, 64, 16, seed=3))
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1))
-    impl = AttentionImpl("flash", "fa2_bf16", block_k=16)
+    impl = AttentionImpl("emulator", "fa2_bf16", block_k=16)
     out, lse = flash_attention(q, k, v, impl.policy, block_k=16)
     stored = backward_errors(q, k, v, do, impl, out=out, lse=lse)
     recomputed = backward_errors(q, k, v, do, impl)

@@ -1,60 +1,58 @@
-"""Differentiable attention: the flash emulator as an autograd Function, and a drop-in module.
+"""The emulated and reference kernels as registry kernels, with autograd, and a drop-in module.
 
-``AttentionImpl`` names one implementation of softmax(Q K^T * scale) V:
+``AttentionImpl`` configures one emulated implementation of softmax(Q K^T * scale) V:
 
-    reference  ``attnum.reference_attention`` under a policy; autograd through it
+    emulator   the tiled FlashAttention forward (``attnum.kernels.flash``) and backward
+               (``attnum.kernels.backward``), glued by ``FlashAttentionFunction``
+    reference  unblocked attention (``attnum.kernels.reference``) under a policy; autograd through it
                (every cast rounds the gradient too, like plain low-precision PyTorch)
-    flash      ``attnum.flash_attention`` forward + ``attnum.backward`` backward,
-               glued by ``FlashAttentionFunction``
-    sdpa       ``torch.nn.functional.scaled_dot_product_attention`` in the tensors' dtype
 
-``Attention`` is a module with the signature of ``scaled_dot_product_attention``
-(q, k, v of shape (batch, heads, seq, head_dim); ``is_causal``; ``scale``). Setting
-its ``backward_impl`` keeps the forward exactly as the module's own implementation
-computes it and replaces only the backward by a recomputation under another
-implementation: the FP32 backward-recompute diagnostic of seed 004
-(``attnum.diagnostics``).
+Its ``name`` is the registry name (``emulator:fa2_bf16:bk64``); ``ImplKernel`` is the registry's
+kernel for it. Fixes of the emulator (study 05) are options of ``AttentionImpl``:
+``fused_scale_max`` off is seed 004's forward fix, ``gproj`` its backward projection,
+``center_keys`` mean-key subtraction and ``stable_beta`` Qiu & Yao's max shift; an FP32
+backward is a policy. ``attnum.kernels.fixes.FIXES`` names each one as a change of a base.
 
-Fixes of the flash kernel (study 05) are options of ``AttentionImpl``: ``fused_scale_max``
-off is seed 004's forward fix, ``gproj`` its backward projection (``attnum.backward``),
-``center_keys`` mean-key subtraction and ``stable_beta`` Qiu & Yao's max shift
-(``attnum.fixes``); an FP32 backward is a policy (``PrecisionPolicy.with_backward``).
-``FIXES`` names each one as a change of a base implementation (``with_fix``).
+``Attention`` is a module with the signature of ``scaled_dot_product_attention`` around any
+registry kernel. Setting its ``backward_kernel`` keeps the forward exactly as the module's own
+kernel computes it and replaces only the backward by a recomputation under another kernel: the
+FP32 backward-recompute diagnostic of seed 004 (``attnum.diagnostics``).
 """
 from __future__ import annotations
 
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from ..precision import PrecisionPolicy, get_policy
 from .backward import GPROJ_MODES, flash_attention_backward
-from .fixes import center_keys, stable_flash_attention, uncenter_key_grad
+from .common import check_scale
+from .fixes import center_keys, uncenter_key_grad
 from .flash import LOOP_ORDERS, flash_attention
-from .precision import BACKWARD_STAGES, SIGNIFICAND_BITS, PrecisionPolicy, get_policy
-from .reference import default_scale, reference_attention
+from .reference import reference_attention
+from .registry import Kernel
 
-KINDS = ("reference", "flash", "sdpa")
+FAMILIES = ("emulator", "reference")
 
 
 @dataclasses.dataclass(frozen=True)
 class AttentionImpl:
-    """One attention implementation and the numerics of its forward and backward."""
+    """One emulated attention implementation and the numerics of its forward and backward."""
 
-    kind: str = "flash"
+    family: str = "emulator"
     policy: PrecisionPolicy | str = "fa2_bf16"
     block_q: int = 64
     block_k: int = 64
     loop_order: str = "q_outer"
     fused_scale_max: bool = False
-    gproj: str = "off"  # GProj: "off", "dq" (dQ correction, one pass) or "full" (dQ and dK, two passes)
+    gproj: str = "off"  # GProj: "off", "dq" (dQ correction, one pass) or "dq_dk" (dQ and dK, two passes)
     center_keys: bool = False  # mean-key subtraction: the kernel reads K - mean_j K_j
     stable_beta: float = 0.0  # > 0: Qiu & Yao's STABLE max shift with this beta (0: the plain row max)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown attention implementation {self.kind!r}; allowed: {list(KINDS)}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"unknown emulated implementation {self.family!r}; allowed: {list(FAMILIES)}")
         if self.loop_order not in LOOP_ORDERS:
             raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {self.loop_order!r}")
         if self.block_q < 1 or self.block_k < 1:
@@ -65,8 +63,9 @@ class AttentionImpl:
             raise ValueError(f"stable_beta must be 0 (off) or >= 1, got {self.stable_beta}")
         if self.stable_beta and self.loop_order != "q_outer":
             raise ValueError("the STABLE max shift is emulated in the FlashAttention-2 loop order only")
-        if self.kind != "flash" and self.has_fix:
-            raise ValueError(f"gproj, center_keys and stable_beta are options of the flash kernel, not {self.kind!r}")
+        if self.family != "emulator" and (self.has_fix or self.fused_scale_max or self.loop_order != "q_outer"):
+            raise ValueError(f"fused, fa1, gproj, center_keys and stable are options of the emulator, "
+                             f"not of {self.family!r}")
         object.__setattr__(self, "policy", get_policy(self.policy))
 
     @property
@@ -75,196 +74,205 @@ class AttentionImpl:
         return self.gproj != "off" or self.center_keys or self.stable_beta > 0
 
     @classmethod
-    def parse(cls, text: str, **options) -> "AttentionImpl":
-        """From ``"flash:fa2_bf16"``, ``"flash:fa2_bf16:fused"``, ``"reference:fp32"`` or ``"sdpa"``.
+    def parse(cls, text: str, **defaults) -> "AttentionImpl":
+        """From a registry name: ``emulator:fa2_bf16[:bk64][:bq32][:fa1][:fused][:gproj_dq|:gproj_dq_dk]
+        [:center_keys][:stable|:stable=<beta>]`` or ``reference:fp32``. ``defaults`` (e.g. block
+        sizes) apply where the name says nothing."""
+        family, *options = text.split(":")
+        return cls.from_options(family, options, **defaults)
 
-        Flags after the policy, in any order: ``fused``, ``gproj`` (two-pass GProj), ``gproj_dq``,
-        ``center_keys``, ``stable`` (beta 2) or ``stable=<beta>``.
-        """
-        kind, *rest = text.split(":")
-        while rest and (rest[-1] in _FLAGS or rest[-1].startswith("stable=")):
-            flag = rest.pop()
-            if flag.startswith("stable="):
-                options["stable_beta"] = float(flag.split("=", 1)[1])
+    @classmethod
+    def from_options(cls, family: str, options: list[str], **defaults) -> "AttentionImpl":
+        fields = dict(defaults)
+        policy = None
+        named_blocks = set()
+        for option in options:
+            if option in _FLAGS:
+                fields.update(_FLAGS[option])
+            elif option.startswith("stable="):
+                fields["stable_beta"] = float(option.split("=", 1)[1])
+            elif option[:2] in ("bk", "bq") and option[2:].isdigit():
+                named_blocks.add("block_k" if option[:2] == "bk" else "block_q")
+                fields["block_k" if option[:2] == "bk" else "block_q"] = int(option[2:])
+            elif policy is None:
+                policy = option
             else:
-                options.update(_FLAGS[flag])
-        if len(rest) > 1:
-            raise ValueError(f"cannot read attention implementation {text!r}; e.g. 'flash:fa2_bf16:fused'")
-        policy = rest[0] if rest else ("fp32" if kind == "sdpa" else "fa2_bf16")
-        return cls(kind=kind, policy=policy, **options)
+                raise ValueError(f"unknown option {option!r} of {family!r}; options: a policy, bk<N>, bq<N>, "
+                                 f"{', '.join(_FLAGS)}, stable=<beta>")
+        if "block_k" in named_blocks and "block_q" not in named_blocks:
+            fields["block_q"] = fields["block_k"]  # "bk128" alone: square tiles, as the name reads
+        return cls(family=family, policy=policy or fields.pop("policy", "fa2_bf16"), **fields)
 
     @property
-    def label(self) -> str:
-        if self.kind == "sdpa":
-            return "sdpa"
-        flags = [":fused" if self.fused_scale_max else "",
-                 {"off": "", "dq": ":gproj_dq", "full": ":gproj"}[self.gproj],
+    def name(self) -> str:
+        """The registry name; block sizes only where they matter (the emulator)."""
+        if self.family == "reference":
+            return f"reference:{self.policy.name}"
+        flags = [f":bk{self.block_k}", f":bq{self.block_q}" if self.block_q != self.block_k else "",
+                 ":fa1" if self.loop_order == "k_outer" else "",
+                 ":fused" if self.fused_scale_max else "",
+                 {"off": "", "dq": ":gproj_dq", "dq_dk": ":gproj_dq_dk"}[self.gproj],
                  ":center_keys" if self.center_keys else "",
                  f":stable={self.stable_beta:g}" if self.stable_beta else ""]
-        return f"{self.kind}:{self.policy.name}" + "".join(flags)
+        return f"emulator:{self.policy.name}" + "".join(flags)
 
     def replace(self, **changes) -> "AttentionImpl":
         return dataclasses.replace(self, **changes)
 
 
-_FLAGS = {"fused": {"fused_scale_max": True}, "gproj": {"gproj": "full"}, "gproj_dq": {"gproj": "dq"},
+_FLAGS = {"fused": {"fused_scale_max": True}, "fa1": {"loop_order": "k_outer"},
+          "gproj_dq": {"gproj": "dq"}, "gproj_dq_dk": {"gproj": "dq_dk"},
           "center_keys": {"center_keys": True}, "stable": {"stable_beta": 2.0}}
 
-FP32_BACKWARD = AttentionImpl("flash", "fp32")
-"""The FP32 recompute of the diagnostic: the flash emulator with no rounding anywhere."""
+FP32_BACKWARD = AttentionImpl("emulator", "fp32")
+"""The FP32 recompute of the diagnostic: the emulator with no rounding anywhere."""
 
 
-def _backward_at_least_fp32(policy: PrecisionPolicy) -> PrecisionPolicy:
-    """Every backward stage narrower than fp32 widened to fp32 (an fp64 policy stays as it is)."""
-    narrow = {s: "fp32" for s in BACKWARD_STAGES if SIGNIFICAND_BITS[getattr(policy, s)] < SIGNIFICAND_BITS["fp32"]}
-    return policy.replace(name=f"{policy.name}+bwd=fp32", **narrow) if narrow else policy
-
-
-# name -> (what it changes, the change applied to a base implementation)
-FIXES = {
-    "none": ("the kernel as it is (study 05's base: BF16 FlashAttention-3, fused scale-max)",
-             lambda impl: impl),
-    "forward_fix": ("seed 004's forward fix: subtract the row max, then scale (no fused scale-max)",
-                    lambda impl: impl.replace(fused_scale_max=False)),
-    "mean_key": ("mean-key subtraction: the kernel reads K - mean_j K_j (forward unchanged in exact arithmetic)",
-                 lambda impl: impl.replace(center_keys=True)),
-    "stable_max": ("Qiu & Yao's STABLE: on rows with a repeated max, offset beta*max (max > 0) or 0 (max < 0)",
-                   lambda impl, beta=2.0: impl.replace(stable_beta=float(beta))),
-    "fp32_backward": ("FP32 attention backward: every backward stage in fp32 (dS not rounded), forward as it is",
-                      lambda impl: impl.replace(policy=_backward_at_least_fp32(impl.policy))),
-    "gproj_dq": ("GProj, dQ only: r_i and (P K)_i accumulated beside dQ in the existing pass",
-                 lambda impl: impl.replace(gproj="dq")),
-    "gproj": ("GProj, dQ and dK: one extra pass computes r first, then dS~ - r P feeds both matmuls",
-              lambda impl: impl.replace(gproj="full")),
-    "fp32_attention": ("FP32 attention, forward and backward (the level a fix should reach)",
-                       lambda impl: impl.replace(policy=get_policy("fp32") if impl.policy.carrier == torch.float32
-                                                 else impl.policy)),
-}
-
-
-def with_fix(impl: AttentionImpl, fix: str, *, stable_beta: float = 2.0) -> AttentionImpl:
-    """``impl`` with one fix of ``FIXES`` applied (``stable_beta``: the beta of ``stable_max``)."""
-    if fix not in FIXES:
-        raise ValueError(f"unknown fix {fix!r}; allowed: {list(FIXES)}")
-    change = FIXES[fix][1]
-    return change(impl, stable_beta) if fix == "stable_max" else change(impl)
-
-
-def _scale(q, scale):
-    return default_scale(q.shape[-1]) if scale is None else float(scale)
-
-
-class FlashAttentionFunction(torch.autograd.Function):
-    """Emulated FlashAttention forward and backward under ``impl`` (kind ``flash``)."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, impl: AttentionImpl, causal: bool, scale: float):
-        out, lse = flash_forward(q, k, v, impl, causal=causal, scale=scale)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.impl, ctx.causal, ctx.scale = impl, causal, scale
-        return out.to(q.dtype)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, ctx.impl, causal=ctx.causal, scale=ctx.scale)
-        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None
-
-
-def flash_forward(q, k, v, impl: AttentionImpl, *, causal: bool = False, scale: float | None = None):
-    """``(out, lse)`` of the flash emulator under ``impl``, its forward-side fixes included."""
-    scale = _scale(q, scale)
+def flash_forward(q, k, v, impl: AttentionImpl, *, causal: bool = False, scale: float | None = None,
+                  attn_bias=None, **options):
+    """``(out, lse)`` of the emulator under ``impl``, its forward-side fixes included.
+    ``options``: the forward emulator's ``fault`` and ``mask_fill``."""
+    scale = check_scale(scale, q.shape[-1])
     if impl.center_keys:
         k = center_keys(k.to(impl.policy.carrier))
-    if impl.stable_beta:
-        return stable_flash_attention(q, k, v, impl.policy, scale=scale, causal=causal, block_q=impl.block_q,
-                                      block_k=impl.block_k, fused_scale_max=impl.fused_scale_max,
-                                      beta=impl.stable_beta)
-    return flash_attention(q, k, v, impl.policy, scale=scale, causal=causal, block_q=impl.block_q,
-                           block_k=impl.block_k, loop_order=impl.loop_order, fused_scale_max=impl.fused_scale_max)
+    return flash_attention(q, k, v, impl.policy, scale=scale, causal=causal, attn_bias=attn_bias,
+                           block_q=impl.block_q, block_k=impl.block_k, loop_order=impl.loop_order,
+                           fused_scale_max=impl.fused_scale_max, stable_beta=impl.stable_beta, **options)
 
 
 def flash_backward(q, k, v, out, lse, grad_out, impl: AttentionImpl, *, causal: bool = False,
-                   scale: float | None = None, stats: dict | None = None):
-    """``(dq, dk, dv)`` of the flash emulator under ``impl`` from what its forward stored."""
-    scale = _scale(q, scale)
+                   scale: float | None = None, attn_bias=None, stats: dict | None = None):
+    """``(dq, dk, dv)`` of the emulator under ``impl`` from what its forward stored."""
+    scale = check_scale(scale, q.shape[-1])
     k_read = center_keys(k.to(impl.policy.carrier)) if impl.center_keys else k
     dq, dk, dv = flash_attention_backward(q, k_read, v, out, lse, grad_out, impl.policy, scale=scale,
-                                          causal=causal, block_q=impl.block_q, block_k=impl.block_k,
-                                          fused_scale_max=impl.fused_scale_max, gproj=impl.gproj, stats=stats)
+                                          causal=causal, attn_bias=attn_bias, block_q=impl.block_q,
+                                          block_k=impl.block_k, fused_scale_max=impl.fused_scale_max,
+                                          gproj=impl.gproj, stats=stats)
     if impl.center_keys:
         dk = impl.policy.round(uncenter_key_grad(dk), "grad")  # the centering's own backward
     return dq, dk, dv
 
 
-def attention_forward(q, k, v, impl: AttentionImpl, *, causal: bool = False, scale: float | None = None):
-    """Differentiable attention output under ``impl``."""
-    scale = _scale(q, scale)
-    if impl.kind == "flash":
-        return FlashAttentionFunction.apply(q, k, v, impl, causal, scale)
-    if impl.kind == "reference":
-        return reference_attention(q, k, v, impl.policy, scale=scale, causal=causal).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+class FlashAttentionFunction(torch.autograd.Function):
+    """Emulated FlashAttention forward and backward under ``impl`` (family ``emulator``)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, impl: AttentionImpl, causal: bool, scale: float, attn_bias):
+        out, lse = flash_forward(q, k, v, impl, causal=causal, scale=scale, attn_bias=attn_bias)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.impl, ctx.causal, ctx.scale, ctx.attn_bias = impl, causal, scale, attn_bias
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, ctx.impl, causal=ctx.causal, scale=ctx.scale,
+                                    attn_bias=ctx.attn_bias)
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
-def attention_grads(q, k, v, grad_out, impl: AttentionImpl, *, causal: bool = False,
-                    scale: float | None = None, out=None, lse=None, stats: dict | None = None):
-    """``(dq, dk, dv)`` of attention under ``impl`` for the upstream gradient ``grad_out``.
+class ImplKernel(Kernel):
+    """The registry kernel of an ``AttentionImpl``: the emulator or the reference.
 
-    For ``flash``, ``out`` and ``lse`` may be what a forward stored (kept exactly as it
-    ran); otherwise the forward is recomputed under ``impl``. ``stats``: filled with the
-    backward's per-row dS diagnostics (flash only; see ``flash_attention_backward``).
+    ``options`` (emulator only): ``fault`` (a ``KernelHooks``, ``attnum.kernels.faults``) and
+    ``mask_fill``; (reference only) ``query_chunk``. A fault is part of the name (``+fault=...``).
     """
-    scale = _scale(q, scale)
-    if impl.kind == "flash":
+
+    def __init__(self, impl: AttentionImpl, **options):
+        allowed = {"emulator": {"fault", "mask_fill"}, "reference": {"query_chunk"}}[impl.family]
+        unknown = set(options) - allowed
+        if unknown:
+            raise ValueError(f"options {sorted(unknown)} do not apply to {impl.family!r}; allowed: {sorted(allowed)}")
+        if impl.family == "emulator" and options.get("fault") is not None and impl.has_fix:
+            raise ValueError("faults are injected into the plain emulator, not into one with a fix")
+        self.impl, self.options = impl, options
+        extra = [f"fault={options['fault']}" if options.get("fault") is not None else "",
+                 f"mask_fill={options['mask_fill']}" if options.get("mask_fill", "-inf") != "-inf" else ""]
+        self.name = impl.name + "".join(f"+{e}" for e in extra if e)
+
+    @property
+    def policy(self) -> PrecisionPolicy:
+        return self.impl.policy
+
+    def read_operands(self, q, k, v, grad_out):
+        """q, k, v and dO rounded by the policy's ``inputs`` and ``grad_out`` stages, as the kernel reads them."""
+        pol = self.impl.policy
+        q, k, v = (pol.round(t.to(pol.carrier), "inputs") for t in (q, k, v))
+        return q, k, v, pol.round(grad_out.to(pol.carrier), "grad_out")
+
+    def forward(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None):
+        if self.impl.family == "emulator":
+            return flash_forward(q, k, v, self.impl, causal=causal, scale=scale, attn_bias=attn_bias, **self.options)
+        return reference_attention(q, k, v, self.impl.policy, scale=scale, causal=causal, attn_bias=attn_bias,
+                                   return_lse=True, **self.options)
+
+    def differentiable(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None):
+        scale = check_scale(scale, q.shape[-1])
+        if self.impl.family == "emulator":
+            if self.options:
+                raise ValueError("a fault or a mask fill has no backward: use forward()")
+            return FlashAttentionFunction.apply(q, k, v, self.impl, causal, scale, attn_bias)
+        return reference_attention(q, k, v, self.impl.policy, scale=scale, causal=causal,
+                                   attn_bias=attn_bias).to(q.dtype)
+
+    def backward(self, q, k, v, grad_out, *, causal: bool = False, attn_bias=None, scale: float | None = None,
+                 out=None, lse=None, stats: dict | None = None):
+        """For the emulator, ``out``/``lse`` may be what a forward stored (kept exactly as it ran);
+        otherwise the forward is recomputed. ``stats``: the backward's per-row dS diagnostics."""
+        if self.impl.family != "emulator":
+            return super().backward(q, k, v, grad_out, causal=causal, attn_bias=attn_bias, scale=scale)
         if out is None or lse is None:
-            out, lse = flash_forward(q, k, v, impl, causal=causal, scale=scale)
-        return flash_backward(q, k, v, out, lse, grad_out, impl, causal=causal, scale=scale, stats=stats)
-    with torch.enable_grad():
-        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
-        o = attention_forward(*leaves, impl, causal=causal, scale=scale)
-        return torch.autograd.grad(o, leaves, grad_out.to(o.dtype))
+            out, lse = flash_forward(q, k, v, self.impl, causal=causal, scale=scale, attn_bias=attn_bias)
+        return flash_backward(q, k, v, out, lse, grad_out, self.impl, causal=causal, scale=scale,
+                              attn_bias=attn_bias, stats=stats)
+
+
+def impl_kernel(impl: AttentionImpl | str, **options) -> ImplKernel:
+    """The registry kernel of an implementation (or of its name)."""
+    return ImplKernel(AttentionImpl.parse(impl) if isinstance(impl, str) else impl, **options)
 
 
 class _RecomputedBackward(torch.autograd.Function):
-    """Pass a forward output through unchanged; its backward recomputes attention under another impl."""
+    """Pass a forward output through unchanged; its backward recomputes attention under another kernel."""
 
     @staticmethod
-    def forward(ctx, q, k, v, out, impl: AttentionImpl, causal: bool, scale: float):
+    def forward(ctx, q, k, v, out, kernel: Kernel, causal: bool, scale: float):
         ctx.save_for_backward(q, k, v)
-        ctx.impl, ctx.causal, ctx.scale = impl, causal, scale
+        ctx.kernel, ctx.causal, ctx.scale = kernel, causal, scale
         return out.clone()
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v = ctx.saved_tensors
-        dq, dk, dv = attention_grads(q, k, v, grad_out, ctx.impl, causal=ctx.causal, scale=ctx.scale)
+        dq, dk, dv = ctx.kernel.backward(q, k, v, grad_out, causal=ctx.causal, scale=ctx.scale)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None, None, None
 
 
 class Attention(nn.Module):
-    """Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)``.
+    """Drop-in for ``F.scaled_dot_product_attention(q, k, v, is_causal=..., scale=...)`` around a kernel.
 
-    ``backward_impl`` (default None): when set, the forward value is still this module's
-    ``impl`` (computed without autograd, bit for bit what it would be) and the backward
-    is recomputed under ``backward_impl``. ``capture``: when a dict, the forward stores
-    q, k, v and its output there and the backward stores dO (for diagnostics).
+    ``kernel``: a registry ``Kernel``, its name, or an ``AttentionImpl``. ``backward_kernel``
+    (default None): when set, the forward value is still this module's kernel (computed without
+    autograd, bit for bit what it would be) and the backward is recomputed under
+    ``backward_kernel``. ``capture``: when a dict, the forward stores q, k, v and its output there
+    and the backward stores dO (for diagnostics).
     """
 
-    def __init__(self, impl: AttentionImpl | str = AttentionImpl()):
+    def __init__(self, kernel: Kernel | AttentionImpl | str = AttentionImpl()):
         super().__init__()
-        self.impl = AttentionImpl.parse(impl) if isinstance(impl, str) else impl
-        self.backward_impl: AttentionImpl | None = None
+        self.kernel = as_kernel(kernel)
+        self.backward_kernel: Kernel | None = None
         self.capture: dict | None = None
 
     def forward(self, q, k, v, is_causal: bool = False, scale: float | None = None):
-        scale = _scale(q, scale)
-        if self.backward_impl is None:
-            out = attention_forward(q, k, v, self.impl, causal=is_causal, scale=scale)
+        scale = check_scale(scale, q.shape[-1])
+        if self.backward_kernel is None:
+            out = self.kernel(q, k, v, is_causal=is_causal, scale=scale)
         else:
             with torch.no_grad():
-                value = attention_forward(q, k, v, self.impl, causal=is_causal, scale=scale)
-            out = _RecomputedBackward.apply(q, k, v, value, self.backward_impl, is_causal, scale)
+                value = self.kernel(q, k, v, is_causal=is_causal, scale=scale)
+            out = _RecomputedBackward.apply(q, k, v, value, self.backward_kernel, is_causal, scale)
         if self.capture is not None:
             self.capture.update(q=q.detach().clone(), k=k.detach().clone(), v=v.detach().clone(),
                                 out=out.detach().clone(), causal=is_causal, scale=scale)
@@ -273,5 +281,16 @@ class Attention(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        extra = f", backward={self.backward_impl.label}" if self.backward_impl is not None else ""
-        return f"impl={self.impl.label}{extra}"
+        extra = f", backward={self.backward_kernel.name}" if self.backward_kernel is not None else ""
+        return f"kernel={self.kernel.name}{extra}"
+
+
+def as_kernel(kernel: Kernel | AttentionImpl | str) -> Kernel:
+    """A registry kernel from a kernel, an ``AttentionImpl`` or a registry name."""
+    if isinstance(kernel, Kernel):
+        return kernel
+    if isinstance(kernel, AttentionImpl):
+        return ImplKernel(kernel)
+    from .registry import get
+
+    return get(kernel)

@@ -1,4 +1,4 @@
-"""FlashAttention-style backward emulator under a precision policy, and its fp64 golden.
+"""FlashAttention-style backward emulator under a precision policy, with GProj.
 
 The algorithm follows FlashAttention-2 (Dao 2023, Alg. 2), which FlashAttention-3
 keeps: the forward stores only the output O and the log-sum-exp L; the backward
@@ -20,13 +20,12 @@ backward stage in fp32. ``fused_scale_max`` recomputes P the way FA3 does,
 ``exp2(fma(S, scale * log2 e, -L * log2 e))``, matching the forward option of
 the same name (seed 004, cause 1).
 
-Vectorisation as in ``attnum.flash``: the only Python loop is over key blocks;
+Vectorisation as in ``attnum.kernels.flash``: the only Python loop is over key blocks;
 all query rows that reach a key block are processed at once, so dK_j and dV_j
 are one fp32-accumulated matmul over those rows, rounded to ``grad_acc`` once.
 
-``golden_attention_backward`` computes the exact gradients in fp64, in query
-chunks, with the exact output (not a stored one) in D: the value every study
-measures against.
+The exact gradients every study measures against are ``attnum.kernels.reference.
+golden_attention_backward`` (fp64, in query chunks, D from the exact output).
 
 GProj (seed 004's fix; study 05), option ``gproj``: after dS is rounded, restore the
 zero row sums on the values the matmuls actually multiply,
@@ -40,7 +39,7 @@ would round the row sums away again):
     ``"dq"``    the dQ correction inside the existing pass: r_i and (P~ K)_i are
                 accumulated beside dQ, and dQ_i -= r_i (P~ K)_i once every key block
                 has been seen. dK is not corrected.
-    ``"full"``  one extra pass over the key blocks first computes r_i for every query row
+    ``"dq_dk"`` one extra pass over the key blocks first computes r_i for every query row
                 (the backward is key-block-outer: r_i is a reduction over all key blocks,
                 unknown while dK_j is accumulated); in the main pass each dQ tile gets
                 r_i (P~ K_j)_i subtracted beside dS~ K_j (r scales the fp32 GEMM output), and
@@ -50,7 +49,7 @@ would round the row sums away again):
 P~ is P as rounded for the dV matmul (``p_bwd``): a kernel reuses that register tile.
 Because D_i enters dS as -D_i P_ij, GProj also removes the error of a D formed from
 the stored output: dS' equals dS with D_i replaced by sum_j P_ij dP_ij.
-Options of the kernel travel in ``attnum.attention.AttentionImpl`` next to ``fused_scale_max``.
+Options of the kernel travel in ``attnum.kernels.autograd.AttentionImpl`` next to ``fused_scale_max``.
 """
 from __future__ import annotations
 
@@ -58,30 +57,12 @@ import math
 
 import torch
 
-from .flash import key_blocks
-from .precision import LOG2E, PrecisionPolicy, get_policy
-from .reference import _check_qkv, default_scale
+from ..precision import PrecisionPolicy, get_policy
+from .common import causal_mask, check_lse, check_qkv, check_scale, key_blocks, recompute_p
 
 
-def _recompute_p(s, lse, scale: float, fused: bool, pol: PrecisionPolicy):
-    """P = exp(S * scale - L) from raw scores ``s`` and the stored log-sum-exp ``lse`` (..., rows, 1).
-
-    Rows with L = -inf (every key masked) give P = 0.
-    """
-    lse = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse)
-    if not fused:
-        return torch.exp(pol.round(pol.round(s * scale, "stats") - lse, "stats"))
-    # FA3: P = exp2(s * c - L * log2 e), one FMA on the raw score, like the forward.
-    c = pol.round(torch.tensor(scale * LOG2E, dtype=s.dtype, device=s.device), "stats")
-    lse2 = pol.round(lse * LOG2E, "stats")
-    if s.dtype == torch.float64:
-        x = s * c - lse2
-    else:
-        x = (s.double() * c.double() - lse2.double()).to(s.dtype)  # one rounding, as an fp32 FMA
-    return torch.exp2(pol.round(x, "stats"))
-
-
-GPROJ_MODES = ("off", "dq", "full")
+GPROJ_MODES = ("off", "dq", "dq_dk")
+"""GProj's modes, named for the gradients they correct."""
 
 
 def _key_block_tiles(q, k, v, grad_out, lse, delta, bias, pol: PrecisionPolicy, scale: float, causal: bool,
@@ -101,15 +82,15 @@ def _key_block_tiles(q, k, v, grad_out, lse, delta, bias, pol: PrecisionPolicy, 
         if bias is not None:
             s = pol.round(s + bias[..., rows, keys] / scale, "score")
         if causal:
-            qi = torch.arange(row0, n_q, device=q.device)[:, None] + offset
-            kj = torch.arange(k_start, k_stop, device=q.device)[None, :]
-            s = s.masked_fill(kj > qi, -math.inf)
-        p = _recompute_p(s, lse[..., rows, :], scale, fused, pol)
+            s = s.masked_fill(~causal_mask(n_q, n_k, q.device, rows=(row0, n_q), cols=(k_start, k_stop)), -math.inf)
+        p = recompute_p(s, lse[..., rows, :], scale, fused, pol)
 
         # -- dS = P * (dP - D) in the accumulator format, then rounded for the matmuls --
         dp = pol.round(do_blk @ v_blk.transpose(-1, -2), "dp")
         ds_exact = pol.round(p * pol.round(dp - delta[..., rows, :], "dp"), "dp")
-        yield rows, keys, p, ds_exact, pol.round(ds_exact, "ds")
+        # -- dS rounded to the ds format for the dQ and dK matmuls: seed 004, cause 2 --
+        ds = pol.round(ds_exact, "ds")
+        yield rows, keys, p, ds_exact, ds
 
 
 def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | PrecisionPolicy = "fa2_bf16", *,
@@ -121,21 +102,23 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | Precisio
     ``q, k, v`` are the forward's inputs (rounded to the ``inputs`` format here, as the
     forward did), ``out`` and ``lse`` what the forward stored, ``grad_out`` = dL/dO.
     ``attn_bias`` (additive, no gradient) and ``causal`` must be the forward's.
-    ``gproj``: ``"off"``, ``"dq"`` or ``"full"`` (see the module docstring).
+    ``gproj``: ``"off"``, ``"dq"`` or ``"dq_dk"`` (see the module docstring).
 
     ``stats``: a dict to fill with per-row diagnostics of shape (batch, heads, n_q):
     ``ds_row_sum`` (sum_j of dS as the dQ matmul effectively multiplies it: dS' under GProj),
     ``ds_rounded_row_sum`` (sum_j dS~, after the ``ds`` rounding and before any projection),
     ``ds_exact_row_sum`` (before the ``ds`` rounding) and ``ds_row_abs_sum`` (sum_j |dS~_ij|).
     """
-    _check_qkv(q, k, v)
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    check_qkv(q, k, v)
+    check_lse(lse, q)
+    if tuple(out.shape) != tuple(q.shape[:-1]) + (v.shape[-1],) or grad_out.shape != out.shape:
+        raise ValueError(f"out {tuple(out.shape)} and grad_out {tuple(grad_out.shape)} must have the output's "
+                         f"shape {tuple(q.shape[:-1]) + (v.shape[-1],)}")
     if gproj not in GPROJ_MODES:
         raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
     pol = get_policy(policy)
     carrier = pol.carrier
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    scale = check_scale(scale, q.shape[-1])
     q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
     out = out.to(carrier)
     grad_out = pol.round(grad_out.to(carrier), "grad_out")
@@ -152,8 +135,8 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | Precisio
 
     row_shape = q.shape[:-1] + (1,)
     r_full = None
-    if gproj == "full":
-        # -- GProj pass 1: r_i = sum_j dS~_ij over every key block, before any dK_j is formed --
+    if gproj == "dq_dk":
+        # -- GProj (dq_dk) pass 1: r_i = sum_j dS~_ij over every key block, before any dK_j is formed --
         r_full = torch.zeros(row_shape, dtype=carrier, device=q.device)
         for rows, _, _, _, ds in tiles():
             r_full[..., rows, :] = pol.round(r_full[..., rows, :] + ds.sum(dim=-1, keepdim=True), "dp")
@@ -175,15 +158,17 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | Precisio
         # -- dV_j = P^T dO, with P rounded for the matmul --
         dv[..., keys, :] = pol.round(pol.round(p_mm.transpose(-1, -2) @ do_blk, "grad_acc"), "grad")
 
-        # -- dQ tile: dS~ K_j, less r_i (P~ K_j)_i beside it when r is known (GProj "full") --
+        # -- dQ tile: dS~ K_j, less r_i (P~ K_j)_i beside it when r is known (GProj "dq_dk") --
         dq_tile = ds @ k_blk
         ds_k = ds
-        if gproj == "full":
+        if gproj == "dq_dk":
+            # -- GProj (dq_dk): r_i (P~ K_j)_i off the dQ tile, r_i P~_ij off dK's operand --
             r_blk = r_full[..., rows, :]
             dq_tile = dq_tile - r_blk * (p_mm @ k_blk)  # r applied to the fp32 GEMM output, not rounded
             # dK's correction: the operand r_i P~_ij (rounded like P~) into dK's fp32 accumulator
             ds_k = ds - pol.round(r_blk * p_mm, "p_bwd")
         elif gproj == "dq":
+            # -- GProj (dq): r_i and (P~ K)_i accumulated beside dQ --
             r_acc[..., rows, :] = pol.round(r_acc[..., rows, :] + ds.sum(dim=-1, keepdim=True), "dp")
             pk_acc[..., rows, :] = pol.round(pk_acc[..., rows, :] + pol.round(p_mm @ k_blk, "grad_acc"),
                                              "grad_acc")
@@ -198,7 +183,7 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | Precisio
         dk[..., keys, :] = pol.round(pol.round(ds_k.transpose(-1, -2) @ q_blk, "grad_acc") * scale, "grad")
 
     if gproj == "dq":
-        # -- GProj's dQ correction, once r_i is complete: dQ_i -= r_i (P~ K)_i --
+        # -- GProj (dq): the dQ correction, once r_i is complete: dQ_i -= r_i (P~ K)_i --
         dq_acc = pol.round(dq_acc - r_acc * pk_acc, "grad_acc")
     if stats is not None:
         # the row sums of dS as the dQ matmul effectively multiplies it: sum_j (dS~_ij - r_i P~_ij) = r_i (1 - sum_j P~_ij)
@@ -207,45 +192,4 @@ def flash_attention_backward(q, k, v, out, lse, grad_out, policy: str | Precisio
             r = r_acc if gproj == "dq" else r_full
             stats["ds_row_sum"] = (r * (1 - stats["p_row_sum"].unsqueeze(-1))).squeeze(-1)
     dq = pol.round(dq_acc * scale, "grad")
-    return dq, dk, dv
-
-
-@torch.no_grad()
-def golden_attention_backward(q, k, v, grad_out, *, scale: float | None = None, causal: bool = False,
-                              attn_bias: torch.Tensor | None = None, chunk: int = 1024):
-    """Exact attention gradients ``(dq, dk, dv)`` in fp64, ``chunk`` query rows at a time.
-
-    Inputs and ``grad_out`` are used exactly as given (upcast to fp64): pass what the
-    kernel under test read. D uses the exact output, so dS rows sum to 0 up to fp64 rounding.
-    """
-    _check_qkv(q, k, v)
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    q, k, v, do = (t.to(torch.float64) for t in (q, k, v, grad_out))
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    dq = torch.zeros_like(q)
-    dk = torch.zeros_like(k)
-    dv = torch.zeros_like(v)
-    for start in range(0, n_q, chunk):
-        stop = min(start + chunk, n_q)
-        qc, doc = q[..., start:stop, :], do[..., start:stop, :]
-        s = (qc @ k.transpose(-1, -2)) * scale
-        if attn_bias is not None:
-            bias = attn_bias.to(torch.float64)
-            s = s + (bias[..., start:stop, :] if bias.shape[-2] != 1 else bias)
-        if causal:
-            rows = torch.arange(start, stop, device=q.device)[:, None] + (n_k - n_q)
-            s = s.masked_fill(torch.arange(n_k, device=q.device)[None, :] > rows, -math.inf)
-        row_max = s.amax(dim=-1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        e = torch.exp(s - row_max)
-        row_sum = e.sum(dim=-1, keepdim=True)
-        p = e / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
-        out = p @ v
-        dv += p.transpose(-1, -2) @ doc
-        dp = doc @ v.transpose(-1, -2)
-        ds = p * (dp - (doc * out).sum(dim=-1, keepdim=True))
-        dq[..., start:stop, :] = (ds @ k) * scale
-        dk += (ds.transpose(-1, -2) @ qc) * scale
     return dq, dk, dv

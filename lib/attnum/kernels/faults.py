@@ -1,6 +1,6 @@
 """Injected faults: realistic FlashAttention forward bugs, each with a severity knob.
 
-Each fault is a ``KernelHooks`` subclass (``attnum.flash``) that overrides one
+Each fault is a ``KernelHooks`` subclass (``attnum.kernels.flash``) that overrides one
 hook of the emulator, so ``flash_attention(..., fault=make_fault(name))`` runs
 the tiled algorithm with exactly that bug. Severities are listed mildest
 first; ``severity_level`` 0 is the mildest. The bugs:

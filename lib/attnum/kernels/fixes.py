@@ -1,40 +1,33 @@
-"""Kernel-side pieces of the fixes study 05 compares, beside GProj (in ``attnum.backward``).
+"""The fixes study 05 compares, in one registry, and the kernel-side pieces they need.
 
-``center_keys``
-    Mean-key subtraction ("key smoothing", SageAttention, Zhang et al. 2024, arXiv 2410.02367;
-    seed 004 tried it): K - mean_j K_j over the key sequence of each (batch, head). Each row's
-    scores shift by the constant q_i . mean, which softmax ignores, so the forward is unchanged
-    in exact arithmetic, and so is the gradient: the centering's backward removes the mean of
-    dK over keys, which is exactly 0 because the rows of dS sum to 0.
+``FIXES`` maps each fix's name to what it changes and how it changes a base implementation
+(``attnum.kernels.autograd.AttentionImpl``). The kernels, the cost model (``attnum.cost``), the
+parameter schema of study 05 (``params/gproj_fix/schema.yaml``, checked against this registry by
+a test) and the notebook all read these names. The base of study 05 is BF16 FlashAttention-3:
+``fa2_bf16`` with the fused scale-max.
 
-``stable_flash_attention``
-    Qiu & Yao's "STABLE" max shift (arXiv 2510.04212; ``papers.md`` section 5): on a row whose
-    maximum score is repeated, exponentiate relative to m = beta * max when the max is positive
-    and m = 0 when it is negative, so that no probability is exactly 1 before normalisation
-    (their failure needs P = 1 at several keys). Rows with a unique maximum keep m = max. The
-    stored log-sum-exp is m * scale + log l whatever m is, so the backward is unchanged.
-    In a tiled kernel the tie is only known block by block: the running maximum carries a
-    running count of scores within ``tie_tol`` (scaled-score units) of it, and the offset in
-    use is rescaled like the running max of FlashAttention-2 whenever it moves.
-
-    A fixed offset above the maximum has a price: when beta * max * scale - max * scale passes
-    ~87 (fp32/bf16 exp underflow), every probability of the row underflows to 0, and the row's
-    output is 0 with a log-sum-exp of -inf. Study 05 reports where that happens.
-
-Both are reached through ``attnum.attention.AttentionImpl`` (``center_keys``, ``stable_beta``).
+Where each fix acts:
+  * ``forward_fix``: the exponent (``attnum.kernels.common.exponent``, ``fused=False``).
+  * ``mean_key``: ``center_keys`` below, before the forward and the backward, and
+    ``uncenter_key_grad`` on dK. Mean-key subtraction ("key smoothing", SageAttention, Zhang et al.
+    2024, arXiv 2410.02367; seed 004 tried it): K - mean_j K_j over the key sequence of each
+    (batch, head). Each row's scores shift by the constant q_i . mean, which softmax ignores, so
+    the forward is unchanged in exact arithmetic, and so is the gradient: the centering's
+    backward removes the mean of dK over keys, which is exactly 0 because the rows of dS sum to 0.
+  * ``stable_max``: Qiu & Yao's STABLE offset, an option of the one forward emulator
+    (``attnum.kernels.flash.flash_attention(stable_beta=...)``).
+  * ``fp32_backward`` / ``fp32_attention``: precision policies (``PrecisionPolicy.with_backward``).
+  * ``gproj_dq`` / ``gproj_dq_dk``: GProj in the backward emulator
+    (``attnum.kernels.backward``, ``gproj="dq"`` / ``"dq_dk"``), named for the gradients corrected.
 """
 from __future__ import annotations
 
-import math
+import dataclasses
+from typing import Callable
 
 import torch
 
-from .flash import _exponent_base_e, _rescale, key_blocks
-from .precision import PrecisionPolicy, get_policy
-from .reference import _check_qkv, default_scale
-
-STABLE_TIE_TOL = 1e-3
-"""Scores within this much (after scaling) of the row maximum count as a repeated maximum."""
+from ..precision import PRESETS
 
 
 def center_keys(k: torch.Tensor) -> torch.Tensor:
@@ -47,77 +40,40 @@ def uncenter_key_grad(dk: torch.Tensor) -> torch.Tensor:
     return dk - dk.mean(dim=-2, keepdim=True)
 
 
-def stable_offset(row_max: torch.Tensor, ties: torch.Tensor, beta: float) -> torch.Tensor:
-    """The exponent offset of Qiu & Yao's STABLE rule, in raw-score units.
+@dataclasses.dataclass(frozen=True)
+class Fix:
+    """One fix: what it changes, and the change applied to a base ``AttentionImpl``."""
 
-    ``ties``: how many scores of the row lie within the tie tolerance of ``row_max``. A repeated
-    maximum gives beta * max if positive, 0 if negative (or zero); a unique one gives max.
-    """
-    repeated = ties > 1
-    shifted = torch.where(row_max > 0, beta * row_max, torch.zeros_like(row_max))
-    return torch.where(repeated, shifted, row_max)
+    name: str
+    description: str
+    apply: Callable  # (impl, stable_beta) -> impl
 
 
-def stable_flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scale: float | None = None,
-                           causal: bool = False, block_q: int = 128, block_k: int = 128,
-                           fused_scale_max: bool = False, beta: float = 2.0, tie_tol: float = STABLE_TIE_TOL):
-    """FlashAttention-2 forward (``attnum.flash``, ``loop_order="q_outer"``) whose exponent offset
-    follows the STABLE rule. Returns ``(out, lse)`` like ``attnum.flash.flash_attention``."""
-    _check_qkv(q, k, v)
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
-    if beta < 1:
-        raise ValueError(f"STABLE needs beta >= 1 (the offset must not fall below the max), got {beta}")
-    pol = get_policy(policy)
-    carrier = pol.carrier
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
-    q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    offset = n_k - n_q
+def _fp32_attention(impl, _beta):
+    return impl.replace(policy=PRESETS["fp32"]) if impl.policy.carrier == torch.float32 else impl
 
-    stat_shape = q.shape[:-1] + (1,)
-    m = torch.full(stat_shape, -math.inf, dtype=carrier, device=q.device)  # running row max
-    ties = torch.zeros(stat_shape, dtype=carrier, device=q.device)  # scores within tie_tol of it
-    e = torch.full(stat_shape, -math.inf, dtype=carrier, device=q.device)  # offset l and acc refer to
-    l = torch.zeros(stat_shape, dtype=carrier, device=q.device)
-    acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=carrier, device=q.device)
 
-    for _, k_start, k_stop, row0 in key_blocks(n_q, n_k, block_q, block_k, causal, offset):
-        rows = slice(row0, n_q)
-        q_blk, k_blk, v_blk = q[..., rows, :], k[..., k_start:k_stop, :], v[..., k_start:k_stop, :]
+FIXES: dict[str, Fix] = {fix.name: fix for fix in (
+    Fix("none", "the kernel as it is (study 05's base: BF16 FlashAttention-3, fused scale-max)",
+        lambda impl, _beta: impl),
+    Fix("forward_fix", "seed 004's forward fix: subtract the row max, then scale (no fused scale-max)",
+        lambda impl, _beta: impl.replace(fused_scale_max=False)),
+    Fix("mean_key", "mean-key subtraction: the kernel reads K - mean_j K_j (forward unchanged in exact arithmetic)",
+        lambda impl, _beta: impl.replace(center_keys=True)),
+    Fix("stable_max", "Qiu & Yao's STABLE: on rows with a repeated max, offset beta*max (max > 0) or 0 (max < 0)",
+        lambda impl, beta: impl.replace(stable_beta=float(beta))),
+    Fix("fp32_backward", "FP32 attention backward: every backward stage in fp32 (dS not rounded), forward as it is",
+        lambda impl, _beta: impl.replace(policy=impl.policy.backward_at_least("fp32"))),
+    Fix("gproj_dq", "GProj, dQ only: r_i and (P K)_i accumulated beside dQ in the existing pass",
+        lambda impl, _beta: impl.replace(gproj="dq")),
+    Fix("gproj_dq_dk", "GProj, dQ and dK: one extra pass computes r first, then dS~ - r P feeds both matmuls",
+        lambda impl, _beta: impl.replace(gproj="dq_dk")),
+    Fix("fp32_attention", "FP32 attention, forward and backward (the level a fix should reach)", _fp32_attention),
+)}
 
-        # -- compute qk --
-        s = pol.round(q_blk @ k_blk.transpose(-1, -2), "score")
-        if causal:
-            qi = torch.arange(row0, n_q, device=q.device)[:, None] + offset
-            kj = torch.arange(k_start, k_stop, device=q.device)[None, :]
-            s = s.masked_fill(kj > qi, -math.inf)
 
-        # -- running max and the count of scores tied with it --
-        m_old, t_old, e_old = m[..., rows, :], ties[..., rows, :], e[..., rows, :]
-        m_new = pol.round(torch.maximum(m_old, s.amax(dim=-1, keepdim=True)), "stats")
-        finite = torch.isfinite(m_new)
-        m_safe = torch.where(finite, m_new, torch.zeros_like(m_new))
-        near = ((s - m_safe) * scale >= -tie_tol) & finite
-        old_near = ((m_old - m_safe) * scale >= -tie_tol) & torch.isfinite(m_old)
-        t_new = near.sum(dim=-1, keepdim=True).to(carrier) + torch.where(old_near, t_old, torch.zeros_like(t_old))
-
-        # -- STABLE offset; l and the accumulator are rescaled when it moves, as for a running max --
-        e_new = torch.where(finite, pol.round(stable_offset(m_new, t_new, beta), "stats"), m_new)
-        p = _exponent_base_e(s, e_new, scale, fused_scale_max, pol)
-        alpha = _rescale(e_old, e_new, scale, pol)
-        # nothing carried yet (or all of it underflowed): no rescale, rather than 0 * exp(overflow) = NaN
-        alpha = torch.where(l[..., rows, :] > 0, alpha, torch.zeros_like(alpha))
-        l_new = pol.round(alpha * l[..., rows, :] + p.sum(dim=-1, keepdim=True), "stats")
-        pv = pol.round(pol.round(p, "p") @ v_blk, "out_acc")
-        acc_new = pol.round(alpha * acc[..., rows, :] + pv, "out_acc")
-        m[..., rows, :], ties[..., rows, :], e[..., rows, :] = m_new, t_new, e_new
-        l[..., rows, :], acc[..., rows, :] = l_new, acc_new
-
-    # -- epilogue: normalise, store O and the log-sum-exp relative to the offset used --
-    empty = l == 0  # no key carried weight, or every probability underflowed below the offset
-    out = acc / torch.where(empty, torch.ones_like(l), l)
-    out = pol.round(torch.where(empty, torch.zeros_like(out), out), "output")
-    e_safe = torch.where(torch.isfinite(e), e, torch.zeros_like(e))
-    lse = torch.where(empty, torch.full_like(l, -math.inf), e_safe * scale + torch.log(l))
-    return out, pol.round(lse.squeeze(-1), "lse")
+def with_fix(impl, fix: str, *, stable_beta: float = 2.0):
+    """``impl`` with one fix of ``FIXES`` applied (``stable_beta``: the beta of ``stable_max``)."""
+    if fix not in FIXES:
+        raise ValueError(f"unknown fix {fix!r}; allowed: {list(FIXES)}")
+    return FIXES[fix].apply(impl, stable_beta)

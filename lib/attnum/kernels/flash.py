@@ -22,7 +22,7 @@ Options later studies use:
     that replaces masked raw scores *and* starts the running max, as
     FlashInfer did (seed 002; papers.md section 6).
   * ``fault``: a ``KernelHooks`` object, the places where a buggy kernel may
-    depart from the algorithm (``attnum.faults`` defines realistic bugs).
+    depart from the algorithm (``attnum.kernels.faults`` defines realistic bugs).
     ``None`` (the default) is the algorithm itself, bit for bit.
 """
 from __future__ import annotations
@@ -31,16 +31,19 @@ import math
 
 import torch
 
-from .precision import LOG2E, PrecisionPolicy, get_policy
-from .reference import _check_qkv, default_scale
+from ..precision import PrecisionPolicy, get_policy
+from .common import causal_mask, check_qkv, check_scale, exponent, key_blocks, parse_mask_fill, rescale
 
 LOOP_ORDERS = ("q_outer", "k_outer")
+
+STABLE_TIE_TOL = 1e-3
+"""Scores within this much (after scaling) of the row maximum count as a repeated maximum (STABLE)."""
 
 
 class KernelHooks:
     """The points where a kernel variant may depart from the algorithm; this base changes nothing.
 
-    ``attnum.faults`` subclasses it to inject bugs. ``block`` is the index of
+    ``attnum.kernels.faults`` subclasses it to inject bugs. ``block`` is the index of
     the key block being processed (0 for the first).
     """
 
@@ -80,67 +83,22 @@ class KernelHooks:
 NO_FAULT = KernelHooks()
 
 
-def key_blocks(n_q: int, n_k: int, block_q: int, block_k: int, causal: bool, offset: int):
-    """The kernel's loop over key blocks: ``(block, k_start, k_stop, row0)`` for each.
+def stable_offset(row_max: torch.Tensor, ties: torch.Tensor, beta: float) -> torch.Tensor:
+    """The exponent offset of Qiu & Yao's STABLE rule (arXiv 2510.04212), in raw-score units.
 
-    ``row0`` is the first row of the first query block that reaches the key
-    block; under a causal mask, (query block, key block) tiles that lie wholly
-    above the diagonal are skipped, as the kernels do, and the loop ends once no
-    query row reaches the keys. Query i sees keys <= i + ``offset``.
+    ``ties``: how many scores of the row lie within the tie tolerance of ``row_max``. A repeated
+    maximum gives beta * max if positive, 0 if negative (or zero); a unique one gives max.
     """
-    for block, k_start in enumerate(range(0, n_k, block_k)):
-        row0 = 0
-        if causal:
-            first_row = k_start - offset
-            if first_row >= n_q:
-                return
-            row0 = max(0, first_row) // block_q * block_q
-        yield block, k_start, min(k_start + block_k, n_k), row0
-
-
-def _parse_mask_fill(mask_fill) -> float:
-    if isinstance(mask_fill, str):
-        if mask_fill not in ("-inf", "finfo_min"):
-            raise ValueError(f"mask_fill must be '-inf', 'finfo_min' or a finite float, got {mask_fill!r}")
-        return -math.inf if mask_fill == "-inf" else float(torch.finfo(torch.float32).min)
-    value = float(mask_fill)
-    if math.isnan(value) or value > 0:
-        raise ValueError(f"mask_fill must be -inf or a negative number, got {mask_fill!r}")
-    return value
-
-
-def _exponent_base_e(s, m, scale: float, fused: bool, pol: PrecisionPolicy):
-    """exp of the scaled, max-subtracted scores, in the carrier dtype (before P rounding).
-
-    ``s`` and ``m`` are raw (unscaled) scores. ``m`` = -inf rows give exp(-inf) = 0.
-    """
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    if not fused:
-        # subtract-then-scale: at s = m the exponent is exactly 0, so P = 1 exactly.
-        x = pol.round(s - m, "stats")
-        return pol.round(x.mul_(scale), "stats").exp_()
-    # fused: FA3 computes max_scaled = m * c once, then fma(s, c, -max_scaled) per element.
-    c = pol.round(torch.tensor(scale * LOG2E, dtype=s.dtype, device=s.device), "stats")
-    m_scaled = pol.round(m * c, "stats")
-    if s.dtype == torch.float64:
-        x = s * c - m_scaled
-    else:
-        # an fp32 FMA rounds once: the fp64 product of two fp32 values is exact.
-        x = (s.double() * c.double() - m_scaled.double()).to(s.dtype)
-    return torch.exp2(pol.round(x, "stats"))
-
-
-def _rescale(m_old, m_new, scale: float, pol: PrecisionPolicy):
-    """exp((m_old - m_new) * scale); 1 where no finite score has been seen yet."""
-    both_empty = ~torch.isfinite(m_new)
-    diff = torch.where(both_empty, torch.zeros_like(m_new), m_old - m_new)
-    return torch.exp(pol.round(pol.round(diff, "stats") * scale, "stats"))
+    repeated = ties > 1
+    shifted = torch.where(row_max > 0, beta * row_max, torch.zeros_like(row_max))
+    return torch.where(repeated, shifted, row_max)
 
 
 def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scale: float | None = None,
                     causal: bool = False, attn_bias: torch.Tensor | None = None, block_q: int = 128,
                     block_k: int = 128, loop_order: str = "q_outer", fused_scale_max: bool = False,
-                    mask_fill="-inf", fault: KernelHooks | None = None):
+                    mask_fill="-inf", fault: KernelHooks | None = None, stable_beta: float = 0.0,
+                    tie_tol: float = STABLE_TIE_TOL):
     """Emulated FlashAttention forward. Returns ``(out, lse)``.
 
     ``out`` has shape (batch, heads, n_q, head_dim) in the carrier dtype holding
@@ -148,17 +106,29 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
     natural-log log-sum-exp of the scaled scores, in the policy's lse format.
     Rows whose every key is masked give out = 0 and lse = -inf.
     ``fault`` injects a bug (see ``KernelHooks``); ``None`` runs the algorithm.
+
+    ``stable_beta`` > 0 (>= 1): Qiu & Yao's STABLE max shift (FA2 loop order only). On a row
+    whose maximum score is repeated (``tie_tol``, in scaled-score units), exponentiate relative
+    to m = beta * max when the max is positive and m = 0 when it is negative, so that no
+    probability is exactly 1 before normalisation; rows with a unique maximum keep m = max. In
+    a tiled kernel the tie is only known block by block: the running maximum carries a running
+    count of scores near it, and the offset in use is rescaled like the running max whenever it
+    moves. The stored log-sum-exp is offset * scale + log l, so the backward is unchanged. When
+    (beta - 1) * max * scale passes ~87, every probability of the row underflows: out 0, lse -inf.
     """
-    _check_qkv(q, k, v)
-    if block_q < 1 or block_k < 1:
-        raise ValueError(f"block sizes must be positive, got block_q={block_q}, block_k={block_k}")
+    check_qkv(q, k, v)
     if loop_order not in LOOP_ORDERS:
         raise ValueError(f"loop_order must be one of {LOOP_ORDERS}, got {loop_order!r}")
+    stable = stable_beta != 0
+    if stable and stable_beta < 1:
+        raise ValueError(f"STABLE needs beta >= 1 (the offset must not fall below the max), got {stable_beta}")
+    if stable and loop_order != "q_outer":
+        raise ValueError("the STABLE max shift is emulated in the FlashAttention-2 loop order only")
     pol = get_policy(policy)
     fault = NO_FAULT if fault is None else fault
-    fill = fault.mask_fill(_parse_mask_fill(mask_fill))
+    fill = fault.mask_fill(parse_mask_fill(mask_fill))
     carrier = pol.carrier
-    scale = default_scale(q.shape[-1]) if scale is None else float(scale)
+    scale = check_scale(scale, q.shape[-1])
     q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
     n_q, n_k = q.shape[-2], k.shape[-2]
     offset = fault.causal_offset(n_k - n_q)  # causal alignment: query i sees keys <= i + offset
@@ -166,9 +136,12 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
     bias = None if attn_bias is None else attn_bias.to(carrier).expand(q.shape[:2] + (n_q, n_k))
 
     stat_shape = q.shape[:-1] + (1,)
-    m = torch.full(stat_shape, fill, dtype=carrier, device=q.device)
+    m = torch.full(stat_shape, fill, dtype=carrier, device=q.device)  # running row max (raw scores)
     l = torch.zeros(stat_shape, dtype=carrier, device=q.device)
     acc = torch.zeros(q.shape[:-1] + (v.shape[-1],), dtype=carrier, device=q.device)
+    if stable:
+        ties = torch.zeros(stat_shape, dtype=carrier, device=q.device)  # scores within tie_tol of m
+        e = torch.full(stat_shape, -math.inf, dtype=carrier, device=q.device)  # offset l and acc refer to
 
     # -- which query rows reach each key block (causal: skip whole tiles) --
     for block, k_start, k_stop, row0 in key_blocks(n_q, n_read, block_q, block_k, causal, offset):
@@ -180,9 +153,9 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
         if bias is not None:
             s = pol.round(s + bias[..., rows, k_start:k_stop] / scale, "score")
         if causal:
-            qi = torch.arange(row0, n_q, device=q.device)[:, None] + offset
-            kj = torch.arange(k_start, k_stop, device=q.device)[None, :]
-            s = s.masked_fill(kj > qi, fill)
+            visible = causal_mask(n_q, n_k, q.device, rows=(row0, n_q), cols=(k_start, k_stop),
+                                  extra=offset - (n_k - n_q))
+            s = s.masked_fill(~visible, fill)
         if bias is not None and math.isfinite(fill):
             s = torch.where(torch.isneginf(s), torch.full_like(s, fill), s)
 
@@ -190,19 +163,35 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
         if loop_order == "q_outer":
             # -- FA2: running max, rescale, unnormalised accumulator in registers --
             m_new = pol.round(torch.maximum(m_old, s.amax(dim=-1, keepdim=True)), "stats")
-            p = _exponent_base_e(s, fault.exponent_max(block, m_old, m_new), scale, fused_scale_max, pol)
-            alpha = _rescale(m_old, m_new, scale, pol)
+            e_old, e_new = m_old, m_new  # the exponent's offset: the running max ...
+            if stable:
+                # ... or STABLE's: count the scores tied with the running max, shift when repeated
+                finite = torch.isfinite(m_new)
+                m_safe = torch.where(finite, m_new, torch.zeros_like(m_new))
+                near = ((s - m_safe) * scale >= -tie_tol) & finite
+                old_near = ((m_old - m_safe) * scale >= -tie_tol) & torch.isfinite(m_old)
+                t_old = ties[..., rows, :]
+                t_new = near.sum(dim=-1, keepdim=True).to(carrier) + torch.where(old_near, t_old,
+                                                                                torch.zeros_like(t_old))
+                e_old = e[..., rows, :]
+                e_new = torch.where(finite, pol.round(stable_offset(m_new, t_new, beta=stable_beta), "stats"), m_new)
+            p = exponent(s, fault.exponent_max(block, e_old, e_new), scale, fused_scale_max, pol)
+            alpha = rescale(e_old, e_new, scale, pol)
+            if stable:  # nothing carried yet (or all of it underflowed): no 0 * exp(overflow) = NaN
+                alpha = torch.where(l_old > 0, alpha, torch.zeros_like(alpha))
             l_new = fault.store_row_sum(pol.round(alpha * l_old + p.sum(dim=-1, keepdim=True), "stats"))
             pv = pol.round(fault.store_p(pol.round(p, "p")) @ v_blk, "out_acc")
             acc_new = pol.round(fault.acc_rescale(block, alpha) * acc_old + pv, "out_acc")
+            if stable:
+                ties[..., rows, :], e[..., rows, :] = t_new, e_new
         else:
             # -- FA1: block-local max, normalised O written back after every block --
             m_blk = pol.round(s.amax(dim=-1, keepdim=True), "stats")
-            p = _exponent_base_e(s, fault.exponent_max(block, m_old, m_blk), scale, fused_scale_max, pol)
+            p = exponent(s, fault.exponent_max(block, m_old, m_blk), scale, fused_scale_max, pol)
             l_blk = pol.round(p.sum(dim=-1, keepdim=True), "stats")
             m_new = pol.round(torch.maximum(m_old, m_blk), "stats")
-            alpha_old = _rescale(m_old, m_new, scale, pol)
-            alpha_blk = _rescale(m_blk, m_new, scale, pol)
+            alpha_old = rescale(m_old, m_new, scale, pol)
+            alpha_blk = rescale(m_blk, m_new, scale, pol)
             l_new = fault.store_row_sum(pol.round(alpha_old * l_old + alpha_blk * l_blk, "stats"))
             pv = pol.round(fault.store_p(pol.round(p, "p")) @ v_blk, "out_acc")
             numer = pol.round(l_old * fault.acc_rescale(block, alpha_old) * acc_old + alpha_blk * pv, "out_acc")
@@ -212,13 +201,14 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
         else:
             m[..., rows, :], l[..., rows, :], acc[..., rows, :] = m_new, l_new, acc_new
 
-    # -- epilogue: normalise, store O and the log-sum-exp --
+    # -- epilogue: normalise, store O and the log-sum-exp (relative to the offset in use) --
     empty = l == 0  # no key carried weight; a NaN row sum stays NaN (as in the golden value), never 0
     if loop_order == "q_outer":
         out = acc / torch.where(empty, torch.ones_like(l), l)
     else:
         out = acc
     out = pol.round(torch.where(empty, torch.zeros_like(out), out), "output")
-    m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    lse = torch.where(empty, torch.full_like(l, -math.inf), m_safe * scale + torch.log(l))
+    final_offset = e if stable else m
+    offset_safe = torch.where(torch.isfinite(final_offset), final_offset, torch.zeros_like(final_offset))
+    lse = torch.where(empty, torch.full_like(l, -math.inf), offset_safe * scale + torch.log(l))
     return out, fault.store_lse(pol.round(lse.squeeze(-1), "lse"))

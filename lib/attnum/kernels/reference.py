@@ -1,12 +1,17 @@
-"""Reference attention ``softmax(Q K^T * scale) V`` and the fp64 golden value.
+"""Unblocked attention ``softmax(Q K^T * scale) V``: the reference, the fp64 golden value and its
+gradients, and the unguarded textbook formula.
 
 ``reference_attention`` is plain (unblocked) attention: it materialises the
 full N x N score matrix, rounding at the stages named by a precision policy.
 It plays the part of "baseline attention" in Golden et al. (arXiv 2405.02803)
 and of ``out_pt`` in the FlashAttention test suite.
 
-``golden_attention`` is the fp64 ground truth every study measures against.
-It walks over query chunks, so its memory is O(N * chunk), never O(N^2).
+``golden_attention`` is the fp64 ground truth every study measures against, and
+``golden_attention_backward`` its exact gradients. Both walk over query chunks,
+so their memory is O(N * chunk), never O(N^2).
+
+``textbook_attention`` is what a first implementation writes: no guard for fully
+masked rows, and optionally no max subtraction (study 02's overflow questions).
 """
 from __future__ import annotations
 
@@ -14,32 +19,8 @@ import math
 
 import torch
 
-from .precision import PrecisionPolicy, get_policy
-
-
-def default_scale(head_dim: int) -> float:
-    return 1.0 / math.sqrt(head_dim)
-
-
-def causal_mask(n_q: int, n_k: int, device=None) -> torch.Tensor:
-    """Boolean (n_q, n_k) mask, True where query i may attend key j.
-
-    Queries are aligned to the end of the keys (query i sits at key position
-    i + n_k - n_q), the convention of FlashAttention-2 and PyTorch SDPA's
-    bottom-right causal mask when n_q != n_k.
-    """
-    offset = n_k - n_q
-    rows = torch.arange(n_q, device=device)[:, None] + offset
-    cols = torch.arange(n_k, device=device)[None, :]
-    return cols <= rows
-
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
-        raise ValueError(f"q, k, v must be 4-D (batch, heads, seq, head_dim); got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
-    if k.shape != v.shape[:-1] + (k.shape[-1],) or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+from ..precision import PrecisionPolicy, get_policy
+from .common import causal_mask, check_qkv, check_scale
 
 
 def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scale: float | None = None,
@@ -55,7 +36,8 @@ def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scal
     sees all keys at once (no online rescaling), so the arithmetic per row is the
     unblocked algorithm's; only peak memory drops from O(N^2) to O(N * chunk).
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
+    scale = check_scale(scale, q.shape[-1])
     if query_chunk:
         n_q, n_k = q.shape[-2], k.shape[-2]
         outs, lses = [], []
@@ -63,9 +45,8 @@ def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scal
             rows = slice(start, min(start + query_chunk, n_q))
             bias = attn_bias
             if causal:  # express the causal mask of these rows as an additive bias
-                qi = torch.arange(rows.start, rows.stop, device=q.device)[:, None] + (n_k - n_q)
                 causal_bias = torch.zeros(rows.stop - rows.start, n_k, dtype=torch.float64, device=q.device)
-                causal_bias.masked_fill_(torch.arange(n_k, device=q.device)[None, :] > qi, -math.inf)
+                causal_bias.masked_fill_(~causal_mask(n_q, n_k, q.device, rows=(rows.start, rows.stop)), -math.inf)
                 bias = causal_bias if bias is None else bias[..., rows, :] + causal_bias
             elif bias is not None and bias.shape[-2] != 1:
                 bias = bias[..., rows, :]
@@ -77,7 +58,6 @@ def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scal
         return (out, lse) if return_lse else out
     pol = get_policy(policy)
     carrier = pol.carrier
-    scale = default_scale(q.shape[-1]) if scale is None else scale
     q, k, v = (pol.round(t.to(carrier), "inputs") for t in (q, k, v))
 
     # -- scores: S = Q K^T, rounded to the score format, then scaled --
@@ -113,29 +93,82 @@ def golden_attention(q, k, v, *, scale: float | None = None, causal: bool = Fals
     kernel under test actually read, so input rounding is not counted as
     kernel error.
     """
-    _check_qkv(q, k, v)
+    check_qkv(q, k, v)
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
-    scale = default_scale(q.shape[-1]) if scale is None else scale
+    scale = check_scale(scale, q.shape[-1])
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
-    n_q, n_k = q.shape[-2], k.shape[-2]
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64, device=q.device)
     lse = torch.empty(q.shape[:-1], dtype=torch.float64, device=q.device)
-    for start in range(0, n_q, chunk):
-        stop = min(start + chunk, n_q)
-        s = (q[..., start:stop, :] @ k.transpose(-1, -2)) * scale
-        if attn_bias is not None:
-            bias = attn_bias.to(torch.float64)
-            if bias.shape[-2] != 1:
-                bias = bias[..., start:stop, :]
-            s = s + bias
-        if causal:
-            rows = torch.arange(start, stop, device=q.device)[:, None] + (n_k - n_q)
-            s = s.masked_fill(torch.arange(n_k, device=q.device)[None, :] > rows, -math.inf)
-        row_max = s.amax(dim=-1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-        e = torch.exp(s - row_max)
-        row_sum = e.sum(dim=-1, keepdim=True)
+    for start, stop, e, row_max, row_sum in _golden_chunks(q, k, scale, causal, attn_bias, chunk):
         out[..., start:stop, :] = (e @ v) / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
         lse[..., start:stop] = (row_max + torch.log(row_sum)).squeeze(-1)
     return (out, lse) if return_lse else out
+
+
+def _golden_chunks(q, k, scale: float, causal: bool, attn_bias, chunk: int):
+    """fp64 q, k: per chunk of query rows ``(start, stop, e, row_max, row_sum)`` with
+    e = exp(S - row max) of the scaled, masked scores (row max 0 where a row is fully masked)."""
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    bias = None if attn_bias is None else attn_bias.to(torch.float64)
+    for start in range(0, n_q, chunk):
+        stop = min(start + chunk, n_q)
+        s = (q[..., start:stop, :] @ k.transpose(-1, -2)) * scale
+        if bias is not None:
+            s = s + (bias[..., start:stop, :] if bias.shape[-2] != 1 else bias)
+        if causal:
+            s = s.masked_fill(~causal_mask(n_q, n_k, q.device, rows=(start, stop)), -math.inf)
+        row_max = s.amax(dim=-1, keepdim=True)
+        row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+        e = torch.exp(s - row_max)
+        yield start, stop, e, row_max, e.sum(dim=-1, keepdim=True)
+
+
+@torch.no_grad()
+def golden_attention_backward(q, k, v, grad_out, *, scale: float | None = None, causal: bool = False,
+                              attn_bias: torch.Tensor | None = None, chunk: int = 1024):
+    """Exact attention gradients ``(dq, dk, dv)`` in fp64, ``chunk`` query rows at a time.
+
+    Inputs and ``grad_out`` are used exactly as given (upcast to fp64): pass what the
+    kernel under test read. D uses the exact output, so dS rows sum to 0 up to fp64 rounding.
+    """
+    check_qkv(q, k, v)
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    scale = check_scale(scale, q.shape[-1])
+    q, k, v, do = (t.to(torch.float64) for t in (q, k, v, grad_out))
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    for start, stop, e, _, row_sum in _golden_chunks(q, k, scale, causal, attn_bias, chunk):
+        qc, doc = q[..., start:stop, :], do[..., start:stop, :]
+        p = e / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
+        out = p @ v
+        dv += p.transpose(-1, -2) @ doc
+        dp = doc @ v.transpose(-1, -2)
+        ds = p * (dp - (doc * out).sum(dim=-1, keepdim=True))
+        dq[..., start:stop, :] = (ds @ k) * scale
+        dk += (ds.transpose(-1, -2) @ qc) * scale
+    return dq, dk, dv
+
+
+def textbook_attention(q, k, v, policy="fp32", *, subtract_max: bool = True, attn_bias=None,
+                       scale: float | None = None):
+    """softmax(Q K^T * scale + bias) V with no guards: what a first implementation writes.
+
+    A fully masked row computes (-inf) - (-inf) = NaN, as ``torch.softmax`` does;
+    ``subtract_max=False`` exponentiates the scores directly (overflow at large
+    scores). Rounding follows the policy's stages as in ``reference_attention``.
+    """
+    check_qkv(q, k, v)
+    pol = get_policy(policy)
+    scale = check_scale(scale, q.shape[-1])
+    q, k, v = (pol.round(t.to(pol.carrier), "inputs") for t in (q, k, v))
+    s = pol.round(pol.round(q @ k.transpose(-1, -2), "score") * scale, "score")
+    if attn_bias is not None:
+        s = pol.round(s + attn_bias.to(pol.carrier), "score")
+    if subtract_max:
+        s = pol.round(s - s.amax(dim=-1, keepdim=True), "stats")
+    e = pol.round(torch.exp(s), "stats")
+    p = pol.round(e / pol.round(e.sum(dim=-1, keepdim=True), "stats"), "p")
+    return pol.round(pol.round(p @ v, "out_acc"), "output")

@@ -32,14 +32,13 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import acceptance
-from ..faults import FAULTS, make_fault
-from ..flash import flash_attention
+from ..kernels import (FAULTS, default_scale, flash_attention, golden_attention, make_fault, reference_attention,
+                       textbook_attention)
 from ..inputs import FLASHINFER_TARGET_LOGITS, AttentionInputs, make_inputs, mask_to_bias
 from ..metrics import (finite_error_summary, finiteness_counts, rel_l2_error, row_rel_l2_max, scaled_max_error,
                        zero_rows)
 from ..ncio import describe
 from ..precision import FORMATS, MIN_EXPONENT, SIGNIFICAND_BITS, get_policy, policy_for
-from ..reference import default_scale, golden_attention, reference_attention
 
 KERNELS = ("reference", "flash")
 POLICY_FAMILIES = ("all", "fa2")
@@ -129,29 +128,6 @@ class ExceptionLog:
 
     def to_json(self) -> str:
         return json.dumps([{"where": w, "message": m, "count": c} for (w, m), c in sorted(self.counts.items())])
-
-
-# -- kernels that are not part of the library's algorithm ---------------------------------------
-
-def textbook_attention(q, k, v, policy="fp32", *, subtract_max: bool = True, attn_bias=None,
-                       scale: float | None = None):
-    """softmax(Q K^T * scale + bias) V with no guards: what a first implementation writes.
-
-    A fully masked row computes (-inf) - (-inf) = NaN, as ``torch.softmax`` does;
-    ``subtract_max=False`` exponentiates the scores directly (overflow at large
-    scores). Rounding follows the policy's stages as in ``reference_attention``.
-    """
-    pol = get_policy(policy)
-    scale = default_scale(q.shape[-1]) if scale is None else scale
-    q, k, v = (pol.round(t.to(pol.carrier), "inputs") for t in (q, k, v))
-    s = pol.round(pol.round(q @ k.transpose(-1, -2), "score") * scale, "score")
-    if attn_bias is not None:
-        s = pol.round(s + attn_bias.to(pol.carrier), "score")
-    if subtract_max:
-        s = pol.round(s - s.amax(dim=-1, keepdim=True), "stats")
-    e = pol.round(torch.exp(s), "stats")
-    p = pol.round(e / pol.round(e.sum(dim=-1, keepdim=True), "stats"), "p")
-    return pol.round(pol.round(p @ v, "out_acc"), "output")
 
 
 def masked_key_columns(mask: torch.Tensor | None) -> torch.Tensor | None:

@@ -1,12 +1,12 @@
 """Study 05: the GProj fix of seed 004, against every other fix.
 
 Every fix is one change of a base kernel, the emulated BF16 FlashAttention-3 of seed 004
-(``fa2_bf16`` with the fused scale-max), named in ``attnum.attention.FIXES`` and applied by
+(``fa2_bf16`` with the fused scale-max), named in ``attnum.kernels.fixes.FIXES`` and applied by
 ``with_fix``. Four experiments, each a function returning an xarray Dataset with CF attributes:
 
 ``fix_grid``
-    study 04's mechanism grid (its operands and fp64 golden values, reused from
-    ``attnum.studies.gradient_blowup``): q scaled by a sharpness factor, a vector mu of norm
+    study 04's mechanism grid (its operands and fp64 golden values, from
+    ``attnum.operands``): q scaled by a sharpness factor, a vector mu of norm
     |mu| added to every key (the exact output and dQ do not depend on it). Per fix: dQ, dK, dV
     median and 99th-percentile row relative errors against fp64; the forward error; the row sums
     of dS before and after its rounding and as the dQ matmul effectively multiplies it; the dQ
@@ -14,7 +14,7 @@ Every fix is one change of a base kernel, the emulated BF16 FlashAttention-3 of 
     D path is removed); the fraction of rows whose output collapsed to zero.
 
 ``regime_comparison``
-    study 04's regimes (``gradient_blowup.regime_operands``): seed 004's key offset beside
+    study 04's regimes (``attnum.operands.regime_operands``): seed 004's key offset beside
     Qiu & Yao's tied maxima with negative-mean or zero-mean values.
 
 ``fix_costs``
@@ -23,7 +23,7 @@ Every fix is one change of a base kernel, the emulated BF16 FlashAttention-3 of 
 
 ``fix_training``
     the small GPT trained from the same initialisation and data order with FP32 attention, the
-    BF16 flash emulator and each fix (``gradient_blowup.train_runs``).
+    BF16 flash emulator and each fix (``attnum.training.train_runs``).
 """
 from __future__ import annotations
 
@@ -35,16 +35,17 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from ..attention import FIXES, AttentionImpl, flash_backward, flash_forward, with_fix
+from .. import kernels
 from ..cost import cost_table
-from ..metrics import row_rel_l2
-from ..training import torch_threads
-from . import gradient_blowup as blowup
-from .gradient_blowup import save_and_show  # noqa: F401  (the notebook shows the saved PNG)
+from ..kernels import FIXES, AttentionImpl, with_fix
+from ..metrics import ds_row_sums, gradient_errors, output_errors
+from ..operands import REGIMES, golden_values, mechanism_operands, regime_operands
+from ..plots import offset_axis
+from ..training import describe_training_records, torch_threads, train_runs
 
 SEED004_DQ_ERR_BEFORE = 2.19  # [src] seed 004: median relative dQ error before GProj
 SEED004_DQ_ERR_AFTER = 0.0034  # [src] seed 004: after GProj
-METRICS = ("dq_err", "dk_err", "dv_err", "dq_err_p99", "dk_err_p99", "dv_err_p99", "dq_err_exact_delta",
+GRAD_ERROR_METRICS = ("dq_err", "dk_err", "dv_err", "dq_err_p99", "dk_err_p99", "dv_err_p99", "dq_err_exact_delta",
            "out_err", "out_err_coherence", "zero_rows", "ds_exact_row_sum", "ds_rounded_row_sum", "ds_row_sum")
 
 ATTRS = {
@@ -73,43 +74,25 @@ ATTRS = {
 
 def base_impl(block_q: int, block_k: int) -> AttentionImpl:
     """Seed 004's kernel: BF16 FlashAttention-3 (FA2 policy ``fa2_bf16``, fused scale-max)."""
-    return AttentionImpl("flash", "fa2_bf16", block_q=block_q, block_k=block_k, fused_scale_max=True)
+    return AttentionImpl("emulator", "fa2_bf16", block_q=block_q, block_k=block_k, fused_scale_max=True)
 
 
-def fix_impls(fixes, block_q: int, block_k: int, stable_beta: float = 2.0) -> dict[str, AttentionImpl]:
-    return {fix: with_fix(base_impl(block_q, block_k), fix, stable_beta=stable_beta) for fix in fixes}
+def fix_kernels(fixes, block_q: int, block_k: int, stable_beta: float = 2.0) -> dict[str, kernels.Kernel]:
+    """The registry kernel of every fix: the base with the fix applied."""
+    return {fix: kernels.as_kernel(with_fix(base_impl(block_q, block_k), fix, stable_beta=stable_beta))
+            for fix in fixes}
 
 
-def _median(x: torch.Tensor) -> float:
-    x = x[torch.isfinite(x)]
-    return x.median().item() if x.numel() else math.nan
-
-
-def _quantile(x: torch.Tensor, q: float) -> float:
-    x = x[torch.isfinite(x)].double()
-    return torch.quantile(x, q).item() if x.numel() else math.nan
-
-
-def fix_errors(q, k, v, do, impl: AttentionImpl, gold: dict) -> dict[str, float]:
-    """Every metric of ``METRICS`` for one implementation on the operands q, k, v, dO it reads,
-    against the fp64 values ``gold`` (``gradient_blowup.golden_values``)."""
+def fix_errors(q, k, v, do, kernel, gold: dict) -> dict[str, float]:
+    """Every metric of ``GRAD_ERROR_METRICS`` for one emulator kernel on the operands q, k, v, dO it
+    reads, against the fp64 values ``gold`` (``attnum.operands.golden_values``)."""
     stats = {}
-    out, lse = flash_forward(q, k, v, impl)
-    dq, dk, dv = flash_backward(q, k, v, out, lse, do, impl, stats=stats)
-    dq_exact_delta = flash_backward(q, k, v, gold["out"], lse, do, impl)[0]
-    res = {}
-    for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
-        rows = row_rel_l2(grad, gold[name])
-        res[f"{name}_err"], res[f"{name}_err_p99"] = _median(rows), _quantile(rows, 0.99)
-    res["dq_err_exact_delta"] = _median(row_rel_l2(dq_exact_delta, gold["dq"]))
-    out_err = out.double() - gold["out"]
-    res["out_err"] = (torch.linalg.vector_norm(out_err) / torch.linalg.vector_norm(gold["out"])).item()
-    rms = out_err.pow(2).mean(-2).sqrt()
-    res["out_err_coherence"] = (out_err.mean(-2).abs() / rms.clamp_min(1e-300)).mean().item()
+    out, lse = kernel.forward(q, k, v)
+    grads = kernel.backward(q, k, v, do, out=out, lse=lse, stats=stats)
+    res = {**gradient_errors(grads, gold, quantiles=(0.99,)), **output_errors(out, gold["out"]), **ds_row_sums(stats)}
+    dq_exact_delta = kernel.backward(q, k, v, do, out=gold["out"], lse=lse)[0]
+    res["dq_err_exact_delta"] = gradient_errors((dq_exact_delta,), (gold["dq"],))["dq_err"]
     res["zero_rows"] = torch.isneginf(lse).double().mean().item()
-    abs_sum = stats["ds_row_abs_sum"].clamp_min(1e-300)
-    for key in ("ds_exact_row_sum", "ds_rounded_row_sum", "ds_row_sum"):
-        res[key] = _median(stats[key].abs() / abs_sum)
     return res
 
 
@@ -125,27 +108,27 @@ def fix_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, fixes=tuple(FIX
              progress: bool = True, threads: int = 1) -> xr.Dataset:
     """Every fix's errors over sharpness x |mu| x N x d x seed, on study 04's mechanism operands."""
     shape = (len(fixes), len(sharpness), len(mu_norms), len(seq_lens), len(head_dims), len(seeds))
-    data = {m: np.full(shape, np.nan) for m in METRICS}
+    data = {m: np.full(shape, np.nan) for m in GRAD_ERROR_METRICS}
     max_prob = np.full(shape[1:], np.nan)
-    impls = fix_impls(fixes, block_q, block_k, stable_beta)
+    impls = fix_kernels(fixes, block_q, block_k, stable_beta)
     work = [(a, s, b, m, c, n, e, d, f, seed) for a, s in enumerate(sharpness) for b, m in enumerate(mu_norms)
             for c, n in enumerate(seq_lens) for e, d in enumerate(head_dims) for f, seed in enumerate(seeds)]
     with torch_threads(threads):
         for a, s, b, m, c, n, e, d, f, seed in tqdm(work, desc="fix grid", disable=not progress):
-            q, k, v, do, _ = blowup.mechanism_operands(n, d, s, m, seed, device=device)
-            gold = blowup.golden_values(q, k, v, do, golden_chunk)
+            q, k, v, do, _ = mechanism_operands(n, d, s, m, seed, device=device)
+            gold = golden_values(q, k, v, do, golden_chunk)
             max_prob[a, b, c, e, f] = gold["max_prob"].median().item()
             for i, fix in enumerate(fixes):
                 res = fix_errors(q, k, v, do, impls[fix], gold)
-                for metric in METRICS:
+                for metric in GRAD_ERROR_METRICS:
                     data[metric][i, a, b, c, e, f] = res[metric]
     dims = ("fix", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
     coords = {"fix": list(fixes), "sharpness": list(map(float, sharpness)), "mu_norm": list(map(float, mu_norms)),
               "seq_len": list(seq_lens), "head_dim": list(head_dims), "seed": list(seeds)}
-    ds = xr.Dataset({f"grid_{m}": (dims, data[m]) for m in METRICS}, coords=coords)
+    ds = xr.Dataset({f"grid_{m}": (dims, data[m]) for m in GRAD_ERROR_METRICS}, coords=coords)
     ds["grid_max_prob"] = (dims[1:], max_prob)
     ds = _describe(ds, "grid_")
-    ds["fix_description"] = ("fix", [FIXES[fix][0] for fix in fixes])
+    ds["fix_description"] = ("fix", [FIXES[fix].description for fix in fixes])
     ds["fix_description"].attrs.update(units="1", long_name=ATTRS["fix_description"][1])
     ds["sharpness"].attrs.update(long_name="factor multiplying q (attention sharpness)", units="1")
     ds["mu_norm"].attrs.update(long_name="norm of the vector mu added to every key", units="1")
@@ -156,21 +139,21 @@ def regime_comparison(seq_len: int, head_dim: int, seeds, *, fixes=tuple(FIXES),
                       mu_norm: float = 100.0, block_q: int = 64, block_k: int = 64, stable_beta: float = 2.0,
                       golden_chunk: int = 1024, device="cpu", progress: bool = True, threads: int = 1) -> xr.Dataset:
     """Every fix in seed 004's key-offset regime and Qiu & Yao's tied-maxima regimes."""
-    shape = (len(blowup.REGIMES), len(fixes), len(seeds))
-    data = {m: np.full(shape, np.nan) for m in METRICS}
-    impls = fix_impls(fixes, block_q, block_k, stable_beta)
-    work = [(r, regime, s, seed) for r, regime in enumerate(blowup.REGIMES) for s, seed in enumerate(seeds)]
+    shape = (len(REGIMES), len(fixes), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in GRAD_ERROR_METRICS}
+    impls = fix_kernels(fixes, block_q, block_k, stable_beta)
+    work = [(r, regime, s, seed) for r, regime in enumerate(REGIMES) for s, seed in enumerate(seeds)]
     with torch_threads(threads):
         for r, regime, s, seed in tqdm(work, desc="regimes", disable=not progress):
-            q, k, v, do, _ = blowup.regime_operands(regime, seq_len, head_dim, seed, n_ties=n_ties, mu_norm=mu_norm,
+            q, k, v, do, _ = regime_operands(regime, seq_len, head_dim, seed, n_ties=n_ties, mu_norm=mu_norm,
                                                     device=device)
-            gold = blowup.golden_values(q, k, v, do, golden_chunk)
+            gold = golden_values(q, k, v, do, golden_chunk)
             for i, fix in enumerate(fixes):
                 res = fix_errors(q, k, v, do, impls[fix], gold)
-                for metric in METRICS:
+                for metric in GRAD_ERROR_METRICS:
                     data[metric][r, i, s] = res[metric]
-    coords = {"regime": list(blowup.REGIMES), "fix": list(fixes), "seed": list(seeds)}
-    ds = xr.Dataset({f"regime_{m}": (("regime", "fix", "seed"), data[m]) for m in METRICS}, coords=coords)
+    coords = {"regime": list(REGIMES), "fix": list(fixes), "seed": list(seeds)}
+    ds = xr.Dataset({f"regime_{m}": (("regime", "fix", "seed"), data[m]) for m in GRAD_ERROR_METRICS}, coords=coords)
     return _describe(ds, "regime_")
 
 
@@ -180,8 +163,8 @@ def emulator_seconds(fixes, seq_len: int, head_dim: int, *, block_q: int = 64, b
     (so a burst of load on a shared machine hits all of them), a warm-up round is dropped and the
     fastest of ``repeats`` rounds is kept. The emulator loops over key blocks in Python: its times
     rank the fixes' extra work only roughly and say nothing of a GPU kernel's."""
-    impls = fix_impls(fixes, block_q, block_k, stable_beta)
-    q, k, v, do, _ = blowup.mechanism_operands(seq_len, head_dim, 1.0, 0.0, 0, device=device)
+    impls = fix_kernels(fixes, block_q, block_k, stable_beta)
+    q, k, v, do, _ = mechanism_operands(seq_len, head_dim, 1.0, 0.0, 0, device=device)
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     times = np.full((repeats + 1, len(fixes), 2), np.nan)
     with torch_threads(threads):
@@ -189,10 +172,10 @@ def emulator_seconds(fixes, seq_len: int, head_dim: int, *, block_q: int = 64, b
             for i, fix in enumerate(fixes):
                 sync()
                 t0 = time.perf_counter()
-                out, lse = flash_forward(q, k, v, impls[fix])
+                out, lse = impls[fix].forward(q, k, v)
                 sync()
                 t1 = time.perf_counter()
-                flash_backward(q, k, v, out, lse, do, impls[fix])
+                impls[fix].backward(q, k, v, do, out=out, lse=lse)
                 sync()
                 times[r, i] = (t1 - t0, time.perf_counter() - t1)
     fwd, bwd = times[1:].min(axis=0).T
@@ -217,9 +200,9 @@ def fix_training(task, model_cfg, train_cfg, *, baseline: AttentionImpl, fixes, 
     """Train the small GPT from one initialisation and data order with ``baseline`` attention (run
     ``fp32``) and with the base BF16 kernel under each fix (run named after the fix; ``none`` is the
     BF16 flash emulator as it is)."""
-    runs = {"fp32": baseline, **fix_impls(fixes, block, block, stable_beta)}
-    records, _ = blowup.train_runs(task, model_cfg, train_cfg, runs, device=device, progress=progress)
-    return blowup.with_attrs(records)
+    runs = {"fp32": baseline, **fix_kernels(fixes, block, block, stable_beta)}
+    records, _ = train_runs(task, model_cfg, train_cfg, runs, device=device, progress=progress)
+    return describe_training_records(records)
 
 
 # -- tables ---------------------------------------------------------------------------------------
@@ -237,7 +220,7 @@ def seed004_comparison(ds: xr.Dataset, var: str = "grid_dq_err"):
         dist = np.abs(np.log(none.values / SEED004_DQ_ERR_BEFORE))
         mu = float(ds["mu_norm"].values[int(np.nanargmin(dist))])
         row = {"sharpness": float(s), "|mu|": mu}
-        for fix in ("none", "gproj_dq", "gproj", "mean_key", "fp32_backward", "fp32_attention"):
+        for fix in ("none", "gproj_dq", "gproj_dq_dk", "mean_key", "fp32_backward", "fp32_attention"):
             if fix in ds["fix"].values:
                 row[f"ours: {fix}"] = float(sub.sel(fix=fix, sharpness=s, mu_norm=mu))
         row["theirs (seed 004): before GProj"] = SEED004_DQ_ERR_BEFORE
@@ -320,7 +303,7 @@ def training_table(ds: xr.Dataset, baseline: str = "fp32", last: int = 10, late_
 
 FIX_STYLE = {"none": ("#c0392b", "-"), "forward_fix": ("#f1948a", "--"), "mean_key": ("#d68910", "-"),
              "stable_max": ("#7d3c98", "-."), "fp32_backward": ("#2874a6", "-"), "gproj_dq": ("#17a589", "--"),
-             "gproj": ("#117a65", "-"), "fp32_attention": ("#000000", ":"), "fp32": ("#000000", ":")}
+             "gproj_dq_dk": ("#117a65", "-"), "fp32_attention": ("#000000", ":"), "fp32": ("#000000", ":")}
 
 
 def _style(fix) -> tuple[str, str]:
@@ -347,7 +330,7 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "grid_dq_err"):
                 ax.annotate(text, (0.02, level), xycoords=("axes fraction", "data"), fontsize="xx-small",
                             va="bottom")
         ax.set_title(f"sharpness {s:g}")
-        blowup._offset_axis(ax)
+        offset_axis(ax)
         ax.set_yscale("log")
     axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error",
                                                                       "median row rel. err."), fontsize="small")
@@ -397,7 +380,7 @@ def plot_dk_dv(ds: xr.Dataset):
             color, style = _style(fix)
             ax.plot(x, sub[names[0]].sel(fix=fix).values, style, color=color, marker="o", ms=3, label=str(fix))
             ax.plot(x, sub[names[1]].sel(fix=fix).values, ":", color=color, lw=0.9)
-        blowup._offset_axis(ax)
+        offset_axis(ax)
         ax.set_yscale("log")
         ax.set_title(f"{'dK' if grad == 'dk' else 'dV'}, sharpness {s:g} (dotted: 99th percentile)", fontsize="small")
     axes[0][0].set_ylabel("row rel. err.")

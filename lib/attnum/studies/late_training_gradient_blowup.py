@@ -8,7 +8,7 @@ Three experiments, each a function returning an xarray Dataset with CF attribute
     the kernels read) and every variant's dQ, dK, dV is compared with the fp64
     gradients on those same operands. Adding mu to every key shifts each row's
     scores by the constant q_i . mu, so the exact output and the exact dQ do not
-    depend on mu: whatever grows with |mu| is kernel error. Variants (``VARIANTS``)
+    depend on mu: whatever grows with |mu| is kernel error. Variants (``KERNEL_VARIANTS``)
     switch seed 004's two causes on and off separately.
 
 ``train_runs`` and ``checkpoint_diagnostics``
@@ -31,35 +31,34 @@ import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
-from ..attention import AttentionImpl, attention_grads
-from ..backward import flash_attention_backward, golden_attention_backward
+from .. import kernels
 from ..diagnostics import recompute_backward_fp32
-from ..flash import flash_attention
-from ..inputs import generator, normal_qkv
-from ..metrics import row_rel_l2
+from ..inputs import generator
+from ..kernels import AttentionImpl
+from ..metrics import ds_row_sums, gradient_errors, output_errors
 from ..model import GPTConfig, add_key_offset
-from ..ncio import describe
-from ..precision import get_policy, round_to
-from ..reference import golden_attention
+from ..operands import REGIMES, golden_values, mechanism_operands, regime_operands, unit_vector
+from ..plots import offset_axis
+from ..precision import get_policy
 from ..tasks import Task
-from ..training import TrainConfig, load_checkpoint, preserve_gradients, torch_threads, train
+from ..training import (LiveDiagnostic, TrainConfig, describe_training_records, load_checkpoint, torch_threads,
+                        train_runs)
 
 FA2_BF16 = get_policy("fa2_bf16")
 FP32 = get_policy("fp32")
 
-# name -> (kind, policy, fused_scale_max, what it isolates)
-VARIANTS = {
-    "fp32": ("flash", FP32, False, "FP32 attention, forward and backward (the baseline)"),
-    "fp32_fused": ("flash", FP32, True, "FP32 attention with FA3's fused scale-max: cause 1 alone"),
-    "fp32_ds_bf16": ("flash", FP32.replace(name="fp32+ds=bf16", ds="bf16"), False,
+# name -> (family, policy, fused_scale_max, what it isolates)
+KERNEL_VARIANTS = {
+    "fp32": ("emulator", FP32, False, "FP32 attention, forward and backward (the baseline)"),
+    "fp32_fused": ("emulator", FP32, True, "FP32 attention with FA3's fused scale-max: cause 1 alone"),
+    "fp32_ds_bf16": ("emulator", FP32.replace(name="fp32+ds=bf16", ds="bf16"), False,
                      "FP32 attention with dS rounded to bf16: cause 2 alone"),
-    "bf16_bwd_fp32": ("flash", FA2_BF16.with_backward("fp32"), False,
+    "bf16_bwd_fp32": ("emulator", FA2_BF16.with_backward("fp32"), False,
                       "BF16 forward (stored O in bf16), every backward stage in fp32"),
-    "bf16": ("flash", FA2_BF16, False, "BF16 FlashAttention-2 forward and backward, subtract-then-scale"),
-    "bf16_fused": ("flash", FA2_BF16, True, "BF16 FlashAttention-3: fused scale-max and rounded dS (both causes)"),
+    "bf16": ("emulator", FA2_BF16, False, "BF16 FlashAttention-2 forward and backward, subtract-then-scale"),
+    "bf16_fused": ("emulator", FA2_BF16, True, "BF16 FlashAttention-3: fused scale-max and rounded dS (both causes)"),
     "reference_bf16": ("reference", FA2_BF16, False, "unblocked attention under fa2_bf16, autograd backward"),
 }
-REGIMES = ("key_offset", "tied_max_negative_v", "tied_max_zero_mean_v")
 TILINGS = ("tiled", "one_block")
 
 ATTRS = {
@@ -82,30 +81,18 @@ ATTRS = {
     "qy_ds_row_sum": ("1", "median over rows of |sum_j dS_ij| / sum_j |dS_ij|, dS as fed to the dQ matmul"),
     "qy_max_prob": ("1", "median over rows of the largest attention probability (fp64)"),
     "diag_key_mean_norm": ("1", "norm of the mean key of the layer at the checkpoint, offset included"),
-    "live_grad_norm_total": ("1", "global gradient norm of the training step the diagnostic ran on"),
-    "live_spike": ("1", "1 if the diagnostic ran because the gradient norm spiked, else 0 (periodic)"),
     "diag_loss": ("nat", "loss of the diagnostic batch at the checkpoint, offset included"),
 }
 
 
 def with_attrs(ds: xr.Dataset) -> xr.Dataset:
-    from ..diagnostics import ATTRS as DIAG_ATTRS
-    from ..training import ATTRS as TRAIN_ATTRS
-
-    diag = {f"diag_{k}": v for k, v in DIAG_ATTRS.items()}
-    live = {f"live_{k}": (u, f"{name} (training batch, during training)") for k, (u, name) in DIAG_ATTRS.items()}
-    train = {f"train_{k}": v for k, v in TRAIN_ATTRS.items()}
-    return describe(ds, ATTRS, diag, live, train, TRAIN_ATTRS)
+    return describe_training_records(ds, ATTRS)
 
 
-def variant_impl(name: str, block_q: int, block_k: int) -> AttentionImpl:
-    kind, policy, fused, _ = VARIANTS[name]
-    return AttentionImpl(kind, policy, block_q=block_q, block_k=block_k, fused_scale_max=fused)
-
-
-def _unit(n: int, gen: torch.Generator) -> torch.Tensor:
-    x = torch.randn(n, generator=gen, dtype=torch.float64)
-    return x / torch.linalg.vector_norm(x)
+def variant_kernel(name: str, block_q: int, block_k: int) -> kernels.Kernel:
+    """The registry kernel of one variant."""
+    family, policy, fused, _ = KERNEL_VARIANTS[name]
+    return kernels.as_kernel(AttentionImpl(family, policy, block_q=block_q, block_k=block_k, fused_scale_max=fused))
 
 
 def _row_cos(a, b) -> torch.Tensor:
@@ -121,62 +108,21 @@ def _median(x: torch.Tensor) -> float:
     return x.median().item() if x.numel() else math.nan
 
 
-def _probabilities(q, k, scale) -> torch.Tensor:
-    return torch.softmax((q.double() @ k.double().transpose(-1, -2)) * scale, dim=-1)
-
-
-def variant_errors(q, k, v, do, impl: AttentionImpl, gold, *, mu=None) -> dict[str, float]:
-    """Errors of one implementation's forward and backward against the fp64 values ``gold``
+def variant_errors(q, k, v, do, kernel, gold, *, mu=None) -> dict[str, float]:
+    """Errors of one kernel's forward and backward against the fp64 values ``gold``
     (a dict with out, dq, dk, dv, pk) on the operands q, k, v, dO it reads."""
     stats = {}
-    if impl.kind == "flash":
-        out, lse = flash_attention(q, k, v, impl.policy, block_q=impl.block_q, block_k=impl.block_k,
-                                   fused_scale_max=impl.fused_scale_max)
-        dq, dk, dv = flash_attention_backward(q, k, v, out, lse, do, impl.policy, block_q=impl.block_q,
-                                              block_k=impl.block_k, fused_scale_max=impl.fused_scale_max,
-                                              stats=stats)
-    else:
-        from ..attention import attention_forward
-
-        out = attention_forward(q, k, v, impl)
-        dq, dk, dv = attention_grads(q, k, v, do, impl)
-    dq_rows = row_rel_l2(dq, gold["dq"])
-    err = dq.double() - gold["dq"]
-    out_err = out.double() - gold["out"]
-    res = {
-        "dq_err": _median(dq_rows), "dk_err": _median(row_rel_l2(dk, gold["dk"])),
-        "dv_err": _median(row_rel_l2(dv, gold["dv"])),
-        "dq_err_p90": torch.quantile(dq_rows[torch.isfinite(dq_rows)], 0.9).item(),
-        "out_err": (torch.linalg.vector_norm(out_err) / torch.linalg.vector_norm(gold["out"])).item(),
-        "dq_err_cos_pk": _median(_row_cos(err, gold["pk"])),
-        "dq_err_cos_mu": _median(_row_cos(err, mu)) if mu is not None and mu.abs().sum() > 0 else math.nan,
-        "out_err_coherence": (out_err.mean(-2).abs() / out_err.pow(2).mean(-2).sqrt().clamp_min(1e-300)).mean().item(),
-    }
-    for key in ("ds_row_sum", "ds_exact_row_sum"):
-        res[key] = (_median(stats[key].abs() / stats["ds_row_abs_sum"].clamp_min(1e-300))
-                    if stats else math.nan)
+    out, lse = kernel.forward(q, k, v)
+    grads = kernel.backward(q, k, v, do, out=out, lse=lse, stats=stats)
+    err = grads[0].double() - gold["dq"]
+    res = {**gradient_errors(grads, gold, quantiles=(0.9,)), **output_errors(out, gold["out"]),
+           **ds_row_sums(stats, keys=("ds_row_sum", "ds_exact_row_sum"))}
+    res["dq_err_cos_pk"] = _median(_row_cos(err, gold["pk"]))
+    res["dq_err_cos_mu"] = _median(_row_cos(err, mu)) if mu is not None and mu.abs().sum() > 0 else math.nan
     return res
 
 
-def golden_values(q, k, v, do, chunk: int) -> dict[str, torch.Tensor]:
-    out = golden_attention(q, k, v, chunk=chunk)
-    dq, dk, dv = golden_attention_backward(q, k, v, do, chunk=chunk)
-    p = _probabilities(q, k, 1.0 / math.sqrt(q.shape[-1]))
-    return {"out": out, "dq": dq, "dk": dk, "dv": dv, "pk": p @ k.double(), "max_prob": p.amax(-1)}
-
-
-def mechanism_operands(seq_len: int, head_dim: int, sharpness: float, mu_norm: float, seed: int, *,
-                       heads: int = 1, device="cpu"):
-    """bf16 q (scaled by ``sharpness``), k + mu, v, dO and mu (fp32 carriers), seeded."""
-    q, k, v = normal_qkv(1, heads, seq_len, head_dim, seed=seed, device=device)
-    gen = generator(seed + 7_000_003)
-    do = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(device)
-    mu = _unit(head_dim, gen).to(device) * mu_norm
-    q, k, v, do = (round_to(t.float(), "bf16") for t in (q * sharpness, k + mu, v, do))
-    return q, k, v, do, mu
-
-
-def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=tuple(VARIANTS), heads: int = 1,
+def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=tuple(KERNEL_VARIANTS), heads: int = 1,
                    block_q: int = 64, block_k: int = 64, golden_chunk: int = 1024, device="cpu",
                    progress: bool = True, threads: int = 1) -> xr.Dataset:
     """Errors of every variant over sharpness x |mu| x N x d x seed (see the module docstring)."""
@@ -188,7 +134,7 @@ def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=
     dq_norm = np.full(shape[1:], np.nan)
     work = [(a, s, b, m, c, n, e, d, f, seed) for a, s in enumerate(sharpness) for b, m in enumerate(mu_norms)
             for c, n in enumerate(seq_lens) for e, d in enumerate(head_dims) for f, seed in enumerate(seeds)]
-    impls = [variant_impl(name, block_q, block_k) for name in variants]
+    impls = [variant_kernel(name, block_q, block_k) for name in variants]
     with torch_threads(threads):
         for a, s, b, m, c, n, e, d, f, seed in tqdm(work, desc="mechanism grid", disable=not progress):
             q, k, v, do, mu = mechanism_operands(n, d, s, m, seed, heads=heads, device=device)
@@ -206,7 +152,7 @@ def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=
     ds = xr.Dataset({f"mech_{m}": (dims, data[m]) for m in metrics}, coords=coords)
     ds["mech_max_prob"] = (dims[1:], max_prob)
     ds["mech_dq_norm"] = (dims[1:], dq_norm)
-    ds["variant_description"] = ("variant", [VARIANTS[v][3] for v in variants])
+    ds["variant_description"] = ("variant", [KERNEL_VARIANTS[v][3] for v in variants])
     ds["sharpness"].attrs.update(long_name="factor multiplying q (attention sharpness)", units="1")
     ds["mu_norm"].attrs.update(long_name="norm of the vector mu added to every key", units="1")
     return ds
@@ -214,38 +160,7 @@ def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=
 
 # -- Qiu & Yao's regime beside seed 004's ---------------------------------------------------------
 
-def regime_operands(regime: str, seq_len: int, head_dim: int, seed: int, *, n_ties: int = 8,
-                    mu_norm: float = 100.0, device="cpu"):
-    """bf16 operands of one regime and the offset mu (zero outside ``key_offset``).
-
-    ``key_offset``: N(0, 1) q, k, v, dO and mu added to every key (seed 004).
-    ``tied_max_*``: ``n_ties`` keys are the same vector e, and every query has a large
-    component along e, so each row's maximum score is repeated ``n_ties`` times and
-    P = 1 exactly there before normalisation (Qiu & Yao); V is N(-1, 0.2^2)
-    (``negative_v``: every column mostly negative) or N(0, 1).
-    """
-    if regime not in REGIMES:
-        raise ValueError(f"unknown regime {regime!r}; allowed: {list(REGIMES)}")
-    q, k, v = normal_qkv(1, 1, seq_len, head_dim, seed=seed, device="cpu")
-    gen = generator(seed + 9_000_011)
-    do = torch.randn(q.shape, generator=gen, dtype=torch.float64)
-    mu = torch.zeros(head_dim, dtype=torch.float64)
-    if regime == "key_offset":
-        mu = _unit(head_dim, gen) * mu_norm
-        k = k + mu
-    else:
-        e = _unit(head_dim, gen)
-        ties = torch.randperm(seq_len, generator=gen)[:n_ties]
-        # scaled tie score 2 sqrt(d) * 4 / sqrt(d) = 8 at every d; the other keys' scores have std ~2
-        q = 0.3 * q + 2.0 * math.sqrt(head_dim) * e
-        k[..., ties, :] = 4.0 * e
-        if regime == "tied_max_negative_v":
-            v = 0.2 * v - 1.0
-    q, k, v, do = (round_to(t.float(), "bf16").to(device) for t in (q, k, v, do))
-    return q, k, v, do, mu.to(device)
-
-
-def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple(VARIANTS), n_ties: int = 8,
+def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple(KERNEL_VARIANTS), n_ties: int = 8,
                            mu_norm: float = 100.0, block_q: int = 64, block_k: int = 64,
                            golden_chunk: int = 1024, device="cpu", progress: bool = True,
                            threads: int = 1) -> xr.Dataset:
@@ -264,7 +179,7 @@ def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple
             for i, name in enumerate(variants):
                 for t, tiling in enumerate(TILINGS):
                     bk = block_k if tiling == "tiled" else seq_len
-                    res = variant_errors(q, k, v, do, variant_impl(name, block_q, bk), gold, mu=mu)
+                    res = variant_errors(q, k, v, do, variant_kernel(name, block_q, bk), gold, mu=mu)
                     for metric in metrics:
                         data[metric][r, i, t, s] = res[metric]
     dims = ("regime", "variant", "tiling", "seed")
@@ -276,69 +191,10 @@ def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple
 
 # -- training and the diagnostic at checkpoints ---------------------------------------------------
 
-class LiveDiagnostic:
-    """Training callback: the FP32 backward-recompute diagnostic on the step's own batch, every
-    ``every`` steps and whenever the global gradient norm exceeds ``spike_factor`` times the median
-    of the previous ``window`` steps (seed 004's test, applied when a spike happens)."""
-
-    def __init__(self, every: int = 50, spike_factor: float = 3.0, window: int = 50,
-                 threshold: float = 0.1):
-        self.every, self.spike_factor, self.window, self.threshold = every, spike_factor, window, threshold
-        self.history: list[float] = []
-        self.parts: list[xr.Dataset] = []
-
-    def __call__(self, step: int, model, batch, grad_norm: float) -> None:
-        recent = self.history[-self.window:]
-        spike = bool(self.spike_factor > 0 and len(recent) >= 10
-                     and grad_norm > self.spike_factor * float(np.median(recent)))
-        self.history.append(grad_norm)
-        if not spike and step > 0 and not (self.every > 0 and step % self.every == 0):
-            return  # step 0 always runs, so the record is never empty
-        attns = model.attention_modules()
-        recording = [attn.record_stats for attn in attns]
-        for attn in attns:
-            attn.record_stats = False
-        with preserve_gradients(model):
-            diag = recompute_backward_fp32(model, batch, threshold=self.threshold)
-        for attn, flag in zip(attns, recording):
-            attn.record_stats = flag
-        diag["grad_norm_total"] = grad_norm
-        diag["spike"] = np.int8(spike)
-        self.parts.append(diag.drop_vars("threshold").expand_dims(diag_step=[step]))
-
-    def spikes(self) -> list[int]:
-        return [int(part["diag_step"][0]) for part in self.parts if int(part["spike"][0])]
-
-    def dataset(self) -> xr.Dataset:
-        ds = xr.concat(self.parts, dim="diag_step")
-        ds = ds.rename({name: f"live_{name}" for name in ds.data_vars})
-        ds["diag_step"].attrs.update(long_name="training step the diagnostic ran on")
-        return ds
-
-
-def train_runs(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, runs: dict, *, device="cpu",
-               progress: bool = True, callbacks: dict | None = None):
-    """Train one model per entry of ``runs`` (name -> attention implementation, every layer) from the
-    same initialisation and data order. Returns (records with a ``run`` dim, {name: TrainResult});
-    ``callbacks`` maps run names to a training callback (e.g. a ``LiveDiagnostic``)."""
-    results, records = {}, []
-    for name, impl in runs.items():
-        cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (impl,)})
-        results[name] = train(cfg, task, train_cfg, device=device, progress=progress, desc=f"train {name}",
-                              callback=(callbacks or {}).get(name))
-        records.append(results[name].records.expand_dims(run=[name]))
-    ds = xr.concat(records, dim="run", join="outer")
-    ds = ds.rename({name: f"train_{name}" for name in ds.data_vars})
-    ds["run_attention"] = ("run", [AttentionImpl.parse(i).label if isinstance(i, str) else i.label
-                                   for i in runs.values()])
-    ds["run_attention"].attrs.update(units="1", long_name="attention implementation of every layer")
-    return ds, results
-
-
 def _offset_vectors(model_cfg: GPTConfig, seed: int) -> list[torch.Tensor]:
     """One unit vector per head and layer (shape (d_model,) per layer, each head's block of norm 1)."""
     gen = generator(seed + 11_000_027)
-    return [torch.cat([_unit(model_cfg.head_dim, gen) for _ in range(model_cfg.n_head)]).float()
+    return [torch.cat([unit_vector(model_cfg.head_dim, gen) for _ in range(model_cfg.n_head)]).float()
             for _ in range(model_cfg.n_layer)]
 
 
@@ -449,29 +305,9 @@ def training_summary(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp3
 
 # -- figures --------------------------------------------------------------------------------------
 
-def save_and_show(fig, output_dir, name: str):
-    """Save ``fig`` with ``plots.save_figure`` and return the saved PNG for display, closing the
-    figure (the notebook shows the file that was written, and renders each figure once)."""
-    import matplotlib.pyplot as plt
-    from IPython.display import Image
-
-    from ..plots import save_figure
-
-    path = save_figure(fig, output_dir, name)
-    plt.close(fig)
-    return Image(filename=str(path))
-
-
 VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#58d68d", "--"), "fp32_ds_bf16": ("#2874a6", "-"),
                  "bf16_bwd_fp32": ("#7d3c98", "-"), "bf16": ("#c0392b", "-"), "bf16_fused": ("#f1948a", "--"),
                  "reference_bf16": ("#7f8c8d", ":")}
-
-
-def _offset_axis(ax, label: str = "|mu| added to every key") -> None:
-    """x axis of an offset sweep that starts at 0: linear below 1, logarithmic above."""
-    ax.set_xscale("symlog", linthresh=1.0)
-    ax.set_xlim(left=0)
-    ax.set_xlabel(label)
 
 
 def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
@@ -490,7 +326,7 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
                     label=str(variant))
         pmax = float(ds["mech_max_prob"].sel(sharpness=s).isel(seq_len=-1, head_dim=0).median())
         ax.set_title(f"sharpness {s:g} (median max P {pmax:.2f})")
-        _offset_axis(ax)
+        offset_axis(ax)
         ax.set_yscale("log")
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error", "median row rel. err."))
@@ -512,7 +348,7 @@ def plot_error_vs_size(ds: xr.Dataset, var: str = "mech_dq_err", variant: str = 
         for j, d in enumerate(ds["head_dim"].values):
             ax.plot(x, sub.sel(seq_len=n, head_dim=d).values, ["-", "--", ":", "-."][j % 4], marker="o", ms=3,
                     label=f"N = {n}, d = {d}")
-    _offset_axis(ax)
+    offset_axis(ax)
     ax.set_yscale("log")
     ax.set_ylabel("median row rel. err. of dQ")
     ax.set_title(f"{variant}, sharpness {float(ds['sharpness'][0]):g}")
@@ -533,7 +369,7 @@ def plot_row_sums(ds: xr.Dataset):
             if np.isfinite(vals).any():
                 ax.plot(x, vals, style, color=color, marker="o", ms=3, label=str(variant))
     for ax in axes[0]:
-        _offset_axis(ax)
+        offset_axis(ax)
     axes[0][0].set_yscale("log")
     axes[0][0].set_ylabel("median |sum_j dS_ij| / sum_j |dS_ij|")
     axes[0][0].set_title("row sums of dS as the dQ matmul sees it")
@@ -609,7 +445,7 @@ def plot_checkpoint_offsets(ds: xr.Dataset, var: str = "diag_dq_rel_err"):
             ax.plot(x, ds[var].sel(layer=layer, checkpoint=step).values, marker="o", ms=3,
                     color=cmap(i / max(1, len(steps) - 1)), label=f"step {step}")
         ax.axhline(float(ds["diag_threshold"].max()), color="grey", lw=0.8, ls=":")
-        _offset_axis(ax, "common key offset |mu| per head")
+        offset_axis(ax, "common key offset |mu| per head")
         ax.set_yscale("log")
         ax.set_title(f"layer {layer}")
     axes[0][0].set_ylabel("dQ rel. error vs FP32 recompute")

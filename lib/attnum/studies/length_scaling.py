@@ -15,12 +15,11 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import acceptance
-from ..flash import flash_attention
 from ..inputs import normal_qkv
+from ..kernels import flash_attention, golden_attention, reference_attention
 from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, row_rel_l2, strata_bounds
 from ..ncio import describe
 from ..precision import policy_for, round_to
-from ..reference import golden_attention, reference_attention
 
 KERNELS = ("reference", "flash")
 FAMILIES = ("all", "fa2")
@@ -224,7 +223,7 @@ def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
 
 
 STAGES_LOW = ("score", "stats", "p", "out_acc", "output")
-VARIANTS = ("all_low",) + tuple(f"promote_{st}" for st in STAGES_LOW) + tuple(f"only_{st}" for st in STAGES_LOW)
+ATTRIBUTION_VARIANTS = ("all_low",) + tuple(f"promote_{st}" for st in STAGES_LOW) + tuple(f"only_{st}" for st in STAGES_LOW)
 MIN_NORMAL = {"bf16": float(torch.finfo(torch.bfloat16).tiny), "fp16": float(torch.finfo(torch.float16).tiny),
               "fp32": float(torch.finfo(torch.float32).tiny)}
 
@@ -239,7 +238,7 @@ def attribution_policy(variant: str, fmt: str):
         return low.replace(**{stage: "fp32"})
     if kind == "only":
         return policy_for("all", "fp32").replace(name=f"only_{stage}_{fmt}", inputs=fmt, **{stage: fmt})
-    raise ValueError(f"unknown attribution variant {variant!r}; variants: {VARIANTS}")
+    raise ValueError(f"unknown attribution variant {variant!r}; variants: {ATTRIBUTION_VARIANTS}")
 
 
 def stage_attribution(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=1, head_dim=64, block_q=128,
@@ -250,7 +249,7 @@ def stage_attribution(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=
     causal mask every row's computation is independent of the others, so the
     rows computed are exactly those of the full N x N problem, at O(rows * N) cost.
     """
-    shape = (len(KERNELS), len(dtypes), len(VARIANTS), len(seq_lens), len(seeds))
+    shape = (len(KERNELS), len(dtypes), len(ATTRIBUTION_VARIANTS), len(seq_lens), len(seeds))
     err = np.full(shape, np.nan)
     below = np.full((len(dtypes), len(seq_lens), len(seeds)), np.nan)
     work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
@@ -262,13 +261,13 @@ def stage_attribution(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=
             gold = golden_attention(q, k, v, chunk=golden_chunk)
             probs = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * head_dim ** -0.5, dim=-1)
             below[d, i, j] = (probs < MIN_NORMAL[fmt]).double().mean().item()
-            for st, variant in enumerate(VARIANTS):
+            for st, variant in enumerate(ATTRIBUTION_VARIANTS):
                 pol = attribution_policy(variant, fmt)
                 outs = {"reference": reference_attention(q, k, v, pol),
                         "flash": flash_attention(q, k, v, pol, block_q=block_q, block_k=block_k)[0]}
                 for kk, kernel in enumerate(KERNELS):
                     err[kk, d, st, i, j] = error_summary(outs[kernel], gold, fmt)["rel_l2"]
-    coords = {"kernel": list(KERNELS), "attribution_dtype": list(dtypes), "variant": list(VARIANTS),
+    coords = {"kernel": list(KERNELS), "attribution_dtype": list(dtypes), "variant": list(ATTRIBUTION_VARIANTS),
               "attribution_seq_len": list(seq_lens), "attribution_seed": list(seeds)}
     ds = xr.Dataset({"attribution_rel_l2_err": (tuple(coords), err)}, coords=coords)
     ds["p_below_min_normal_frac"] = (("attribution_dtype", "attribution_seq_len", "attribution_seed"), below)

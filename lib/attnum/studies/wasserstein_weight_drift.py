@@ -33,7 +33,7 @@ from scipy import stats as sps
 from tqdm.auto import tqdm
 
 from .. import drift
-from ..attention import AttentionImpl
+from ..kernels import model_kernel
 from ..model import GPTConfig
 from ..ncio import describe
 from ..tasks import Task
@@ -42,7 +42,7 @@ from ..training import TrainConfig, train
 
 PAIRS = ("repeat", "flash", "flash_fp32", "init_seed", "init_perturbation", "bf16_training", "fp16_training")
 LOW_PRECISION_PAIRS = ("bf16_training", "fp16_training")
-METRICS = ("wasserstein", "max_abs", "rel_l2")
+DRIFT_METRICS = ("wasserstein", "max_abs", "rel_l2")
 STATISTICS = ("max_logit", "entropy", "key_mean_ratio", "grad_norm_qk", "grad_norm")
 CORR_METRICS = ("wasserstein_rel", "rel_l2")
 GOLDEN_RATIO_RANGE = (2.0, 5.0)  # Golden et al.: flash causes ~2-5x less weight deviation than low precision
@@ -107,8 +107,8 @@ def run_specs(kernel_policy: str = "fa2_bf16", perturbation: float = 1e-6,
         "reference_fp32": RunSpec("reference:fp32"),
         "reference_fp32_repeat": RunSpec("reference:fp32", repeat=1),
         f"reference_{kernel_policy}": RunSpec(f"reference:{kernel_policy}"),
-        f"flash_{kernel_policy}": RunSpec(f"flash:{kernel_policy}"),
-        "flash_fp32": RunSpec("flash:fp32"),
+        f"flash_{kernel_policy}": RunSpec(f"emulator:{kernel_policy}"),
+        "flash_fp32": RunSpec("emulator:fp32"),
         "reference_fp32_other_seed": RunSpec("reference:fp32", seed_offset=noise_seed_offset),
         "reference_fp32_perturbed": RunSpec("reference:fp32", perturbation=perturbation),
         "bf16_training": RunSpec("reference:fa2_bf16", autocast="bf16"),
@@ -150,7 +150,7 @@ def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, p
         results = {}
         for name in runs:
             spec = specs[name]
-            impl = AttentionImpl.parse(spec.attention, block_q=model_block, block_k=model_block)
+            impl = model_kernel(spec.attention, block=model_block)
             cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (impl,)})
             res = train(cfg, task, _train_config(train_cfg, spec, seed), device=device, progress=False)
             if res.diverged_at is not None:
@@ -201,7 +201,7 @@ def summarize(ds: xr.Dataset) -> xr.Dataset:
         agg = drift.aggregate(ds, by)
         for name in agg.data_vars:
             out[f"{by}_{name}"] = agg[name].transpose("pair", "seed", "step", ...)
-    for metric in METRICS:
+    for metric in DRIFT_METRICS:
         out[f"model_{metric}_rate"] = drift_rate(out[f"model_{metric}"])
     return out
 
@@ -246,16 +246,16 @@ def drift_ratios(ds: xr.Dataset, confidence: float = 0.95) -> xr.Dataset:
     and its confidence interval, for every comparison the pairs allow (dims comparison, metric, step)."""
     comps = comparisons(list(ds["pair"].values))
     names = [f"{a}/{b}" for a, b in comps]
-    shape = (len(comps), len(METRICS), ds.sizes["seed"], ds.sizes["step"])
+    shape = (len(comps), len(DRIFT_METRICS), ds.sizes["seed"], ds.sizes["step"])
     per_seed = np.full(shape, np.nan)
     for c, (num, den) in enumerate(comps):
-        for m, metric in enumerate(METRICS):
+        for m, metric in enumerate(DRIFT_METRICS):
             a = ds[f"model_{metric}"].sel(pair=num).transpose("seed", "step").values
             b = ds[f"model_{metric}"].sel(pair=den).transpose("seed", "step").values
             with np.errstate(divide="ignore", invalid="ignore"):
                 per_seed[c, m] = np.where(b > 0, a / np.where(b > 0, b, 1.0), np.nan)
     summary = np.apply_along_axis(lambda r: ratio_interval(r, confidence), 2, per_seed)  # (c, m, 3, step)
-    coords = {"comparison": names, "metric": list(METRICS), "seed": ds["seed"].values, "step": ds["step"].values,
+    coords = {"comparison": names, "metric": list(DRIFT_METRICS), "seed": ds["seed"].values, "step": ds["step"].values,
               "comparison_numerator": ("comparison", [a for a, _ in comps]),
               "comparison_denominator": ("comparison", [b for _, b in comps])}
     dims = ("comparison", "metric", "step")
@@ -293,9 +293,9 @@ def checks(ds: xr.Dataset) -> dict:
     pairs = [str(p) for p in ds["pair"].values]
     if "repeat" in pairs:
         out["repeat pair exactly 0 at every step, seed and tensor"] = bool(
-            all((ds[m].sel(pair="repeat") == 0).all() for m in METRICS))
+            all((ds[m].sel(pair="repeat") == 0).all() for m in DRIFT_METRICS))
     moving = [p for p in pairs if p != "repeat"]
-    for metric in METRICS:
+    for metric in DRIFT_METRICS:
         d = ds[f"model_{metric}"].isel(step=later)
         if "init_seed" in pairs and len(moving) > 1:
             rest = d.sel(pair=[p for p in moving if p != "init_seed"])
@@ -319,7 +319,7 @@ def checks(ds: xr.Dataset) -> dict:
         if str(ds["comparison_denominator"].sel(comparison=comp).values) != "flash":
             continue
         r = ds["drift_ratio"].sel(comparison=comp)
-        for metric in METRICS:
+        for metric in DRIFT_METRICS:
             vals = r.sel(metric=metric).values[later]
             out[f"{comp} ({metric}): smallest and largest geometric mean over checkpoints"] = (
                 f"{np.nanmin(vals):.2f} .. {np.nanmax(vals):.2f}")
@@ -458,18 +458,6 @@ PAIR_STYLE = {"repeat": ("#7f8c8d", ":"), "flash": ("#c0392b", "-"), "flash_fp32
               "bf16_training": ("#2874a6", "-"), "fp16_training": ("#1e8449", "-")}
 METRIC_LABEL = {"wasserstein": "Wasserstein-1 of weight values", "wasserstein_rel": "W1 / RMS weight",
                 "max_abs": "max |w_a - w_b|", "rel_l2": "||w_b - w_a|| / ||w_a||"}
-
-
-def save_and_show(fig, output_dir, name: str):
-    """Save ``fig`` with ``plots.save_figure``, close it, and return the written PNG for display."""
-    import matplotlib.pyplot as plt
-    from IPython.display import Image
-
-    from ..plots import save_figure
-
-    path = save_figure(fig, output_dir, name)
-    plt.close(fig)
-    return Image(filename=str(path))
 
 
 def _log_y(ax) -> None:

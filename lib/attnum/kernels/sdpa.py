@@ -1,0 +1,79 @@
+"""PyTorch's ``scaled_dot_product_attention``, pinned to exactly one backend.
+
+``sdpa:flash``, ``sdpa:efficient``, ``sdpa:cudnn``, ``sdpa:math``: each runs inside
+``torch.nn.attention.sdpa_kernel([one backend])``, so inputs that backend does not take raise
+(PyTorch's "No available kernel") instead of falling back to another backend; the error is
+re-raised as ``BackendRefused`` naming the backend and PyTorch's reasons, so a study records it
+as data. On a CPU, PyTorch has a math backend and a flash backend of its own (a C++ kernel, not
+FlashAttention-2); the efficient and cuDNN backends need CUDA.
+
+None of them returns the log-sum-exp through the public API: ``forward`` gives ``(out, None)``.
+The backward is the backend's own, through autograd.
+"""
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from .registry import Kernel
+
+BACKENDS = ("flash", "efficient", "cudnn", "math")
+_CPU_BACKENDS = ("flash", "math")
+
+
+class BackendRefused(RuntimeError):
+    """The pinned backend refused these inputs (no fall-back to another backend was allowed)."""
+
+
+def _backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name]
+
+
+class SdpaKernel(Kernel):
+    gives_lse = False
+
+    def __init__(self, backend: str):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown SDPA backend {backend!r}; backends: {list(BACKENDS)}")
+        self.backend = backend
+        self.name = f"sdpa:{backend}"
+
+    def unavailable_reason(self, device="cpu") -> str | None:
+        device = torch.device(device)
+        if device.type == "cuda":
+            return None if torch.cuda.is_available() else "torch sees no CUDA device"
+        if device.type == "cpu" and self.backend not in _CPU_BACKENDS:
+            return f"PyTorch's {self.backend} backend exists on CUDA devices only"
+        return None
+
+    def differentiable(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None):
+        from torch.nn.attention import sdpa_kernel
+
+        self.require(q.device)
+        mask = None if attn_bias is None else attn_bias.to(q.dtype)
+        with sdpa_kernel([_backend(self.backend)]), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+            except RuntimeError as exc:
+                reasons = "; ".join(str(w.message).strip() for w in caught) or "no reason given"
+                raise BackendRefused(f"{self.name} refused q {tuple(q.shape)} {q.dtype}, causal={causal}, "
+                                     f"mask={'none' if mask is None else tuple(mask.shape)}: {exc} "
+                                     f"[PyTorch's reasons: {reasons}]") from None
+
+    def forward(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None):
+        with torch.no_grad():
+            return self.differentiable(q, k, v, causal=causal, attn_bias=attn_bias, scale=scale), None
+
+
+def build(options: list[str], **keywords) -> SdpaKernel:
+    if keywords:
+        raise ValueError(f"sdpa kernels take no options, got {sorted(keywords)}")
+    if len(options) != 1:
+        raise ValueError(f"name one backend: sdpa:<backend> with backend in {list(BACKENDS)}")
+    return SdpaKernel(options[0])
