@@ -1,23 +1,44 @@
-"""The one NetCDF writer and reader of every study, with provenance.
+"""The one NetCDF writer and reader of every study, with provenance and integrity checks.
 
-Writer: NETCDF4 through the netcdf4 engine (named explicitly), zlib level 4 on
-every numeric variable, CF-style ``units`` and ``long_name`` required on every
-data variable, global attributes recording the study, its parameters (JSON),
-git commit and dirty flag, package versions, device and creation time. Writes
-are atomic: a temporary file in the same folder, then ``os.replace``.
+Writer (``write_results``): NETCDF4 through the netcdf4 engine (named explicitly),
+a Fletcher-32 checksum on every variable that has a dimension (HDF5 stores 0-d
+variables contiguously, where no filter applies: those are covered by the
+run's sha256, see below), zlib level 4 on every numeric one, and CF metadata
+applied in one place from the study's table (``variables=`` name -> (units,
+long_name)): every data variable needs ``units`` and ``long_name``, every
+coordinate gets a ``long_name`` (the table's, else "coordinate <name>"), and a
+unit UDUNITS does not know (``ulp``, ``1/step``, ``FLOP``) is written as "1"
+with the unit named in the ``long_name``. The file declares CF-1.11, the
+newest convention the IOOS compliance checker knows; int64 is a CF data type
+since CF-1.9, so integer coordinates are kept exactly as computed. Global
+attributes record the study, its parameters (JSON; ``output_dir`` as the run's
+logical folder ``<study>/<run>``, never a temporary path), git commit and dirty
+flag, package versions, device and creation time. Writes are atomic: a
+temporary file in the same folder, fsync, then ``os.replace``.
 
-Reader: ``open_study`` opens every finished run of a study and merges them with
-``combine="by_coords"``; scalar sweep parameters are stored as length-1
-dimensions (``sweep_dims``) so that runs of a sweep line up.
+Run records: each run folder holds ``RUN.json`` (written by the runner, or by
+``runner.start`` for a JupyterLab run) with the sha256 of ``results.nc`` and of
+``notebook.ipynb`` and a checksum of the record itself. ``verify_run`` checks
+them; a damaged run raises ``DamagedRunError`` naming the run and what is wrong.
+
+Reader: ``open_study`` opens the runs of a study that belong together (one
+group: a single run, or the points of one sweep; ``study_groups`` lists them),
+skips damaged runs with a ``DamagedRunWarning`` naming each, and merges the
+rest with ``combine_by_coords``; scalar sweep parameters are stored as
+length-1 dimensions (``sweep_dims``) so that runs of a sweep line up, and each
+run's parameters survive the merge as the ``run_parameters`` variable.
 """
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import hashlib
 import json
 import os
 import platform
 import socket
 import subprocess
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -27,9 +48,26 @@ import xarray as xr
 from .paths import outputs_root, project_root
 
 ENGINE = "netcdf4"
+CONVENTIONS = "CF-1.11"
+RECORD = "RUN.json"
 PACKAGES = ("attnum", "torch", "numpy", "scipy", "xarray", "netCDF4", "pandas", "matplotlib", "seaborn",
             "papermill")
+# Units UDUNITS does not know, written as "1" with the unit named in the long_name (used when cf_units,
+# which asks UDUNITS itself, is not installed).
+NON_UDUNITS = {"ulp": "units in the last place", "1/step": "per optimizer step", "FLOP": "floating-point operations",
+               "flop": "floating-point operations", "FLOPs": "floating-point operations", "nat": "nats"}
+FINISHED = ("ok", "lab")  # RUN.json states of a run whose results may be read
 
+
+class DamagedRunError(RuntimeError):
+    """A run whose files are missing, truncated or do not match their recorded checksums."""
+
+
+class DamagedRunWarning(UserWarning):
+    """A damaged run was skipped (the message names it and says what is wrong)."""
+
+
+# -- provenance --
 
 def git_state(root: Path | None = None) -> dict[str, str]:
     """Commit hash and dirty flag of the project checkout ("unknown" outside git).
@@ -85,10 +123,30 @@ def device_description(device: str = "cpu") -> str:
     return f"cpu {cpu}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()}"
 
 
+def logical_run_path(folder: str | os.PathLike, root: str | os.PathLike | None = None) -> str:
+    """``<study>/<run>`` of a run folder: what a run is called, wherever its files are staged.
+
+    A versioned run folder ``<root>/<study>/.versions/<run>/<version>`` maps to
+    ``<study>/<run>``; another folder under the outputs root to its path relative
+    to the root; a folder elsewhere to its last two path parts.
+    """
+    folder = Path(folder).absolute()
+    parts = folder.parts
+    if ".versions" in parts:
+        i = len(parts) - 1 - parts[::-1].index(".versions")
+        if i >= 1 and i + 1 < len(parts):
+            return f"{parts[i - 1]}/{parts[i + 1]}"
+    try:
+        base = Path(root).absolute() if root else outputs_root()
+        return folder.relative_to(base).as_posix()
+    except (ValueError, RuntimeError):
+        return "/".join(p for p in parts[-2:] if p != folder.anchor)
+
+
 def provenance(study: str, params: dict, device: str = "cpu") -> dict[str, str]:
     """Global attributes that tie a results file to what made it."""
     attrs = {
-        "Conventions": "CF-1.8",
+        "Conventions": CONVENTIONS,
         "study": study,
         "parameters": json.dumps(params, sort_keys=True, default=str),
         "device": device_description(device),
@@ -102,11 +160,14 @@ def provenance(study: str, params: dict, device: str = "cpu") -> dict[str, str]:
     return attrs
 
 
+# -- CF metadata --
+
 def describe(ds: xr.Dataset, *tables: dict[str, tuple[str, str]]) -> xr.Dataset:
     """Set CF ``units`` and ``long_name`` of every data variable from ``name -> (units, long_name)`` tables.
 
     Variables that already carry both keep them; the first table naming a
     variable wins. A variable no table names is an error, named.
+    (``write_results(..., variables=table)`` does the same in the writer.)
     """
     missing = []
     for name, var in ds.data_vars.items():
@@ -129,17 +190,87 @@ def check_cf(ds: xr.Dataset) -> None:
         raise ValueError("every data variable needs CF 'units' and 'long_name': " + "; ".join(missing))
 
 
+@functools.lru_cache(maxsize=256)
+def udunits_knows(units: str) -> bool:
+    """Whether UDUNITS parses ``units`` (through cf_units when installed, else a list of known misses)."""
+    try:
+        import cf_units
+    except ImportError:
+        return units not in NON_UDUNITS
+    try:
+        cf_units.Unit(units)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def _cf_metadata(ds: xr.Dataset, variables: dict | None) -> xr.Dataset:
+    """Apply the study's table, default coordinate long_names and UDUNITS-safe units (in place)."""
+    table = dict(variables or {})
+    for name, var in ds.data_vars.items():
+        if name in table and not {"units", "long_name"} <= set(var.attrs):
+            units, long_name = table[name]
+            var.attrs.setdefault("units", units)
+            var.attrs.setdefault("long_name", long_name)
+    check_cf(ds)
+    for name, var in ds.coords.items():
+        if "long_name" not in var.attrs and "standard_name" not in var.attrs:
+            var.attrs["long_name"] = table[name][1] if name in table else f"coordinate {name}"
+        if name in table and "units" not in var.attrs and var.dtype.kind in "iuf":
+            var.attrs["units"] = table[name][0]
+    for name, var in ds.variables.items():
+        units = var.attrs.get("units")
+        if units is None:
+            continue
+        if var.dtype.kind not in "iufcmM":  # strings and booleans carry no units in CF
+            if units in ("1", ""):
+                del var.attrs["units"]
+            continue
+        if not udunits_knows(str(units)):
+            what = NON_UDUNITS.get(str(units), str(units))
+            var.attrs["units"] = "1"
+            long_name = var.attrs.get("long_name", f"variable {name}")
+            if str(units) not in long_name:
+                var.attrs["long_name"] = f"{long_name} (counted in {what}, {units})"
+    return ds
+
+
+def _sanitized(params: dict) -> dict:
+    """Parameters as recorded: ``output_dir`` is the run's logical folder, not where it was staged."""
+    params = dict(params)
+    if params.get("output_dir"):
+        params["output_dir"] = logical_run_path(params["output_dir"])
+    return params
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params: dict,
                   sweep_dims=(), device: str = "cpu", title: str | None = None,
-                  references: str | None = None) -> Path:
-    """Write ``ds`` atomically to ``path`` with provenance. Returns the final path.
+                  references: str | None = None, variables: dict | None = None) -> Path:
+    """Write ``ds`` atomically to ``path`` with provenance and checksums. Returns the final path.
 
-    ``sweep_dims`` names scalar parameters to add as length-1 dimensions so
-    that ``xr.open_mfdataset(..., combine="by_coords")`` merges the runs of a sweep.
+    ``variables``: the study's table ``name -> (units, long_name)`` for data variables
+    and coordinates that do not carry them yet. ``sweep_dims`` names scalar parameters
+    to add as length-1 dimensions so that ``xr.open_mfdataset(..., combine="by_coords")``
+    merges the runs of a sweep.
     """
-    check_cf(ds)
     path = Path(path)
     ds = ds.copy()
+    for var in ds.variables.values():  # copies of the attributes: the caller's dataset is left as it was
+        var.attrs = dict(var.attrs)
+    params = _sanitized(params)
     for key in sweep_dims:
         if key not in params:
             raise ValueError(f"sweep dimension {key!r} is not a parameter; parameters: {sorted(params)}")
@@ -147,61 +278,283 @@ def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params
             raise ValueError(f"sweep dimension {key!r} is already a dimension of the results")
         ds = ds.expand_dims({key: [params[key]]})
         ds[key].attrs.setdefault("long_name", f"parameter {key}")
+    _cf_metadata(ds, variables)
     ds.attrs.update(provenance(study, params, device))
     ds.attrs["sweep_dims"] = json.dumps(list(sweep_dims))
-    if title:
-        ds.attrs["title"] = title
+    ds.attrs["title"] = title or ds.attrs.get("title") or f"attnum study {study}"
     if references:
         ds.attrs["references"] = references
     ds.attrs["source"] = f"attnum study {study}"
 
     encoding = {}
     for name, var in ds.variables.items():
-        if np.issubdtype(var.dtype, np.number) and var.ndim > 0 and var.dtype != np.bool_:
-            encoding[name] = {"zlib": True, "complevel": 4}
+        if var.ndim == 0:
+            continue  # contiguous in HDF5: no filter applies (the run's sha256 covers it)
+        enc = {"fletcher32": True}
+        if np.issubdtype(var.dtype, np.number) and var.dtype != np.bool_:
+            enc.update(zlib=True, complevel=4)
+        encoding[name] = enc
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         ds.to_netcdf(tmp, engine=ENGINE, format="NETCDF4", encoding=encoding)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
+    _note_lab_results(path)
     return path
 
+
+# -- run records and checksums --
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def record_checksum(record: dict) -> str:
+    """sha256 of the record's canonical JSON without its own ``checksum`` entry."""
+    body = {k: v for k, v in record.items() if k != "checksum"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def write_record(folder: str | os.PathLike, record: dict) -> Path:
+    """Write ``RUN.json`` atomically (temporary file, fsync, ``os.replace``) with its own checksum."""
+    folder = Path(folder)
+    record = dict(record)
+    record["checksum"] = record_checksum(record)
+    text = json.dumps(record, indent=2, default=str)
+    tmp = folder / f".{RECORD}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, folder / RECORD)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return folder / RECORD
+
+
+def read_record(folder: str | os.PathLike) -> dict:
+    """The run's ``RUN.json``, checked; ``DamagedRunError`` if missing, unreadable or altered."""
+    folder = Path(folder)
+    path = folder / RECORD
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} is missing") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} cannot be read ({exc})") from None
+    if not isinstance(record, dict):
+        raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} does not hold a record")
+    if "checksum" in record and record["checksum"] != record_checksum(record):
+        raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} does not match its checksum")
+    return record
+
+
+def _run_label(folder: Path) -> str:
+    return logical_run_path(folder)
+
+
+def verify_run(folder: str | os.PathLike, *, require_record: bool = True) -> dict:
+    """Check a finished run's files against its record; returns the record (``{}`` if none and allowed).
+
+    Raises ``DamagedRunError`` naming the run when ``RUN.json`` is missing (unless
+    ``require_record`` is false), truncated or altered, when ``results.nc`` or
+    ``notebook.ipynb`` is missing or does not match its recorded sha256. Records
+    written before checksums existed (no ``results_sha256``) pass unverified
+    (``record["verified"]`` is false); the Fletcher-32 checksums are still
+    checked when the file is read.
+    """
+    folder = Path(folder)
+    if not (folder / RECORD).exists() and not require_record:
+        if not (folder / "results.nc").exists():
+            raise DamagedRunError(f"run {_run_label(folder)}: results.nc is missing")
+        return {"verified": False}
+    record = read_record(folder)
+    if record.get("status") in FINISHED:
+        for name, key in (("results.nc", "results_sha256"), ("notebook.ipynb", "notebook_sha256")):
+            file = folder / name
+            if name == "results.nc" and not file.exists():
+                raise DamagedRunError(f"run {_run_label(folder)}: results.nc is missing")
+            if record.get(key):
+                if not file.exists():
+                    raise DamagedRunError(f"run {_run_label(folder)}: {name} is missing")
+                if file_sha256(file) != record[key]:
+                    raise DamagedRunError(f"run {_run_label(folder)}: {name} does not match its sha256 "
+                                          "in RUN.json (truncated or altered)")
+    record["verified"] = bool(record.get("results_sha256"))
+    return record
+
+
+def _note_lab_results(path: Path) -> None:
+    """A JupyterLab run (RUN.json status "lab") records the checksum of the results it wrote."""
+    folder = path.parent
+    if path.name != "results.nc" or not (folder / RECORD).exists():
+        return
+    try:
+        record = read_record(folder)
+    except DamagedRunError:
+        return
+    if record.get("status") == "lab":
+        record.update(results_sha256=file_sha256(path),
+                      finished=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        write_record(folder, record)
+
+
+# -- reading --
 
 def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> xr.Dataset:
     """Open one results file fully into memory (the file is closed afterwards).
 
-    ``squeeze_sweep_dims`` turns the length-1 sweep dimensions back into scalar
-    coordinates, so a notebook reads its own results the same way inside and
-    outside a sweep.
+    Reading every value checks the Fletcher-32 checksums; a truncated or damaged
+    file raises ``DamagedRunError`` naming it. ``squeeze_sweep_dims`` turns the
+    length-1 sweep dimensions back into scalar coordinates, so a notebook reads
+    its own results the same way inside and outside a sweep.
     """
-    with xr.open_dataset(path, engine=ENGINE) as ds:
-        ds = ds.load()
+    try:
+        with xr.open_dataset(path, engine=ENGINE) as ds:
+            ds = ds.load()
+    except FileNotFoundError:
+        raise
+    except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
+        raise DamagedRunError(f"{path}: cannot be read, damaged or truncated ({type(exc).__name__}: {exc})") from None
     if squeeze_sweep_dims:
         ds = ds.squeeze(json.loads(ds.attrs.get("sweep_dims", "[]")))
     return ds
 
 
+def run_folders(study: str, root: str | os.PathLike | None = None) -> list[Path]:
+    """Run folders of a study that may hold finished results (not hidden, not ``.failed``)."""
+    base = (Path(root) if root else outputs_root()) / study
+    if not base.is_dir():
+        return []
+    return sorted(p for p in base.iterdir()
+                  if not p.name.startswith(".") and not p.name.endswith(".failed") and p.is_dir()
+                  and ((p / "results.nc").exists() or (p / RECORD).exists()))
+
+
 def study_runs(study: str, root: str | os.PathLike | None = None) -> list[Path]:
-    """``results.nc`` of every finished (not failed, not in-progress) run of a study."""
-    base = Path(root) if root else outputs_root()
-    return sorted(p for p in (base / study).glob("*/results.nc")
-                  if not p.parent.name.startswith(".") and not (p.parent / "FAILED").exists())
+    """``results.nc`` of every finished (not failed, not in-progress) run of a study (unverified)."""
+    out = []
+    for folder in run_folders(study, root):
+        if (folder / "FAILED").exists() or not (folder / "results.nc").exists():
+            continue
+        try:
+            status = json.loads((folder / RECORD).read_text()).get("status", "ok")
+        except FileNotFoundError:
+            status = "ok"
+        except (OSError, ValueError, AttributeError):
+            status = "damaged"  # listed: reading it reports the damage by name
+        if status in FINISHED or status == "damaged":
+            out.append(folder / "results.nc")
+    return out
 
 
-def open_study(study: str, root: str | os.PathLike | None = None, runs=None) -> xr.Dataset:
-    """Every run of a study merged by coordinates (``runs``: names of run folders to keep)."""
-    paths = study_runs(study, root)
-    if runs is not None:
-        paths = [p for p in paths if p.parent.name in set(runs)]
-    if not paths:
-        raise FileNotFoundError(f"no finished runs of study {study!r} under {Path(root) if root else outputs_root()}")
+def group_label(name: str, sweep_dims=()) -> str:
+    """The group of a run: its own name, or ``<set and fixed overrides>@<swept keys>`` for a sweep point."""
+    sweep_dims = sorted(sweep_dims or ())
+    if not sweep_dims:
+        return name
+    if "@" in name:
+        base = name.split("@", 1)[0]
+    else:  # folders of sweeps made before the "@" marker
+        base = "__".join(p for p in name.split("__") if p.split("=", 1)[0] not in sweep_dims)
+    return f"{base}@{','.join(sweep_dims)}"
+
+
+def _run_sweep_dims(folder: Path) -> list[str]:
     try:
-        return xr.combine_by_coords([open_results(p) for p in paths], combine_attrs="drop_conflicts",
-                                    data_vars="all", coords="different", compat="no_conflicts",
-                                    join="outer")
+        return list(json.loads((folder / RECORD).read_text()).get("sweep_dims", []))
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with xr.open_dataset(folder / "results.nc", engine=ENGINE) as ds:
+            return json.loads(ds.attrs.get("sweep_dims", "[]"))
+    except (OSError, RuntimeError, ValueError):
+        return []
+
+
+def study_groups(study: str, root: str | os.PathLike | None = None) -> dict[str, list[str]]:
+    """Group label -> run folder names: runs that belong together (one run, or one sweep's points)."""
+    groups: dict[str, list[str]] = {}
+    for results in study_runs(study, root):
+        folder = results.parent
+        groups.setdefault(group_label(folder.name, _run_sweep_dims(folder)), []).append(folder.name)
+    return groups
+
+
+def _with_run_parameters(ds: xr.Dataset, name: str) -> xr.Dataset:
+    """Carry the run's name and parameters as variables along its sweep dimensions."""
+    dims = [d for d in json.loads(ds.attrs.get("sweep_dims", "[]")) if d in ds.dims]
+    shape = tuple(ds.sizes[d] for d in dims)
+    ds = ds.copy()
+    ds["run_parameters"] = (dims, np.full(shape, ds.attrs.get("parameters", "{}"), dtype=object))
+    ds["run_parameters"].attrs["long_name"] = "parameters of the run (JSON)"
+    ds["run_name"] = (dims, np.full(shape, name, dtype=object))
+    ds["run_name"].attrs["long_name"] = "run folder"
+    return ds
+
+
+def open_study(study: str, root: str | os.PathLike | None = None, runs=None, group: str | None = None) -> xr.Dataset:
+    """The runs of a study that belong together, merged by coordinates.
+
+    ``group``: a label of ``study_groups`` (a single run's name, or ``<set>@<swept keys>``
+    for the points of one sweep). Without it: the only group there is, else the group of
+    the ``default`` run, else ``ValueError`` listing the groups. ``runs``: names of run
+    folders to merge instead (any runs that line up). Damaged runs are skipped with a
+    ``DamagedRunWarning`` naming each; the result's attributes ``runs`` and
+    ``skipped_runs`` say what was merged and what was not, and ``run_parameters``
+    keeps each run's parameters.
+    """
+    where = Path(root) if root else outputs_root()
+    groups = study_groups(study, root)
+    if runs is not None:
+        names, label = [n for g in groups.values() for n in g if n in set(runs)], "selected runs"
+        missing = sorted(set(runs) - set(names))
+        if missing:
+            raise FileNotFoundError(f"no finished run(s) {missing} of study {study!r} under {where}")
+    elif group is not None:
+        if group not in groups:
+            raise KeyError(f"study {study!r} has no group {group!r}; groups: {groups}")
+        names, label = groups[group], group
+    elif len(groups) == 1:
+        label, names = next(iter(groups.items()))
+    elif "default" in groups:
+        label, names = "default", groups["default"]
+    elif not groups:
+        names, label = [], ""
+    else:
+        raise ValueError(f"study {study!r} has {len(groups)} groups of runs that do not belong together: "
+                         f"{groups}; pass group=<label> (or runs=[...])")
+    if not names:
+        raise FileNotFoundError(f"no finished runs of study {study!r} under {where}")
+    datasets, merged, skipped = [], [], {}
+    for name in sorted(names):
+        folder = where / study / name
+        try:
+            verify_run(folder, require_record=False)
+            datasets.append(_with_run_parameters(open_results(folder / "results.nc"), name))
+            merged.append(name)
+        except DamagedRunError as exc:
+            skipped[name] = str(exc)
+            warnings.warn(f"skipping damaged run {study}/{name}: {exc}", DamagedRunWarning, stacklevel=2)
+    if not datasets:
+        raise DamagedRunError(f"every run of group {label!r} of study {study!r} is damaged: {skipped}")
+    try:
+        out = xr.combine_by_coords(datasets, combine_attrs="drop_conflicts", data_vars="all",
+                                   coords="different", compat="no_conflicts", join="outer")
     except ValueError as exc:
-        raise ValueError(f"runs {[p.parent.name for p in paths]} of {study!r} do not line up by coordinates "
+        raise ValueError(f"runs {merged} of {study!r} do not line up by coordinates "
                          f"({exc}); pass runs=[...] to pick runs that differ only in swept parameters") from exc
+    out.attrs.update(group=label, runs=json.dumps(merged), skipped_runs=json.dumps(skipped))
+    return out
