@@ -44,15 +44,17 @@ publish: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m attnum bench
 
-# Removes caches, the rendered site and leftovers of interrupted runs; never results.
+# Removes caches, the rendered site and leftovers of interrupted runs; never results, never a live run
+# (attnum.runner.clean: a run is live while it holds its lock or its owner process is alive).
 clean:
-	rm -rf .pytest_cache build lib/*.egg-info outputs/site outputs/.site.building
+	@if [ -x $(PY) ]; then $(PY) -m attnum.runner clean; else echo "no $(PY): outputs/ left as it is (make setup)"; fi
+	rm -rf .pytest_cache build lib/*.egg-info
 	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
-	find outputs -maxdepth 2 -name '.*.running-*' -type d -prune -exec rm -rf {} + 2>/dev/null || true
 
-# Deletes every study result not tracked by git: only when asked explicitly.
+# Deletes every study result not tracked by git: only when asked explicitly, and not while a run is live.
 clean-results:
 	@test "$(CONFIRM)" = yes || { echo "refusing: run 'make clean-results CONFIRM=yes' to delete outputs/*"; exit 2; }
+	$(PY) -m attnum.runner idle
 	git clean -fdqX -- outputs/
 
 distclean: clean

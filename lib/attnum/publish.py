@@ -5,20 +5,38 @@ Every finished run folder ``outputs/<study>/<run>/`` (holding ``notebook.ipynb``
 the notebook rendered to HTML by nbconvert and copies of its NetCDF file and
 figures; ``site/index.html`` lists every run with its title, parameters,
 provenance, headline figure and links. Failed runs are listed as failed.
+
+Each run is checked first (``ncio.verify_run``: RUN.json present and unaltered,
+sha256 of results.nc and notebook.ipynb, Fletcher-32 checksums while reading):
+a damaged run is listed as damaged, naming the file and what is wrong, and the
+others are published; ``publish`` then raises ``PublishError`` (the command
+line exits non-zero) after writing the site. One publish at a time per outputs
+folder (``fcntl.flock`` on ``.publish.lock``); each builds in its own temporary
+folder. A missing outputs folder is an error, not an empty site.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import html
 import json
+import os
+import secrets
 import shutil
 from pathlib import Path
 
 import nbformat
 
-from .ncio import ENGINE
+from . import ncio
 from .paths import outputs_root
+from .runner import RunError
 
 SITE = "site"
+LOCK = ".publish.lock"
+
+
+class PublishError(RunError):
+    """The site was written, but some runs could not be published (named), or nothing could be."""
 
 
 def _title(nb) -> str:
@@ -30,58 +48,120 @@ def _title(nb) -> str:
     return "untitled"
 
 
-def _provenance(results: Path) -> dict:
-    import xarray as xr
-
-    with xr.open_dataset(results, engine=ENGINE) as ds:
-        keep = ("git_commit", "git_dirty", "created", "device", "package_versions", "headline_figure")
-        return {k: ds.attrs.get(k, "") for k in keep}
+def _provenance(ds) -> dict:
+    keep = ("git_commit", "git_dirty", "created", "device", "package_versions", "headline_figure")
+    return {k: ds.attrs.get(k, "") for k in keep}
 
 
 def _run_folders(base: Path):
     for study_dir in sorted(p for p in base.iterdir() if p.is_dir() and p.name != SITE and not p.name.startswith(".")):
         for run_dir in sorted(p for p in study_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if (run_dir / "RUN.json").exists():
+            if any((run_dir / f).exists() for f in ("RUN.json", "results.nc", "notebook.ipynb", "FAILED")):
                 yield study_dir.name, run_dir
 
 
-def publish(outputs: str | Path | None = None) -> Path:
-    """Render every run and write ``site/index.html``; returns the index path."""
+@contextlib.contextmanager
+def _publish_lock(base: Path):
+    with open(base / LOCK, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # a second publish waits for the first
+        yield
+
+
+def publish_lock_held(base: Path) -> bool:
+    """Whether a publish is running on ``base`` now."""
+    path = Path(base) / LOCK
+    if not path.exists():
+        return False
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+def _publish_run(exporter, study: str, run_dir: Path, dest: Path) -> dict:
+    """Copy and render one run into ``dest``; raises ``DamagedRunError`` naming what is wrong."""
+    failed = run_dir.name.endswith(".failed") or (run_dir / "FAILED").exists()
+    record = ncio.verify_run(run_dir) if not failed else ncio.read_record(run_dir)
+    entry = {"study": study, "run": run_dir.name, "record": record,
+             "failed": failed or record.get("status") in ("failed", "interrupted")}
+    dest.mkdir(parents=True)
+    nb_file = run_dir / "notebook.ipynb"
+    if nb_file.exists():
+        try:
+            nb = nbformat.read(nb_file, as_version=4)
+            body, _ = exporter.from_notebook_node(nb)
+        except Exception as exc:  # nbformat and nbconvert raise many kinds on a damaged file
+            if entry["failed"]:
+                nb, body = None, None
+            else:
+                raise ncio.DamagedRunError(f"run {study}/{run_dir.name}: notebook.ipynb cannot be read "
+                                           f"({type(exc).__name__}: {exc})") from None
+        if nb is not None:
+            entry["title"] = _title(nb)
+            (dest / "notebook.html").write_text(body)
+    if entry["failed"]:
+        return entry
+    if record.get("status") not in ncio.FINISHED:
+        raise ncio.DamagedRunError(f"run {study}/{run_dir.name}: RUN.json says {record.get('status')!r}, "
+                                   "not a finished run")
+    ds = ncio.open_results(run_dir / "results.nc")  # Fletcher-32 checked while reading
+    shutil.copy2(run_dir / "results.nc", dest / "results.nc")
+    entry["provenance"] = _provenance(ds)
+    figs = sorted(p.name for p in run_dir.glob("*.png"))
+    for fig in figs:
+        shutil.copy2(run_dir / fig, dest / fig)
+    headline = entry["provenance"].get("headline_figure") or (figs[0] if figs else "")
+    entry["headline"] = headline if headline in figs else (figs[0] if figs else "")
+    entry["verified"] = record.get("verified", False)
+    return entry
+
+
+def publish(outputs: str | Path | None = None, *, strict: bool = True) -> Path:
+    """Render every run and write ``site/index.html``; returns the index path.
+
+    Damaged runs are listed as damaged and the rest published; then, with ``strict``,
+    ``PublishError`` names the damaged runs (the site is written by then).
+    """
     from nbconvert import HTMLExporter
 
     base = Path(outputs) if outputs else outputs_root()
-    site = base / SITE
-    tmp_site = base / f".{SITE}.building"
-    if tmp_site.exists():
-        shutil.rmtree(tmp_site)
-    tmp_site.mkdir(parents=True)
+    if not base.is_dir():
+        raise PublishError(f"outputs folder {base} does not exist; nothing to publish")
     exporter = HTMLExporter()
-    rows = []
-    for study, run_dir in _run_folders(base) if base.exists() else []:
-        record = json.loads((run_dir / "RUN.json").read_text())
-        entry = {"study": study, "run": run_dir.name, "record": record, "failed": (run_dir / "FAILED").exists()}
-        dest = tmp_site / study / run_dir.name
-        dest.mkdir(parents=True)
-        nb_file = run_dir / "notebook.ipynb"
-        if nb_file.exists():
-            nb = nbformat.read(nb_file, as_version=4)
-            entry["title"] = _title(nb)
-            body, _ = exporter.from_notebook_node(nb)
-            (dest / "notebook.html").write_text(body)
-        if not entry["failed"] and (run_dir / "results.nc").exists():
-            shutil.copy2(run_dir / "results.nc", dest / "results.nc")
-            entry["provenance"] = _provenance(run_dir / "results.nc")
-            for fig in sorted(run_dir.glob("*.png")):
-                shutil.copy2(fig, dest / fig.name)
-            figs = sorted(p.name for p in run_dir.glob("*.png"))
-            headline = entry["provenance"].get("headline_figure") or (figs[0] if figs else "")
-            entry["headline"] = headline if headline in figs else (figs[0] if figs else "")
-        rows.append(entry)
-    (tmp_site / "index.html").write_text(_index_html(rows))
-    if site.exists():
-        shutil.rmtree(site)
-    tmp_site.rename(site)
-    return site / "index.html"
+    with _publish_lock(base):
+        site = base / SITE
+        tmp_site = base / f".{SITE}.building-{os.getpid()}-{secrets.token_hex(3)}"
+        tmp_site.mkdir()
+        try:
+            rows, damaged = [], []
+            for study, run_dir in _run_folders(base):
+                dest = tmp_site / study / run_dir.name
+                try:
+                    rows.append(_publish_run(exporter, study, run_dir, dest))
+                except ncio.DamagedRunError as exc:
+                    shutil.rmtree(dest, ignore_errors=True)
+                    damaged.append(str(exc))
+                    rows.append({"study": study, "run": run_dir.name, "record": {}, "failed": True,
+                                 "damaged": str(exc)})
+            (tmp_site / "index.html").write_text(_index_html(rows))
+            if site.exists():
+                old = base / f".{SITE}.old-{os.getpid()}-{secrets.token_hex(3)}"
+                os.rename(site, old)
+                os.rename(tmp_site, site)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(tmp_site, site)
+        finally:
+            if tmp_site.exists():
+                shutil.rmtree(tmp_site, ignore_errors=True)
+    index = site / "index.html"
+    if damaged and strict:
+        raise PublishError(f"wrote {index}, but {len(damaged)} run(s) are damaged and were not published: "
+                           + "; ".join(damaged))
+    return index
 
 
 def _index_html(rows) -> str:
@@ -106,7 +186,10 @@ def _index_html(rows) -> str:
         cell = [f"<b>{title}</b><br><code>{link}</code><br>"]
         if (r.get("title")):
             cell.append(f"<a href='{link}/notebook.html'>notebook</a> ")
-        if r["failed"]:
+        if r.get("damaged"):
+            cell.append(f"<span class='failed'>DAMAGED, not published: {e(r['damaged'])}</span>")
+            prov, fig = "", ""
+        elif r["failed"]:
             cell.append(f"<span class='failed'>FAILED: {e(r['record'].get('error', ''))}</span>")
             prov, fig = "", ""
         else:

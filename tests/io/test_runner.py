@@ -25,17 +25,21 @@ def test_every_study_has_schema_sets_and_typed_documented_parameters():
             assert info["help"], f"{study}.{name} lacks a trailing comment"
         assert {"smoke", "default", "full"} <= set(runner.param_sets(study))
         for name in runner.param_sets(study):
-            runner.resolve_parameters(study, name)  # every committed set is valid
+            values = runner.resolve_parameters(study, name, machine=False)  # every committed set is valid
+            estimate = runner.memory_estimate(study, values)
+            assert estimate is not None and estimate[0] > 0, f"{study} declares no memory estimate"
 
 
-def test_default_set_equals_the_notebook_parameters_cell():
-    """Run All in JupyterLab must give what `make reproduce` gives."""
+def test_default_set_is_the_notebook_parameters_cell():
+    """Run All in JupyterLab must give what `make reproduce` gives: one statement of the default tier."""
     for study in runner.studies():
+        assert not (params_dir() / study / "default.yaml").exists(), "the notebook holds the default tier"
         declared = runner.declared_parameters(study)
         default = runner.load_param_set(study, "default")
         for key, value in default.items():
             assert yaml.safe_load(declared[key]["default"]) == value, f"{study}.{key}"
-        assert set(declared) - set(default) <= set(runner.RUNNER_SET)
+        assert set(declared) - set(default) == set(runner.RUNNER_SET)
+        assert "default" in runner.param_sets(study)
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -73,7 +77,7 @@ def test_cli_bad_parameter_exits_nonzero_naming_the_key(outputs):
 
 def test_failed_run_keeps_earlier_results_and_marks_itself(outputs, monkeypatch):
     final = outputs / STUDY / "smoke"
-    final.mkdir(parents=True)
+    final.mkdir(parents=True)  # a plain folder, like the committed GPU run
     (final / "results.nc").write_text("earlier results")
 
     def crash(input_path, output_path, **kwargs):
@@ -115,6 +119,7 @@ def test_a_run_that_writes_no_results_fails(outputs, monkeypatch):
 def test_run_names_grids_and_sweep_checks():
     assert runner.run_name("default") == "default"
     assert runner.run_name("smoke", {"head_dim": 32, "dtypes": ["bf16"]}) == "smoke__dtypes=bf16__head_dim=32"
+    assert runner.sweep_point_name("smoke", {"head_dim": 32, "heads": 2}, {"head_dim": 32}) == "smoke__heads=2@head_dim=32"
     grid = runner.parse_grid("head_dim=32,64; block_k=16")
     assert grid == {"head_dim": [32, 64], "block_k": [16]}
     assert runner.grid_points(grid) == [{"block_k": 16, "head_dim": 32}, {"block_k": 16, "head_dim": 64}]
@@ -131,3 +136,6 @@ def test_param_files_only_hold_declared_keys():
         for path in (params_dir() / study).glob("*.yaml"):
             if path.stem != "schema":
                 assert set(yaml.safe_load(path.read_text())) <= set(runner.schema(study)), path
+            else:
+                for key, rule in runner.schema(study).items():
+                    assert set(rule) <= set(runner.RULE_KEYS), f"{path}: {key} has unknown rule keys"
