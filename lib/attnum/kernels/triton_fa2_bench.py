@@ -179,7 +179,7 @@ def run_case(name: str, fn, n: int, d: int, causal: bool, warmup: int, reps: int
             ms = _median_ms(call, warmup, reps)
             rec[f"{label}_ms"] = ms
             rec[f"{label}_tflops"] = work / (ms * 1e-3) / 1e12
-        del out
+        out = None  # free the graph before the next case
     except Exception as exc:  # noqa: BLE001
         message = f"{type(exc).__name__}: {exc}"
         # an SDPA backend that raises (at dispatch, or after) is recorded as refused, with its error
