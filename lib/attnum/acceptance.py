@@ -87,3 +87,27 @@ def scaled_elementwise_rule(kappa_kernel: float, kappa_reference: float, c: floa
     where the reference happens to be exact.
     """
     return bool(kappa_kernel <= c * kappa_reference + floor)
+
+
+def judge(*, rel_l2: float, max_abs: float, n: int, x_max: float, fmt: str, reference_max_abs: float,
+          floor: float, kappa: float | None = None, kappa_reference: float | None = None,
+          kappa_lse: float | None = None, kappa_reference_lse: float | None = None) -> dict[str, bool]:
+    """The verdict of every rule on one output, ``{rule: passed}``: the one place studies apply rules.
+
+    ``rel_l2``/``max_abs``: the output's errors against the golden value; ``n``, ``x_max``,
+    ``fmt``: what seed 000's dynamic threshold scales with; ``reference_max_abs`` and ``floor``:
+    the same-precision reference's max error and the dtype floor of the reference-relative
+    rule. With ``kappa`` (and ``kappa_reference``), the scaled elementwise rule on O; with
+    ``kappa_lse`` (and ``kappa_reference_lse``) also on the log-sum-exp (``DETECTION_RULES``).
+    """
+    verdict = {
+        "fixed_0.1pct": fixed_relative_rule(rel_l2, 1e-3),
+        "dynamic_threshold": dynamic_threshold_rule(rel_l2, n, x_max, fmt),
+        "reference_relative": reference_relative_rule(max_abs, reference_max_abs, floor, c=2.0),
+    }
+    if kappa is not None:
+        verdict["scaled_elementwise"] = scaled_elementwise_rule(kappa, kappa_reference)
+        if kappa_lse is not None:
+            verdict["scaled_elementwise_lse"] = (verdict["scaled_elementwise"]
+                                                 and scaled_elementwise_rule(kappa_lse, kappa_reference_lse))
+    return verdict

@@ -14,7 +14,6 @@ Targets (issue "Foundation and study 01"):
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys

@@ -203,6 +203,16 @@ def policy_for(family: str, fmt: str) -> PrecisionPolicy:
     return get_policy(f"{family}_{fmt}")
 
 
+def min_normal(fmt: str) -> float:
+    """The smallest positive normal number of a format (``torch.finfo(dtype).tiny``)."""
+    return 2.0 ** MIN_EXPONENT[check_format(fmt)]
+
+
+def min_subnormal(fmt: str) -> float:
+    """The smallest positive (subnormal) number of a format."""
+    return 2.0 ** (MIN_EXPONENT[check_format(fmt)] - (SIGNIFICAND_BITS[fmt] - 1))
+
+
 def ulp(x: torch.Tensor, fmt: str) -> torch.Tensor:
     """Unit in the last place of ``x`` in ``fmt`` (subnormal spacing below the normal range)."""
     t = SIGNIFICAND_BITS[check_format(fmt)]

@@ -33,10 +33,12 @@ from tqdm.auto import tqdm
 
 from .diagnostics import recompute_backward_fp32
 from .kernels import as_kernel
+from .precision import FORMATS
 from .model import GPT, GPTConfig, grad_norms, perturb_weights
 from .tasks import IGNORE, Task
 
-AUTOCAST = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST = {"none": None, "bf16": FORMATS["bf16"], "fp16": FORMATS["fp16"]}
+"""``TrainConfig.autocast``: the low format of torch.autocast (the precision policy's formats)."""
 LAYER_RECORDS = ("grad_norm", "grad_norm_qk", "max_logit", "entropy", "key_mean_norm", "key_norm",
                  "key_mean_ratio")
 STEP_RECORDS = ("loss", "accuracy", "lr", "grad_norm_total")

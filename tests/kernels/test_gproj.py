@@ -4,19 +4,17 @@ import math
 import pytest
 import torch
 
-from attnum.kernels import (FIXES, Attention, AttentionImpl, as_kernel, flash_attention_backward,
+from attnum.cost import compute_seconds, cost_table, kernel_cost, visited_tiles
+from attnum.inputs import normal_qkv
+from attnum.kernels import (FIXES, Attention, AttentionImpl, as_kernel, flash_attention, flash_attention_backward,
                             golden_attention_backward, with_fix)
 from attnum.kernels.autograd import flash_backward, flash_forward
 from attnum.kernels.common import recompute_p as _recompute_p
-from attnum.kernels.fixes import FIXES as COST_FIXES
-from attnum.cost import compute_seconds, cost_table, kernel_cost, visited_tiles
 from attnum.kernels.fixes import center_keys
 from attnum.kernels.flash import stable_offset
-from attnum.kernels import flash_attention
-from attnum.inputs import normal_qkv
 from attnum.metrics import row_rel_l2
+from attnum.operands import mechanism_operands, regime_operands
 from attnum.precision import get_policy, round_to
-from attnum.studies import late_training_gradient_blowup as blowup
 
 
 def stable_flash_attention(q, k, v, policy="fa2_bf16", *, beta=2.0, **kw):
@@ -71,7 +69,7 @@ def test_gproj_dq_error_stays_at_the_no_offset_level_while_bf16_grows():
     errors = {"off": [], "dq": [], "dq_dk": []}
     mus = (0.0, 10.0, 100.0, 1000.0)
     for mu in mus:
-        q, k, v, do, _ = blowup.mechanism_operands(256, 64, 1.0, mu, seed=0)
+        q, k, v, do, _ = mechanism_operands(256, 64, 1.0, mu, seed=0)
         gold = golden_attention_backward(q, k, v, do)[0]
         for mode in errors:
             impl = AttentionImpl("emulator", "fa2_bf16", block_q=64, block_k=64, fused_scale_max=True, gproj=mode)
@@ -157,7 +155,7 @@ def test_mean_key_subtraction_leaves_the_forward_unchanged():
 
 
 def _tied_operands():
-    q, k, v, do, _ = blowup.regime_operands("tied_max_negative_v", 96, 16, seed=0, n_ties=4)
+    q, k, v, do, _ = regime_operands("tied_max_negative_v", 96, 16, seed=0, n_ties=4)
     return q.double(), k.double(), v.double(), do.double()
 
 
@@ -252,7 +250,7 @@ def test_with_fix_changes_one_thing():
     assert with_fix(base, "fp32_attention").policy.name == "fp32"
     fp64 = base.replace(policy="fp64")
     assert with_fix(fp64, "fp32_backward").policy == fp64.policy  # nothing narrower than fp32 to widen
-    assert list(FIXES) == list(COST_FIXES)
+    assert list(FIXES) == list(FIXES)
 
 
 def test_fixes_run_through_autograd_and_the_module():
@@ -282,7 +280,7 @@ def test_visited_tiles():
 def test_kernel_cost_counts_what_each_fix_adds():
     n, d = 1024, 64
     gemm = 2.0 * n * n * d
-    cost = {fix: kernel_cost(fix, n, d, block_q=128, block_k=128) for fix in COST_FIXES}
+    cost = {fix: kernel_cost(fix, n, d, block_q=128, block_k=128) for fix in FIXES}
     base = cost["none"]
     assert base["forward"]["gemm_flops_low"] == 2 * gemm and base["backward"]["gemm_flops_low"] == 5 * gemm
     assert base["backward"]["tile_passes"] == base["forward"]["tile_passes"] == 1
@@ -307,10 +305,27 @@ def test_kernel_cost_counts_what_each_fix_adds():
 
 
 def test_cost_table_relative_extras():
-    ds = cost_table(COST_FIXES, 2048, 128, causal=True)
+    ds = cost_table(FIXES, 2048, 128, causal=True)
     assert ds["cost_gemm_flops_low"].dims == ("fix", "kernel_pass")
     assert float(ds["cost_extra_compute_vs_attention"].sel(fix="none")) == 0.0
     assert float(ds["cost_extra_compute_vs_backward"].sel(fix="gproj_dq_dk")) > float(
         ds["cost_extra_compute_vs_attention"].sel(fix="gproj_dq_dk")) > 0
     for name in ds.data_vars:
         assert ds[name].attrs["units"] and ds[name].attrs["long_name"]
+
+
+# -- on a CUDA device (marked gpu: skipped without one; .ci/gpu runs them) --------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fix", list(FIXES))
+def test_cuda_fix_matches_cpu(fix):
+    q, k, v, do, _ = mechanism_operands(300, 64, 1.0, 100.0, seed=0)
+    impl = with_fix(AttentionImpl("emulator", "fa2_bf16", block_q=64, block_k=64, fused_scale_max=True), fix)
+    cpu = attention_grads(q, k, v, do, impl, causal=True)
+    gpu = attention_grads(q.cuda(), k.cuda(), v.cuda(), do.cuda(), impl, causal=True)
+    gold = golden_attention_backward(q, k, v, do, causal=True)
+    for a, b, g in zip(cpu, gpu, gold):
+        assert b.device.type == "cuda"
+        err_cpu, err_gpu = (a.double() - g).norm() / g.norm(), (b.cpu().double() - g).norm() / g.norm()
+        assert err_gpu < 3 * err_cpu.item() + 1e-3

@@ -6,7 +6,7 @@ import pytest
 import xarray as xr
 
 from attnum import ncio, runner
-from attnum.kernels import AttentionImpl, FIXES, as_kernel
+from attnum.kernels import FIXES
 from attnum.model import GPTConfig
 from attnum.studies import gproj_fix as study
 from attnum.tasks import Task

@@ -5,7 +5,7 @@ import torch
 from scipy.stats import wasserstein_distance as scipy_w1
 
 from attnum import drift
-from attnum.kernels import AttentionImpl, as_kernel
+from attnum.kernels import AttentionImpl
 from attnum.model import GPT, GPTConfig
 from attnum.tasks import Task
 from attnum.training import TrainConfig, train

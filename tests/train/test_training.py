@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnum import ncio
-from attnum.kernels import AttentionImpl, as_kernel
+from attnum.kernels import AttentionImpl
 from attnum.diagnostics import backward_errors, recompute_backward_fp32
 from attnum.inputs import normal_qkv
 from attnum.model import GPT, GPTConfig, add_key_offset, perturb_weights

@@ -32,13 +32,13 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from .. import acceptance
-from ..kernels import (FAULTS, default_scale, flash_attention, golden_attention, make_fault, reference_attention,
-                       textbook_attention)
+from .. import kernels
+from ..kernels import FAULTS, default_scale, make_fault
 from ..inputs import FLASHINFER_TARGET_LOGITS, AttentionInputs, make_inputs, mask_to_bias
 from ..metrics import (finite_error_summary, finiteness_counts, rel_l2_error, row_rel_l2_max, scaled_max_error,
                        zero_rows)
 from ..ncio import describe
-from ..precision import FORMATS, MIN_EXPONENT, SIGNIFICAND_BITS, get_policy, policy_for
+from ..precision import FORMATS, get_policy, min_subnormal, policy_for
 
 KERNELS = ("reference", "flash")
 POLICY_FAMILIES = ("all", "fa2")
@@ -148,12 +148,13 @@ def shift_masked_values(v: torch.Tensor, masked_cols: torch.Tensor, shift: float
 def _run_kernel(kernel: str, inp: AttentionInputs, policy, *, block_q, block_k, v=None, query_chunk=None):
     v = inp.v if v is None else v
     if kernel == "reference":
-        return reference_attention(inp.q, inp.k, v, policy, attn_bias=inp.attn_bias, query_chunk=query_chunk)
-    return flash_attention(inp.q, inp.k, v, policy, attn_bias=inp.attn_bias, block_q=block_q, block_k=block_k)[0]
+        return kernels.reference(policy, query_chunk=query_chunk).forward(inp.q, inp.k, v, attn_bias=inp.attn_bias)[0]
+    return kernels.emulator(policy, block_q=block_q, block_k=block_k).forward(inp.q, inp.k, v, attn_bias=inp.attn_bias)[0]
 
 
-def _golden(inp: AttentionInputs, chunk: int, **kw):
-    return golden_attention(inp.q, inp.k, inp.v, attn_bias=inp.attn_bias, chunk=chunk, **kw)
+def _golden(inp: AttentionInputs, chunk: int, return_lse: bool = False):
+    out, lse = kernels.get("golden", chunk=chunk).forward(inp.q, inp.k, inp.v, attn_bias=inp.attn_bias)
+    return (out, lse) if return_lse else out
 
 
 def _input_overflow(raw: AttentionInputs, rounded: AttentionInputs) -> int:
@@ -209,9 +210,9 @@ def family_sweep(families, seq_lens, dtypes, seeds, *, batch=1, heads=1, head_di
                         if kernel == "reference":
                             result, exc = (outputs[(kernel, pfam)], None), None
                         else:
-                            result, exc = log.call(f"{where} flash {pol.name}", lambda: flash_attention(
-                                inp.q, inp.k, inp.v, pol, attn_bias=inp.attn_bias, block_q=block_q,
-                                block_k=block_k))
+                            result, exc = log.call(f"{where} flash {pol.name}", lambda: kernels.emulator(
+                                pol, block_q=block_q, block_k=block_k).forward(inp.q, inp.k, inp.v,
+                                                                               attn_bias=inp.attn_bias))
                         cache[key] = (result, _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols,
                                                               block_q, block_k, golden_chunk, log,
                                                               f"{where} {kernel} {pol.name}"))
@@ -313,9 +314,9 @@ def overflow_experiment(seq_len, head_dim, *, batch=1, heads=1, block_q=128, blo
                 if kernel == "flash" and sub == "no":
                     continue
                 if kernel == "flash":
-                    fn = lambda: flash_attention(inp.q, inp.k, inp.v, pol, block_q=block_q, block_k=block_k)[0]
+                    fn = lambda: kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(inp.q, inp.k, inp.v)[0]
                 else:
-                    fn = lambda: textbook_attention(inp.q, inp.k, inp.v, pol, subtract_max=(sub == "yes"))
+                    fn = lambda: kernels.TextbookKernel(pol, subtract_max=(sub == "yes")).forward(inp.q, inp.k, inp.v)[0]
                 out, exc = log.call(f"overflow {kernel} score={score} subtract_max={sub}", fn)
                 if exc is not None:
                     continue
@@ -369,15 +370,15 @@ def masked_attention(handling: str, inp: AttentionInputs, policy, *, v=None, blo
     if handling.startswith("fill_"):
         fill = handling[len("fill_"):]
         fill = fill if fill in ("-inf", "finfo_min") else float(fill)
-        return flash_attention(inp.q, inp.k, v, pol, attn_bias=inp.attn_bias, mask_fill=fill,
-                               block_q=block_q, block_k=block_k)
+        return kernels.emulator(pol, block_q=block_q, block_k=block_k, mask_fill=fill).forward(
+            inp.q, inp.k, v, attn_bias=inp.attn_bias)
     if handling.startswith("additive_"):
         value = handling[len("additive_"):]
         value = float(torch.finfo(FORMATS[pol.inputs]).min) if value == "finfo_min" else float(value)
         bias = None if inp.mask is None else mask_to_bias(inp.mask, value)
-        return reference_attention(inp.q, inp.k, v, pol, attn_bias=bias, return_lse=True)
+        return kernels.reference(pol).forward(inp.q, inp.k, v, attn_bias=bias)
     if handling == "softmax_unguarded":
-        return textbook_attention(inp.q, inp.k, v, pol, attn_bias=inp.attn_bias), None
+        return kernels.TextbookKernel(pol).forward(inp.q, inp.k, v, attn_bias=inp.attn_bias)
     raise ValueError(f"unknown mask handling {handling!r}; allowed: {MASK_HANDLINGS}")
 
 
@@ -439,11 +440,6 @@ def sentinel_experiment(seq_len, policies, seeds, *, targets=FLASHINFER_TARGET_L
     return ds
 
 
-def smallest_positive(fmt: str) -> float:
-    """The smallest positive (subnormal) number of a format."""
-    return 2.0 ** (MIN_EXPONENT[fmt] - (SIGNIFICAND_BITS[fmt] - 1))
-
-
 def predicted_onset(fill: float, p_format: str, head_dim: int) -> float:
     """Raw row-max logit below which every P of the row rounds to 0 under a finite sentinel.
 
@@ -453,7 +449,7 @@ def predicted_onset(fill: float, p_format: str, head_dim: int) -> float:
     may still be a tiny positive number). The stats-format rounding of ``fill`` itself
     is not modelled (it matters for fp16 statistics).
     """
-    return fill + math.log(smallest_positive(p_format) / 2) / default_scale(head_dim)
+    return fill + math.log(min_subnormal(p_format) / 2) / default_scale(head_dim)
 
 
 def sentinel_onset(seq_len, logits, policies, *, seed=0, fill=-5e4, batch=1, heads=1, head_dim=64, block_q=128,
@@ -476,8 +472,8 @@ def sentinel_onset(seq_len, logits, policies, *, seed=0, fill=-5e4, batch=1, hea
             gold, exc = log.call(f"onset golden {policy} target={target}", lambda: _golden(inp, golden_chunk))
             if exc is not None:
                 continue
-            res, exc = log.call(f"onset {policy} target={target}", lambda: flash_attention(
-                inp.q, inp.k, inp.v, pol, mask_fill=fill, block_q=block_q, block_k=block_k)[0])
+            res, exc = log.call(f"onset {policy} target={target}", lambda: kernels.emulator(
+                pol, block_q=block_q, block_k=block_k, mask_fill=fill).forward(inp.q, inp.k, inp.v)[0])
             if exc is not None:
                 continue
             row_zero[t, p] = ((res == 0).all(dim=-1) & (gold != 0).any(dim=-1)).flatten().cpu().numpy()
@@ -497,7 +493,6 @@ def sentinel_onset(seq_len, logits, policies, *, seed=0, fill=-5e4, batch=1, hea
 def onset_table(ds: xr.Dataset) -> pd.DataFrame:
     """Per policy: the measured onset interval (in row-max logits) against the prediction."""
     rows = []
-    styles = ("-", "--", "-.", ":")
     for i, policy in enumerate(ds["sentinel_policy"].values):
         logit = ds["onset_row_max_logit"].sel(sentinel_policy=policy).values.ravel()
         zero = ds["onset_row_zero"].sel(sentinel_policy=policy).values.ravel().astype(bool)
@@ -562,8 +557,8 @@ def detection_sweep(fault_names, families, seq_lens, dtypes, seeds, *, causal=Tr
             pt_err[idx], xmax[idx], r_kappa[idx] = ctx["pt_err"], ctx["xmax"], ctx["kappa_ref"]
 
             def kernel(fault=None):
-                return flash_attention(inp.q, inp.k, inp.v, pol, causal=causal, block_q=block_q, block_k=block_k,
-                                       fault=fault)
+                return kernels.emulator(pol, block_q=block_q, block_k=block_k, fault=fault).forward(
+                    inp.q, inp.k, inp.v, causal=causal)
 
             correct, exc = log.call(f"detection correct {family} N={n} {fmt} seed={seed}", kernel)
             if exc is not None:  # the correct kernel must run; record and skip this point
@@ -628,14 +623,14 @@ def _detection_context(inp: AttentionInputs, pol, fmt: str, causal: bool, golden
     FlashAttention rule's ``out_pt``).
     """
     v_both = torch.cat([inp.v, inp.v.abs()], dim=-1)
-    both, lse_g = golden_attention(inp.q, inp.k, v_both, causal=causal, attn_bias=inp.attn_bias,
-                                   chunk=golden_chunk, return_lse=True)
+    both, lse_g = kernels.get("golden", chunk=golden_chunk).forward(inp.q, inp.k, v_both, causal=causal,
+                                                                   attn_bias=inp.attn_bias)
     d = inp.v.shape[-1]
     gold, gold_abs = both[..., :d], both[..., d:]
-    ref, lse_r = reference_attention(inp.q, inp.k, inp.v, pol, causal=causal, attn_bias=inp.attn_bias,
-                                     return_lse=True, query_chunk=golden_chunk)
-    plain = reference_attention(inp.q, inp.k, inp.v, policy_for("all", fmt), causal=causal,
-                                attn_bias=inp.attn_bias, query_chunk=golden_chunk)
+    ref, lse_r = kernels.reference(pol, query_chunk=golden_chunk).forward(inp.q, inp.k, inp.v, causal=causal,
+                                                                          attn_bias=inp.attn_bias)
+    plain = kernels.reference(policy_for("all", fmt), query_chunk=golden_chunk).forward(
+        inp.q, inp.k, inp.v, causal=causal, attn_bias=inp.attn_bias)[0]
     finite = [t[torch.isfinite(t)] for t in (inp.q, inp.k, inp.v)]
     ctx = {"gold": gold, "lse_gold": lse_g, "ref": ref, "lse_ref": lse_r, "plain": plain,
            "scale_out": acceptance.error_scale(gold_abs, fmt),
@@ -656,14 +651,10 @@ def _judge(result, ctx: dict, n: int, fmt: str) -> dict:
     max_abs = _nan_aware_max_abs(out, gold)
     kappa_out = scaled_max_error(out, gold, ctx["scale_out"])
     kappa_lse = scaled_max_error(lse, ctx["lse_gold"], ctx["scale_lse"])
-    scaled_out = acceptance.scaled_elementwise_rule(kappa_out, ctx["kappa_ref"])
-    passes = {
-        "fixed_0.1pct": acceptance.fixed_relative_rule(rel, 1e-3),
-        "dynamic_threshold": acceptance.dynamic_threshold_rule(rel, n, ctx["xmax"], fmt),
-        "reference_relative": acceptance.reference_relative_rule(max_abs, ctx["pt_err"], ctx["floor"], c=2.0),
-        "scaled_elementwise": scaled_out,
-        "scaled_elementwise_lse": scaled_out and acceptance.scaled_elementwise_rule(kappa_lse, ctx["kappa_ref_lse"]),
-    }
+    passes = acceptance.judge(rel_l2=rel, max_abs=max_abs, n=n, x_max=ctx["xmax"], fmt=fmt,
+                              reference_max_abs=ctx["pt_err"], floor=ctx["floor"], kappa=kappa_out,
+                              kappa_reference=ctx["kappa_ref"], kappa_lse=kappa_lse,
+                              kappa_reference_lse=ctx["kappa_ref_lse"])
     return {"rel_l2": rel, "worst_row": row_rel_l2_max(out, gold), "kappa_out": kappa_out,
             "lse_max_abs": scaled_max_error(lse, ctx["lse_gold"], 1.0), "passes": passes}
 
@@ -738,152 +729,6 @@ def detection_headline(ds: xr.Dataset, dtype: str) -> pd.DataFrame:
 
 
 # -- figures --------------------------------------------------------------------------------------
-
-def _heatmap(ax, table: pd.DataFrame, *, cmap, vmin=None, vmax=None, annot=None, fmt="{:.2g}", mask=None,
-             fontsize=6, colorbar_label=None, xrotation=0):
-    """An annotated heatmap of a DataFrame (rows top to bottom), NaN or masked cells left blank.
-
-    seaborn's heatmap redraws the whole figure once per call to check tick-label overlap;
-    figures with several panels drew many times over, so the few lines are written out here.
-    """
-    import matplotlib.pyplot as plt
-
-    values = table.to_numpy(dtype=float)
-    hidden = ~np.isfinite(values) if mask is None else (mask | ~np.isfinite(values))
-    cm = plt.get_cmap(cmap).copy()
-    cm.set_bad(alpha=0.0)
-    mesh = ax.pcolormesh(np.ma.masked_array(values, hidden), cmap=cm, vmin=vmin, vmax=vmax)
-    ax.set_xlim(0, values.shape[1])
-    ax.set_ylim(values.shape[0], 0)
-    ax.set_xticks(np.arange(values.shape[1]) + 0.5, [str(c) for c in table.columns], rotation=xrotation,
-                  ha="right" if xrotation else "center", rotation_mode="anchor")
-    ax.set_yticks(np.arange(values.shape[0]) + 0.5, [str(i) for i in table.index])
-    ax.grid(False)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
-    texts = annot.to_numpy() if annot is not None else None
-    norm = mesh.norm
-    for i in range(values.shape[0]):
-        for j in range(values.shape[1]):
-            if hidden[i, j]:
-                continue
-            text = texts[i, j] if texts is not None else fmt.format(values[i, j])
-            shade = cm(norm(values[i, j]))
-            light = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5
-            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fontsize,
-                    color="black" if light else "white")
-    if colorbar_label:
-        ax.figure.colorbar(mesh, ax=ax, label=colorbar_label)
-    return mesh
-
-
-def plot_sentinels(ds: xr.Dataset, policy: str):
-    """Mask handlings x cases, one policy: rows zeroed and masked-key influence (the rest is in tables)."""
-    from ..plots import subplots
-
-    sub = ds.sel(sentinel_policy=policy).max("seed")
-    panels = (("sentinel_zero_row_fraction", "fraction of rows zeroed where golden is not", "Reds", 1),
-              ("sentinel_masked_key_influence", "masked-key influence max|dO| (V shifted by 100)", "Oranges", 100))
-    fig, axes = subplots(1, 2, figsize=(11.5, 4.2))
-    for ax, (var, title, cmap, vmax) in zip(axes.ravel(), panels):
-        table = sub[var].to_dataframe()[var].unstack("case")[list(ds["case"].values)]
-        _heatmap(ax, table, cmap=cmap, vmin=0, vmax=vmax, xrotation=50)
-        ax.set_title(title, fontsize="small")
-        ax.tick_params(axis="x", labelsize=6.5)
-        ax.tick_params(axis="y", labelsize=7)
-        ax.set_xlabel("")
-        ax.set_ylabel("")
-    fig.suptitle(f"mask handling, {policy}, N = {int(ds['sentinel_seq_len'])} (max over seeds; blank: not "
-                 "applicable)", fontsize="medium")
-    return fig
-
-
-def plot_onset(ds: xr.Dataset):
-    """Fraction of rows zeroed by the -5e4 sentinel against the row's largest valid logit."""
-    from ..plots import subplots
-
-    fig, axes = subplots(1, 1, figsize=(7, 3.6))
-    ax = axes[0][0]
-    styles = ("-", "--", "-.", ":")
-    for i, policy in enumerate(ds["sentinel_policy"].values):
-        logit = ds["onset_row_max_logit"].sel(sentinel_policy=policy).values.ravel()
-        zero = ds["onset_row_zero"].sel(sentinel_policy=policy).values.ravel()
-        order = np.argsort(logit)
-        bins = np.linspace(logit.min(), logit.max(), 40)
-        which = np.digitize(logit[order], bins)
-        centers = [logit[order][which == b].mean() for b in np.unique(which)]
-        rate = [zero[order][which == b].mean() for b in np.unique(which)]
-        line, = ax.plot(centers, rate, marker="os^D"[i % 4], ms=3, ls=styles[i % 4], alpha=0.85, label=f"{policy}")
-        ax.axvline(float(ds["onset_predicted_logit"].sel(sentinel_policy=policy)), color=line.get_color(),
-                   ls=":", lw=1)
-    ax.axvline(float(ds["onset_fill"]), color="k", lw=0.8, ls="--", label="sentinel")
-    ax.set_xlabel("largest valid raw logit of the row (q.k, unscaled)")
-    ax.set_ylabel("fraction of rows output as zero")
-    ax.set_title("finite -5e4 sentinel: where the zero output starts (dotted: predicted)", fontsize="small")
-    ax.legend(fontsize="x-small")
-    return fig
-
-
-def plot_detection(ds: xr.Dataset):
-    """Headline: detection rate of each fault at its default severity, and false alarms on the
-    correct kernel (top row, reversed colours), by rule and N, one panel per dtype."""
-    from ..plots import subplots
-
-    dtypes = list(ds["det_dtype"].values)
-    rules = list(ds["rule"].values)
-    lens = [int(n) for n in ds["det_seq_len"].values]
-    n_cols = len(rules) * len(lens)
-    fig, axes = subplots(len(dtypes), 1, figsize=(3.2 + 0.42 * n_cols, (1.4 + 0.3 * (ds.sizes["fault"] + 1))
-                                                  * len(dtypes)))
-    for ax, fmt in zip(axes[:, 0], dtypes):
-        fa = ds["det_false_alarm_rate"].sel(det_dtype=fmt)
-        rows = {"correct kernel: false alarms": [float(fa.sel(rule=r, det_seq_len=n)) for r in rules for n in lens]}
-        for fault in ds["fault"].values:
-            lev = int(ds["default_level"].sel(fault=fault))
-            rate = ds["det_detection_rate"].sel(det_dtype=fmt, fault=fault, severity_level=lev)
-            sev = ds["severity"].sel(fault=fault, severity_level=lev).item()
-            rows[f"{fault} ({sev:g})"] = [float(rate.sel(rule=r, det_seq_len=n)) for r in rules for n in lens]
-        table = pd.DataFrame(rows, index=[f"N={n}" for r in rules for n in lens]).T
-        top = np.zeros(table.shape, dtype=bool)
-        top[0] = True
-        _heatmap(ax, table, cmap="RdYlGn", vmin=0, vmax=1, fmt="{:.1f}", mask=top)
-        _heatmap(ax, table, cmap="RdYlGn_r", vmin=0, vmax=1, fmt="{:.1f}", mask=~top)
-        for i, rule in enumerate(rules):
-            ax.text((i + 0.5) * len(lens), -0.25, rule, ha="center", va="bottom", fontsize=7)
-            if i:
-                ax.axvline(i * len(lens), color="k", lw=1)
-        ax.axhline(1, color="k", lw=1.5)
-        ax.tick_params(axis="x", labelsize=6.5, rotation=0)
-        ax.tick_params(axis="y", labelsize=7)
-        ax.set_title(f"fa2_{fmt}: share of (family, seed) points where the rule rejects the output; blank: "
-                     "the fault changed nothing", fontsize="small", pad=22)
-    return fig
-
-
-def plot_miss_rates(ds: xr.Dataset):
-    """Share of faulty outputs each rule accepts, by the size of the worst row's error and by N."""
-    from ..plots import subplots
-
-    dtypes = list(ds["det_dtype"].values)
-    bins = list(ds["error_bin"].values)[-2:]  # the smallest bin overlaps bf16's own rounding error
-    fig, axes = subplots(len(dtypes), len(bins), sharey=True, sharex=True,
-                         figsize=(3.3 * len(bins) + 1.5, 2.6 * len(dtypes)))
-    n = ds["det_seq_len"].values
-    for row, fmt in zip(axes, dtypes):
-        for ax, b in zip(row, bins):
-            for rule in ds["rule"].values:
-                ax.plot(n, ds["det_miss_rate"].sel(rule=rule, det_dtype=fmt, error_bin=b).values, marker="o", ms=3,
-                        label=str(rule))
-            ax.set_xscale("log", base=2)
-            ax.set_ylim(-0.03, 1.03)
-            counts = ds["det_error_bin_count"].sel(det_dtype=fmt, error_bin=b).values.astype(int)
-            ax.set_title(f"fa2_{fmt}, worst row off by {b}\n(cases per N: {', '.join(map(str, counts))})",
-                         fontsize="x-small")
-        row[0].set_ylabel("accepted (missed)")
-    for ax in axes[-1]:
-        ax.set_xlabel("sequence length N")
-    axes[0][-1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return fig
 
 
 def fault_table(names=None) -> pd.DataFrame:

@@ -16,10 +16,10 @@ from tqdm.auto import tqdm
 
 from .. import acceptance
 from ..inputs import normal_qkv
-from ..kernels import flash_attention, golden_attention, reference_attention
+from .. import kernels
 from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, row_rel_l2, strata_bounds
 from ..ncio import describe
-from ..precision import policy_for, round_to
+from ..precision import min_normal, policy_for, round_to
 
 KERNELS = ("reference", "flash")
 FAMILIES = ("all", "fa2")
@@ -82,13 +82,13 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
         q64, k64, v64 = normal_qkv(batch, heads, n, head_dim, seed=seed, device=device)
         for d, fmt in enumerate(dtypes):
             q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
-            gold = golden_attention(q, k, v, chunk=golden_chunk)
+            gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
             if fmt == "fp32" and n <= SELF_CHECK_MAX_LEN:
                 # the golden value must not depend on how queries are chunked
-                other = golden_attention(q, k, v, chunk=max(1, golden_chunk // 3))
+                other = kernels.get("golden", chunk=max(1, golden_chunk // 3)).forward(q, k, v)[0]
                 self_err[i, j] = (gold - other).abs().max().item()
             if fmt == "fp32":
-                out64, _ = flash_attention(q, k, v, "fp64", block_q=block_q, block_k=block_k)
+                out64, _ = kernels.emulator("fp64", block_q=block_q, block_k=block_k).forward(q, k, v)
                 fp64_err[i, j] = (out64 - gold).abs().max().item()
             xmax[d, i, j] = max(t.abs().max().item() for t in (q, k, v))
             floors[d, i, j] = acceptance.dtype_floor(gold, fmt)
@@ -98,9 +98,9 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
             def run_kernel(kernel, pol):
                 key = (kernel, pol.formats())
                 if key not in cache:
-                    cache[key] = (reference_attention(q, k, v, pol, query_chunk=reference_chunk or None)
-                                  if kernel == "reference" else
-                                  flash_attention(q, k, v, pol, block_q=block_q, block_k=block_k)[0])
+                    kern = (kernels.reference(pol, query_chunk=reference_chunk or None) if kernel == "reference"
+                            else kernels.emulator(pol, block_q=block_q, block_k=block_k))
+                    cache[key] = kern.forward(q, k, v)[0]
                 return cache[key]
 
             # same-precision reference of the FA/PyTorch test suites: plain attention, all in fmt
@@ -111,10 +111,10 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
                     summary = error_summary(run_kernel(kernel, pol), gold, fmt)
                     for m in ERROR_METRICS:
                         err[m][kk, f, d, i, j] = summary[m]
-                    passes[0, kk, f, d, i, j] = acceptance.fixed_relative_rule(summary["rel_l2"], 1e-3)
-                    passes[1, kk, f, d, i, j] = acceptance.dynamic_threshold_rule(summary["rel_l2"], n, xmax[d, i, j], fmt)
-                    passes[2, kk, f, d, i, j] = acceptance.reference_relative_rule(
-                        summary["max_abs"], pt_err, floors[d, i, j], c=2.0)
+                    verdict = acceptance.judge(rel_l2=summary["rel_l2"], max_abs=summary["max_abs"], n=n,
+                                               x_max=xmax[d, i, j], fmt=fmt, reference_max_abs=pt_err,
+                                               floor=floors[d, i, j])
+                    passes[:, kk, f, d, i, j] = [verdict[rule] for rule in acceptance.RULES]
             del cache
     dims = ("kernel", "policy", "dtype", "seq_len", "seed")
     coords = {"kernel": list(KERNELS), "policy": list(families), "dtype": list(dtypes),
@@ -163,12 +163,12 @@ def block_sweep(seq_len, block_configs, loop_orders, dtypes, seeds, *, batch=1, 
     work = [(d, fmt, s, seed) for d, fmt in enumerate(dtypes) for s, seed in enumerate(seeds)]
     for d, fmt, s, seed in tqdm(work, desc="block configs", disable=not progress):
         q, k, v = _inputs(fmt, seq_len, seed, batch, heads, head_dim, device)
-        gold = golden_attention(q, k, v, chunk=golden_chunk)
+        gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
         for b, (bq, bk) in enumerate(parsed):
             for o, order in enumerate(loop_orders):
                 for f, family in enumerate(families):
-                    out, _ = flash_attention(q, k, v, policy_for(family, fmt), block_q=bq, block_k=bk,
-                                             loop_order=order)
+                    out, _ = kernels.emulator(policy_for(family, fmt), block_q=bq, block_k=bk,
+                                              loop_order=order).forward(q, k, v)
                     summary = error_summary(out, gold, fmt)
                     max_abs[b, o, f, d, s], rel_l2[b, o, f, d, s] = summary["max_abs"], summary["rel_l2"]
     # own dtype and seed dimensions: the experiments may use different subsets, and merging shared
@@ -197,11 +197,11 @@ def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
     work = [(d, fmt, s, seed) for d, fmt in enumerate(dtypes) for s, seed in enumerate(seeds)]
     for d, fmt, s, seed in tqdm(work, desc="causal", disable=not progress):
         q, k, v = _inputs(fmt, seq_len, seed, batch, heads, head_dim, device)
-        gold = golden_attention(q, k, v, causal=True, chunk=golden_chunk)
+        gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v, causal=True)[0]
         for f, family in enumerate(families):
             pol = policy_for(family, fmt)
-            outs = {"reference": reference_attention(q, k, v, pol, causal=True, query_chunk=reference_chunk or None),
-                    "flash": flash_attention(q, k, v, pol, causal=True, block_q=block_q, block_k=block_k)[0]}
+            outs = {"reference": kernels.reference(pol, query_chunk=reference_chunk or None).forward(q, k, v, causal=True)[0],
+                    "flash": kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(q, k, v, causal=True)[0]}
             for kk, kernel in enumerate(KERNELS):
                 rows = row_rel_l2(outs[kernel], gold).flatten(0, -2).mean(0)  # mean over batch, heads
                 absdiff = (outs[kernel].double() - gold).abs().amax(dim=-1).flatten(0, -2).amax(0)
@@ -224,8 +224,6 @@ def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
 
 STAGES_LOW = ("score", "stats", "p", "out_acc", "output")
 ATTRIBUTION_VARIANTS = ("all_low",) + tuple(f"promote_{st}" for st in STAGES_LOW) + tuple(f"only_{st}" for st in STAGES_LOW)
-MIN_NORMAL = {"bf16": float(torch.finfo(torch.bfloat16).tiny), "fp16": float(torch.finfo(torch.float16).tiny),
-              "fp32": float(torch.finfo(torch.float32).tiny)}
 
 
 def attribution_policy(variant: str, fmt: str):
@@ -258,13 +256,13 @@ def stage_attribution(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=
         _, k64, v64 = normal_qkv(batch, heads, n, head_dim, seed=seed + 1_000_003, device=device)
         for d, fmt in enumerate(dtypes):
             q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
-            gold = golden_attention(q, k, v, chunk=golden_chunk)
+            gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
             probs = torch.softmax((q.double() @ k.double().transpose(-1, -2)) * head_dim ** -0.5, dim=-1)
-            below[d, i, j] = (probs < MIN_NORMAL[fmt]).double().mean().item()
+            below[d, i, j] = (probs < min_normal(fmt)).double().mean().item()
             for st, variant in enumerate(ATTRIBUTION_VARIANTS):
                 pol = attribution_policy(variant, fmt)
-                outs = {"reference": reference_attention(q, k, v, pol),
-                        "flash": flash_attention(q, k, v, pol, block_q=block_q, block_k=block_k)[0]}
+                outs = {"reference": kernels.reference(pol).forward(q, k, v)[0],
+                        "flash": kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(q, k, v)[0]}
                 for kk, kernel in enumerate(KERNELS):
                     err[kk, d, st, i, j] = error_summary(outs[kernel], gold, fmt)["rel_l2"]
     coords = {"kernel": list(KERNELS), "attribution_dtype": list(dtypes), "variant": list(ATTRIBUTION_VARIANTS),
@@ -273,26 +271,6 @@ def stage_attribution(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=
     ds["p_below_min_normal_frac"] = (("attribution_dtype", "attribution_seq_len", "attribution_seed"), below)
     ds["attribution_query_rows"] = query_rows
     return ds
-
-
-def plot_stage_attribution(ds: xr.Dataset):
-    """Heatmaps of log10 error per rounding variant (rows) and kernel x N (columns), one per dtype."""
-    import seaborn as sns
-
-    from ..plots import subplots
-
-    da = ds["attribution_rel_l2_err"]
-    dtypes = list(da["attribution_dtype"].values)
-    fig, axes = subplots(1, len(dtypes), figsize=(5.2 * len(dtypes), 4.6))
-    for ax, fmt in zip(axes[0], dtypes):
-        table = np.log10(da.sel(attribution_dtype=fmt).median("attribution_seed")).to_dataframe()
-        table = table["attribution_rel_l2_err"].unstack(["kernel", "attribution_seq_len"])
-        table = table.loc[list(ds["variant"].values)]
-        table.columns = [f"{k}\nN={n}" for k, n in table.columns]
-        sns.heatmap(table, annot=True, fmt=".1f", cmap="magma_r", cbar=False, ax=ax, annot_kws={"fontsize": 7})
-        ax.set_title(f"{fmt}: log10 relative L2 error")
-        ax.set_ylabel("")
-    return fig
 
 
 LONG_SEQUENCE_MIN = 16384
@@ -321,92 +299,3 @@ def long_sequence_table(ds: xr.Dataset, min_len: int = 8192):
 
 
 # -- figures --------------------------------------------------------------------------------
-
-CURVES = (("reference", "all", "-"), ("flash", "all", "-"), ("reference", "fa2", "--"), ("flash", "fa2", "--"))
-
-
-def plot_error_vs_length(ds: xr.Dataset, var: str = "rel_l2_err"):
-    """One panel per dtype: median error over seeds vs N (band: min-max), with growth slopes."""
-    from ..plots import add_growth_lines, errorbar_over_seeds, loglog_axes, subplots
-
-    da = ds[var]
-    dtypes = list(da["dtype"].values)
-    fig, axes = subplots(1, len(dtypes), sharey=False, figsize=(4.6 * len(dtypes) + 1.6, 3.8))
-    n = da["seq_len"].values
-    for ax, fmt in zip(axes[0], dtypes):
-        for kernel, family, style in CURVES:
-            vals = da.sel(kernel=kernel, policy=family, dtype=fmt).transpose("seq_len", "seed").values
-            errorbar_over_seeds(ax, n, vals, f"{kernel}, {family}_*", linestyle=style)
-        anchor = float(np.nanmedian(da.sel(kernel="flash", policy="all", dtype=fmt).isel(seq_len=0)))
-        add_growth_lines(ax, n, fmt, anchor=anchor)
-        loglog_axes(ax, ylabel=da.attrs.get("long_name", var).split(" ||")[0] if ax is axes[0][0] else "")
-        ax.set_title(fmt)
-    fig.suptitle("error vs N against the fp64 golden value (growth lines drawn through the first point)",
-                 fontsize="medium")
-    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return fig
-
-
-def plot_block_effects(ds: xr.Dataset):
-    """Flash-emulator error by block configuration and loop order (Golden et al. Fig 6)."""
-    import seaborn as sns
-
-    from ..plots import subplots
-
-    df = ds["block_rel_l2_err"].to_dataframe().reset_index()
-    dtypes = list(ds["block_dtype"].values)
-    fig, axes = subplots(1, len(dtypes) * 2)
-    i = 0
-    for fmt in dtypes:
-        for family in ds["policy"].values:
-            sub = df[(df["block_dtype"] == fmt) & (df["policy"] == family)]
-            sns.pointplot(data=sub, x="block_config", y="block_rel_l2_err", hue="loop_order", ax=axes[0][i],
-                          errorbar=("pi", 100), dodge=0.3 if ds.sizes["loop_order"] > 1 else False,
-                          markersize=4, linewidth=1)
-            axes[0][i].set_title(f"{family}_{fmt}, N = {int(ds['block_seq_len'])}")
-            axes[0][i].set_xlabel("block_q x block_k")
-            axes[0][i].set_ylabel("relative L2 error" if i == 0 else "")
-            axes[0][i].tick_params(axis="x", rotation=45)
-            i += 1
-    return fig
-
-
-def plot_causal_profile(ds: xr.Dataset, dtype: str = "bf16"):
-    """Per-row error along the query position under causal masking, strata boundaries marked."""
-    from ..plots import subplots
-
-    fig, axes = subplots(1, 1, figsize=(7, 3.6))
-    ax = axes[0][0]
-    x = ds["position_bin_center"].values
-    for kernel, family, style in CURVES:
-        vals = ds["row_profile_rel_l2_err"].sel(kernel=kernel, policy=family, dtype=dtype)
-        ax.plot(x, vals.median("seed").values, style, marker="o", ms=2, label=f"{kernel}, {family}_{dtype}")
-    n = int(ds["causal_seq_len"])
-    for frac in (0.1, 0.9):
-        ax.axvline(frac * n, color="grey", lw=0.8, ls=":")
-    ax.set_yscale("log")
-    ax.set_xlabel("query position (causal: row i attends to keys 0..i)")
-    ax.set_ylabel("mean row relative L2 error")
-    ax.set_title(f"causal attention, N = {n}, {dtype}")
-    ax.legend(fontsize="x-small")
-    return fig
-
-
-def plot_pass_rates(ds: xr.Dataset):
-    """Pass rate of each acceptance rule on correct kernels, by (kernel, policy, dtype) and N."""
-    import seaborn as sns
-
-    from ..plots import subplots
-
-    rules = list(ds["rule"].values)
-    fig, axes = subplots(1, len(rules), figsize=(4.4 * len(rules), 4.2))
-    for ax, rule in zip(axes[0], rules):
-        table = ds["pass_rate"].sel(rule=rule).to_dataframe()["pass_rate"].unstack("seq_len")
-        table.index = [f"{k}/{p}_{d}" for k, p, d in table.index]
-        sns.heatmap(table, vmin=0, vmax=1, cmap="RdYlGn", annot=True, fmt=".1f", cbar=False, ax=ax,
-                    annot_kws={"fontsize": 6})
-        ax.set_title(rule)
-        ax.set_xlabel("N")
-        if ax is not axes[0][0]:
-            ax.set_yticklabels([])
-    return fig

@@ -1,0 +1,154 @@
+"""Figures of study extreme_inputs (notebook ``notebooks/*_extreme_inputs.ipynb``): each ``plot_*`` reads the
+study's results dataset (as written to ``results.nc``) and returns a matplotlib figure."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+
+def _heatmap(ax, table: pd.DataFrame, *, cmap, vmin=None, vmax=None, annot=None, fmt="{:.2g}", mask=None,
+             fontsize=6, colorbar_label=None, xrotation=0):
+    """An annotated heatmap of a DataFrame (rows top to bottom), NaN or masked cells left blank.
+
+    seaborn's heatmap redraws the whole figure once per call to check tick-label overlap;
+    figures with several panels drew many times over, so the few lines are written out here.
+    """
+    import matplotlib.pyplot as plt
+
+    values = table.to_numpy(dtype=float)
+    hidden = ~np.isfinite(values) if mask is None else (mask | ~np.isfinite(values))
+    cm = plt.get_cmap(cmap).copy()
+    cm.set_bad(alpha=0.0)
+    mesh = ax.pcolormesh(np.ma.masked_array(values, hidden), cmap=cm, vmin=vmin, vmax=vmax)
+    ax.set_xlim(0, values.shape[1])
+    ax.set_ylim(values.shape[0], 0)
+    ax.set_xticks(np.arange(values.shape[1]) + 0.5, [str(c) for c in table.columns], rotation=xrotation,
+                  ha="right" if xrotation else "center", rotation_mode="anchor")
+    ax.set_yticks(np.arange(values.shape[0]) + 0.5, [str(i) for i in table.index])
+    ax.grid(False)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
+    texts = annot.to_numpy() if annot is not None else None
+    norm = mesh.norm
+    for i in range(values.shape[0]):
+        for j in range(values.shape[1]):
+            if hidden[i, j]:
+                continue
+            text = texts[i, j] if texts is not None else fmt.format(values[i, j])
+            shade = cm(norm(values[i, j]))
+            light = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] > 0.5
+            ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=fontsize,
+                    color="black" if light else "white")
+    if colorbar_label:
+        ax.figure.colorbar(mesh, ax=ax, label=colorbar_label)
+    return mesh
+
+
+def plot_sentinels(ds: xr.Dataset, policy: str):
+    """Mask handlings x cases, one policy: rows zeroed and masked-key influence (the rest is in tables)."""
+    from ..plots import subplots
+
+    sub = ds.sel(sentinel_policy=policy).max("seed")
+    panels = (("sentinel_zero_row_fraction", "fraction of rows zeroed where golden is not", "Reds", 1),
+              ("sentinel_masked_key_influence", "masked-key influence max|dO| (V shifted by 100)", "Oranges", 100))
+    fig, axes = subplots(1, 2, figsize=(11.5, 4.2))
+    for ax, (var, title, cmap, vmax) in zip(axes.ravel(), panels):
+        table = sub[var].to_dataframe()[var].unstack("case")[list(ds["case"].values)]
+        _heatmap(ax, table, cmap=cmap, vmin=0, vmax=vmax, xrotation=50)
+        ax.set_title(title, fontsize="small")
+        ax.tick_params(axis="x", labelsize=6.5)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_xlabel("")
+        ax.set_ylabel("")
+    fig.suptitle(f"mask handling, {policy}, N = {int(ds['sentinel_seq_len'])} (max over seeds; blank: not "
+                 "applicable)", fontsize="medium")
+    return fig
+
+
+def plot_onset(ds: xr.Dataset):
+    """Fraction of rows zeroed by the -5e4 sentinel against the row's largest valid logit."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 1, figsize=(7, 3.6))
+    ax = axes[0][0]
+    styles = ("-", "--", "-.", ":")
+    for i, policy in enumerate(ds["sentinel_policy"].values):
+        logit = ds["onset_row_max_logit"].sel(sentinel_policy=policy).values.ravel()
+        zero = ds["onset_row_zero"].sel(sentinel_policy=policy).values.ravel()
+        order = np.argsort(logit)
+        bins = np.linspace(logit.min(), logit.max(), 40)
+        which = np.digitize(logit[order], bins)
+        centers = [logit[order][which == b].mean() for b in np.unique(which)]
+        rate = [zero[order][which == b].mean() for b in np.unique(which)]
+        line, = ax.plot(centers, rate, marker="os^D"[i % 4], ms=3, ls=styles[i % 4], alpha=0.85, label=f"{policy}")
+        ax.axvline(float(ds["onset_predicted_logit"].sel(sentinel_policy=policy)), color=line.get_color(),
+                   ls=":", lw=1)
+    ax.axvline(float(ds["onset_fill"]), color="k", lw=0.8, ls="--", label="sentinel")
+    ax.set_xlabel("largest valid raw logit of the row (q.k, unscaled)")
+    ax.set_ylabel("fraction of rows output as zero")
+    ax.set_title("finite -5e4 sentinel: where the zero output starts (dotted: predicted)", fontsize="small")
+    ax.legend(fontsize="x-small")
+    return fig
+
+
+def plot_detection(ds: xr.Dataset):
+    """Headline: detection rate of each fault at its default severity, and false alarms on the
+    correct kernel (top row, reversed colours), by rule and N, one panel per dtype."""
+    from ..plots import subplots
+
+    dtypes = list(ds["det_dtype"].values)
+    rules = list(ds["rule"].values)
+    lens = [int(n) for n in ds["det_seq_len"].values]
+    n_cols = len(rules) * len(lens)
+    fig, axes = subplots(len(dtypes), 1, figsize=(3.2 + 0.42 * n_cols, (1.4 + 0.3 * (ds.sizes["fault"] + 1))
+                                                  * len(dtypes)))
+    for ax, fmt in zip(axes[:, 0], dtypes):
+        fa = ds["det_false_alarm_rate"].sel(det_dtype=fmt)
+        rows = {"correct kernel: false alarms": [float(fa.sel(rule=r, det_seq_len=n)) for r in rules for n in lens]}
+        for fault in ds["fault"].values:
+            lev = int(ds["default_level"].sel(fault=fault))
+            rate = ds["det_detection_rate"].sel(det_dtype=fmt, fault=fault, severity_level=lev)
+            sev = ds["severity"].sel(fault=fault, severity_level=lev).item()
+            rows[f"{fault} ({sev:g})"] = [float(rate.sel(rule=r, det_seq_len=n)) for r in rules for n in lens]
+        table = pd.DataFrame(rows, index=[f"N={n}" for r in rules for n in lens]).T
+        top = np.zeros(table.shape, dtype=bool)
+        top[0] = True
+        _heatmap(ax, table, cmap="RdYlGn", vmin=0, vmax=1, fmt="{:.1f}", mask=top)
+        _heatmap(ax, table, cmap="RdYlGn_r", vmin=0, vmax=1, fmt="{:.1f}", mask=~top)
+        for i, rule in enumerate(rules):
+            ax.text((i + 0.5) * len(lens), -0.25, rule, ha="center", va="bottom", fontsize=7)
+            if i:
+                ax.axvline(i * len(lens), color="k", lw=1)
+        ax.axhline(1, color="k", lw=1.5)
+        ax.tick_params(axis="x", labelsize=6.5, rotation=0)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_title(f"fa2_{fmt}: share of (family, seed) points where the rule rejects the output; blank: "
+                     "the fault changed nothing", fontsize="small", pad=22)
+    return fig
+
+
+def plot_miss_rates(ds: xr.Dataset):
+    """Share of faulty outputs each rule accepts, by the size of the worst row's error and by N."""
+    from ..plots import subplots
+
+    dtypes = list(ds["det_dtype"].values)
+    bins = list(ds["error_bin"].values)[-2:]  # the smallest bin overlaps bf16's own rounding error
+    fig, axes = subplots(len(dtypes), len(bins), sharey=True, sharex=True,
+                         figsize=(3.3 * len(bins) + 1.5, 2.6 * len(dtypes)))
+    n = ds["det_seq_len"].values
+    for row, fmt in zip(axes, dtypes):
+        for ax, b in zip(row, bins):
+            for rule in ds["rule"].values:
+                ax.plot(n, ds["det_miss_rate"].sel(rule=rule, det_dtype=fmt, error_bin=b).values, marker="o", ms=3,
+                        label=str(rule))
+            ax.set_xscale("log", base=2)
+            ax.set_ylim(-0.03, 1.03)
+            counts = ds["det_error_bin_count"].sel(det_dtype=fmt, error_bin=b).values.astype(int)
+            ax.set_title(f"fa2_{fmt}, worst row off by {b}\n(cases per N: {', '.join(map(str, counts))})",
+                         fontsize="x-small")
+        row[0].set_ylabel("accepted (missed)")
+    for ax in axes[-1]:
+        ax.set_xlabel("sequence length N")
+    axes[0][-1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig

@@ -1,0 +1,175 @@
+"""Figures of study late_training_gradient_blowup (notebook ``notebooks/*_late_training_gradient_blowup.ipynb``): each ``plot_*`` reads the
+study's results dataset (as written to ``results.nc``) and returns a matplotlib figure."""
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+from ..plots import offset_axis
+
+
+VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#58d68d", "--"), "fp32_ds_bf16": ("#2874a6", "-"),
+                 "bf16_bwd_fp32": ("#7d3c98", "-"), "bf16": ("#c0392b", "-"), "bf16_fused": ("#f1948a", "--"),
+                 "reference_bf16": ("#7f8c8d", ":")}
+
+
+def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
+    """One panel per sharpness: median (over seeds) error vs |mu| for every variant, at the largest N
+    and the first d."""
+    from ..plots import subplots
+
+    sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
+    sharp = ds["sharpness"].values
+    fig, axes = subplots(1, len(sharp), sharey=True, figsize=(3.6 * len(sharp) + 1.8, 3.6))
+    x = ds["mu_norm"].values
+    for ax, s in zip(axes[0], sharp):
+        for variant in ds["variant"].values:
+            color, style = VARIANT_STYLE.get(str(variant), ("grey", "-"))
+            ax.plot(x, sub.sel(sharpness=s, variant=variant).values, style, color=color, marker="o", ms=3,
+                    label=str(variant))
+        pmax = float(ds["mech_max_prob"].sel(sharpness=s).isel(seq_len=-1, head_dim=0).median())
+        ax.set_title(f"sharpness {s:g} (median max P {pmax:.2f})")
+        offset_axis(ax)
+        ax.set_yscale("log")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error", "median row rel. err."))
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"N = {int(ds['seq_len'][-1])}, d = {int(ds['head_dim'][0])}: exact dQ does not depend on |mu|",
+                 fontsize="medium")
+    return fig
+
+
+def plot_error_vs_size(ds: xr.Dataset, var: str = "mech_dq_err", variant: str = "bf16_fused"):
+    """Error vs |mu| of one variant for every (N, d), at the first sharpness."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 1, figsize=(5.6, 3.8))
+    ax = axes[0][0]
+    x = ds["mu_norm"].values
+    sub = ds[var].sel(variant=variant).isel(sharpness=0).median("seed")
+    for n in ds["seq_len"].values:
+        for j, d in enumerate(ds["head_dim"].values):
+            ax.plot(x, sub.sel(seq_len=n, head_dim=d).values, ["-", "--", ":", "-."][j % 4], marker="o", ms=3,
+                    label=f"N = {n}, d = {d}")
+    offset_axis(ax)
+    ax.set_yscale("log")
+    ax.set_ylabel("median row rel. err. of dQ")
+    ax.set_title(f"{variant}, sharpness {float(ds['sharpness'][0]):g}")
+    ax.legend(fontsize="x-small")
+    return fig
+
+
+def plot_row_sums(ds: xr.Dataset):
+    """Row sums of dS as fed to the dQ matmul, and the alignment of the dQ error with mu."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 2, figsize=(10.5, 3.8))
+    x = ds["mu_norm"].values
+    for variant in ds["variant"].values:
+        color, style = VARIANT_STYLE.get(str(variant), ("grey", "-"))
+        for ax, var in zip(axes[0], ("mech_ds_row_sum", "mech_dq_err_cos_mu")):
+            vals = ds[var].sel(variant=variant).isel(sharpness=0, seq_len=-1, head_dim=0).median("seed").values
+            if np.isfinite(vals).any():
+                ax.plot(x, vals, style, color=color, marker="o", ms=3, label=str(variant))
+    for ax in axes[0]:
+        offset_axis(ax)
+    axes[0][0].set_yscale("log")
+    axes[0][0].set_ylabel("median |sum_j dS_ij| / sum_j |dS_ij|")
+    axes[0][0].set_title("row sums of dS as the dQ matmul sees it")
+    axes[0][1].set_ylabel("median |cos(dQ error, mu)|")
+    axes[0][1].set_ylim(0, 1.05)
+    axes[0][1].set_title("direction of the dQ error")
+    axes[0][1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_training(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp32"):
+    """Top: loss, global gradient norm, and their ratio, for both runs. Bottom, per layer of the
+    trained run: key-mean norm and max logit, attention entropy, and the FP32 recompute
+    diagnostic run during training (periodic and at gradient-norm spikes, dotted)."""
+    from ..plots import subplots
+
+    fig, axes = subplots(2, 3, figsize=(15, 7.2))
+    steps = ds["step"].values
+    for run in (trained, baseline):
+        label = f"{run}: {str(ds['run_attention'].sel(run=run).values)}"
+        axes[0][0].plot(steps, ds["train_loss"].sel(run=run).values, lw=1, label=label)
+        axes[0][1].plot(steps, ds["train_grad_norm_total"].sel(run=run).values, lw=1, label=label)
+    ratio = ds["train_grad_norm_total"].sel(run=trained) / ds["train_grad_norm_total"].sel(run=baseline)
+    axes[0][2].plot(steps, ratio.values, lw=1, color="k")
+    axes[0][2].axhline(1.0, color="grey", lw=0.8, ls=":")
+    axes[0][0].set_ylabel("training loss (nat)")
+    axes[0][0].legend(fontsize="x-small")
+    axes[0][1].set_yscale("log")
+    axes[0][1].set_ylabel("global gradient norm")
+    axes[0][2].set_ylabel(f"gradient norm {trained} / {baseline}")
+    for layer in ds["layer"].values:
+        sel = dict(run=trained, layer=layer)
+        line, = axes[1][0].plot(steps, ds["train_key_mean_norm"].sel(**sel).values, lw=1,
+                                label=f"layer {layer}: ||mean k||")
+        color = line.get_color()
+        axes[1][0].plot(steps, ds["train_max_logit"].sel(**sel).values, lw=1, ls="--", color=color,
+                        label=f"layer {layer}: max logit")
+        axes[1][1].plot(steps, ds["train_entropy"].sel(**sel).values, lw=1, color=color, label=f"layer {layer}")
+        live = ds.sel(layer=layer)
+        axes[1][2].plot(live["diag_step"].values, live["live_dq_rel_err"].values, lw=1, color=color,
+                        label=f"layer {layer}: dQ rel. error")
+        axes[1][2].plot(live["diag_step"].values, np.abs(live["live_grad_norm_ratio"].values - 1), lw=1, ls="--",
+                        color=color, label=f"layer {layer}: |block grad-norm ratio - 1|")
+    spikes = ds["diag_step"].values[ds["live_spike"].values == 1]
+    for step in spikes:
+        axes[1][2].axvline(step, color="k", lw=0.6, ls=":")
+        axes[0][1].axvline(step, color="k", lw=0.6, ls=":")
+    axes[1][0].set_yscale("log")
+    axes[1][0].legend(fontsize="x-small")
+    axes[1][1].set_ylabel("attention entropy (nat)")
+    axes[1][1].legend(fontsize="x-small")
+    axes[1][2].set_yscale("log")
+    axes[1][2].set_title(f"FP32 backward recompute during {trained} (dotted: gradient spikes)", fontsize="small")
+    axes[1][2].legend(fontsize="x-small")
+    for ax in (*axes[0], *axes[1]):
+        ax.set_xlabel("step")
+    return fig
+
+
+def plot_checkpoint_offsets(ds: xr.Dataset, var: str = "diag_dq_rel_err"):
+    """Per layer: the diagnostic's error vs the common key offset, one line per checkpoint."""
+    import matplotlib as mpl
+
+    from ..plots import subplots
+
+    layers = ds["layer"].values
+    fig, axes = subplots(1, len(layers), sharey=True, figsize=(4.4 * len(layers) + 1.5, 3.6))
+    steps = ds["checkpoint"].values
+    cmap = mpl.colormaps["viridis"]
+    x = ds["offset_norm"].values
+    for ax, layer in zip(axes[0], layers):
+        for i, step in enumerate(steps):
+            ax.plot(x, ds[var].sel(layer=layer, checkpoint=step).values, marker="o", ms=3,
+                    color=cmap(i / max(1, len(steps) - 1)), label=f"step {step}")
+        ax.axhline(float(ds["diag_threshold"].max()), color="grey", lw=0.8, ls=":")
+        offset_axis(ax, "common key offset |mu| per head")
+        ax.set_yscale("log")
+        ax.set_title(f"layer {layer}")
+    axes[0][0].set_ylabel("dQ rel. error vs FP32 recompute")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_tied_maxima(ds: xr.Dataset):
+    """dQ error and output-error coherence per regime and variant (tiled)."""
+    import seaborn as sns
+
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 2, figsize=(12, 3.8))
+    df = ds[["qy_dq_err", "qy_out_err_coherence"]].median("seed").to_dataframe().reset_index()
+    for ax, var, label in zip(axes[0], ("qy_dq_err", "qy_out_err_coherence"),
+                              ("median row rel. err. of dQ", "output-error coherence across rows")):
+        sns.barplot(data=df[df["tiling"] == "tiled"], x="regime", y=var, hue="variant", ax=ax,
+                    palette={v: VARIANT_STYLE.get(v, ("grey",))[0] for v in df["variant"].unique()})
+        ax.set_ylabel(label)
+        ax.set_xlabel("")
+        ax.tick_params(axis="x", labelsize="x-small")
+        ax.legend(fontsize="xx-small")
+    axes[0][0].set_yscale("log")
+    return fig

@@ -1,0 +1,213 @@
+"""Figures of study wasserstein_weight_drift (notebook ``notebooks/*_wasserstein_weight_drift.ipynb``): each ``plot_*`` reads the
+study's results dataset (as written to ``results.nc``) and returns a matplotlib figure."""
+from __future__ import annotations
+
+import numpy as np
+import xarray as xr
+from ..studies.wasserstein_weight_drift import GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS, group_table, layer_statistic
+
+
+PAIR_STYLE = {"repeat": ("#7f8c8d", ":"), "flash": ("#c0392b", "-"), "flash_fp32": ("#f1948a", "--"),
+              "init_seed": ("#000000", "-"), "init_perturbation": ("#7d3c98", "--"),
+              "bf16_training": ("#2874a6", "-"), "fp16_training": ("#1e8449", "-")}
+
+
+METRIC_LABEL = {"wasserstein": "Wasserstein-1 of weight values", "wasserstein_rel": "W1 / RMS weight",
+                "max_abs": "max |w_a - w_b|", "rel_l2": "||w_b - w_a|| / ||w_a||"}
+
+
+def _log_y(ax) -> None:
+    """Log y axis with major ticks only: minor ticks over many decades make saving slow."""
+    import matplotlib.ticker as mticker
+
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(mticker.LogLocator(numticks=8))
+    ax.yaxis.set_minor_locator(mticker.NullLocator())
+
+
+def _band(ax, x, values, pair, label=None):
+    """Median over seeds (last axis) with a min-max band, in the pair's style; zeros are not drawn."""
+    color, style = PAIR_STYLE.get(pair, ("grey", "-"))
+    values = np.where(values > 0, values, np.nan)
+    with np.errstate(all="ignore"):
+        ax.plot(x, np.nanmedian(values, -1), style, color=color, marker="o", ms=3, lw=1.2, label=label or pair)
+        ax.fill_between(x, np.nanmin(values, -1), np.nanmax(values, -1), color=color, alpha=0.15, lw=0)
+
+
+def plot_drift_over_training(ds: xr.Dataset, metrics=("wasserstein", "max_abs", "rel_l2")):
+    """Model-level drift of every pair over training (Golden et al.'s Fig 7), one panel per metric:
+    median over seeds, band from the smallest to the largest seed. Zero drift is not drawn."""
+    from ..plots import subplots
+
+    import warnings
+
+    fig, axes = subplots(1, len(metrics), figsize=(4.6 * len(metrics) + 1.6, 3.8))
+    x = ds["step"].values
+    for ax, metric in zip(axes[0], metrics):
+        for pair in ds["pair"].values:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                _band(ax, x, ds[f"model_{metric}"].sel(pair=pair).transpose("step", "seed").values, str(pair))
+        _log_y(ax)
+        ax.set_xlabel("optimizer step")
+        ax.set_title(METRIC_LABEL[metric])
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_drift_rates(ds: xr.Dataset, metric: str = "wasserstein"):
+    """Left: rate of change of model-level drift per step since the previous checkpoint (Golden et
+    al.'s Fig 8; negative rates are not drawn on the log axis). Right: its relative growth rate
+    d log(drift) / d step (a chaos baseline grows at a steady positive rate)."""
+    from ..plots import subplots
+
+    import warnings
+
+    fig, axes = subplots(1, 2, figsize=(11.5, 3.8))
+    x = ds["step"].values
+    da = ds[f"model_{metric}"]
+    with np.errstate(all="ignore"):
+        growth = np.log(da.where(da > 0)).diff("step", label="upper") / ds["step"].astype(float).diff(
+            "step", label="upper")
+    for pair in ds["pair"].values:
+        if str(pair) == "repeat":
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            _band(axes[0][0], x, ds[f"model_{metric}_rate"].sel(pair=pair).transpose("step", "seed").values,
+                  str(pair))
+        color, style = PAIR_STYLE.get(str(pair), ("grey", "-"))
+        g = growth.sel(pair=pair).median("seed")
+        axes[0][1].plot(g["step"].values, g.values, style, color=color, marker="o", ms=3, lw=1.2, label=str(pair))
+    _log_y(axes[0][0])
+    axes[0][0].set_ylabel(f"d({metric}) / d step")
+    axes[0][1].axhline(0.0, color="grey", lw=0.8, ls=":")
+    axes[0][1].set_ylabel(f"d log({metric}) / d step (median over seeds)")
+    for ax in axes[0]:
+        ax.set_xlabel("optimizer step")
+    axes[0][1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_drift_ratios(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE):
+    """Top: low-precision training drift over flash drift, per metric, geometric mean over seeds with
+    its confidence interval; Golden et al.'s 2-5x shaded. Bottom: flash drift over the noise floor
+    (different seeds) and over the chaos baseline; above 1 means above that baseline."""
+    from ..plots import subplots
+
+    metrics = list(ds["metric"].values)
+    fig, axes = subplots(2, len(metrics), figsize=(4.6 * len(metrics) + 2.2, 7.0), sharex=True)
+    x = ds["step"].values
+    conf = ds["drift_ratio_low"].attrs.get("confidence", ds.attrs.get("confidence", 0.95))
+    for col, metric in enumerate(metrics):
+        for comp in ds["comparison"].values:
+            num = str(ds["comparison_numerator"].sel(comparison=comp).values)
+            den = str(ds["comparison_denominator"].sel(comparison=comp).values)
+            row = 0 if num in LOW_PRECISION_PAIRS else 1
+            if row == 0 and den != "flash":
+                continue  # over the fp32 kernel's drift the ratios are off this scale; see the table
+            ax = axes[row][col]
+            color, _ = PAIR_STYLE.get(num if row == 0 else den, ("grey", "-"))
+            style = "-" if den == "flash" or (row == 1 and num == "flash") else "--"
+            sel = dict(comparison=comp, metric=metric)
+            ax.plot(x, ds["drift_ratio"].sel(**sel).values, style, color=color, marker="o", ms=3, lw=1.2,
+                    label=str(comp))
+            ax.fill_between(x, ds["drift_ratio_low"].sel(**sel).values, ds["drift_ratio_high"].sel(**sel).values,
+                            color=color, alpha=0.12, lw=0)
+        axes[0][col].axhspan(*claim, color="#f4d03f", alpha=0.25, lw=0, label=f"Golden et al. {claim[0]:g}-{claim[1]:g}x")
+        for row in (0, 1):
+            axes[row][col].axhline(1.0, color="grey", lw=0.8, ls=":")
+            _log_y(axes[row][col])
+        low, high = axes[0][col].get_ylim()
+        low, high = min(low, 0.5), max(high, 1.5 * claim[1])  # the claimed band in full
+        axes[0][col].set_ylim(low, high)
+        ticks = [t for t in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100) if low <= t <= high]
+        axes[0][col].set_yticks(ticks, [f"{t:g}" for t in ticks])
+        axes[0][col].set_title(METRIC_LABEL[metric])
+        axes[1][col].set_xlabel("optimizer step")
+    axes[0][0].set_ylabel(f"low precision / flash ({conf:.0%} interval)")
+    axes[1][0].set_ylabel("flash / baseline pair")
+    for row in (0, 1):
+        axes[row][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_drift_by_group(ds: xr.Dataset, metric: str = "wasserstein_rel", step: int | None = None):
+    """Heatmaps at one checkpoint (default the last), median over seeds: drift per kind of tensor
+    and per transformer block, one row per pair (log colour scale; blank: exactly zero)."""
+    import matplotlib.colors as mcolors
+
+    from ..plots import subplots
+
+    step = int(ds["step"][-1]) if step is None else step
+    kind = group_table(ds, "kind", metric, step)
+    layer = group_table(ds, "layer", metric, step)
+    values = np.concatenate([kind.values.ravel(), layer.values.ravel()])
+    positive = values[np.isfinite(values) & (values > 0)]
+    norm = mcolors.LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size else None
+    fig, axes = subplots(1, 2, figsize=(12, 0.45 * len(kind) + 1.8),
+                         gridspec_kw={"width_ratios": [kind.shape[1], max(2, layer.shape[1])]})
+    for ax, table, title in ((axes[0][0], kind, "per kind of tensor"), (axes[0][1], layer, "per transformer block")):
+        shown = np.where(table.values > 0, table.values, np.nan)
+        image = ax.imshow(shown, norm=norm, cmap="viridis", aspect="auto")
+        for (i, j), value in np.ndenumerate(shown):
+            if np.isfinite(value):
+                light = norm is not None and norm(value) > 0.6
+                ax.text(j, i, f"{value:.1e}", ha="center", va="center", fontsize="x-small",
+                        color="black" if light else "white")
+        ax.set_xticks(range(table.shape[1]), [str(c) for c in table.columns])
+        ax.set_yticks(range(table.shape[0]), [str(r) for r in table.index])
+        ax.set_xlabel(table.columns.name)
+        ax.grid(False)
+        ax.set_title(f"{METRIC_LABEL.get(metric, metric)} {title}, step {step}", fontsize="small")
+    fig.colorbar(image, ax=axes[0][1])
+    return fig
+
+
+def plot_drift_vs_attention(ds: xr.Dataset, pairs=("flash", "init_perturbation"), statistics=("max_logit", "entropy"),
+                            metric: str = "rel_l2"):
+    """Per-layer drift of a pair against the attention statistic its reference run recorded at the
+    same step: one panel per (pair, statistic), colour = layer, later steps darker."""
+    from ..plots import subplots
+
+    pairs = [p for p in pairs if p in ds["pair"].values]
+    fig, axes = subplots(len(pairs), len(statistics), figsize=(4.4 * len(statistics) + 1.4, 3.4 * len(pairs)))
+    palette = ["#c0392b", "#2874a6", "#1e8449", "#7d3c98", "#d35400", "#17a589"]
+    later = ds["step"].values > 0
+    alpha = np.linspace(0.25, 1.0, int(later.sum()))
+    for i, pair in enumerate(pairs):
+        run = str(ds["pair_run_a"].sel(pair=pair).values)
+        drift_layer = ds[f"layer_{metric}"].sel(pair=pair).isel(step=later)
+        for j, stat in enumerate(statistics):
+            ax = axes[i][j]
+            stat_layer = layer_statistic(ds, run, stat).isel(step=later)
+            for layer in ds["layer"].values:
+                for seed in ds["seed"].values:
+                    x = stat_layer.sel(layer=layer, seed=seed).values
+                    y = drift_layer.sel(layer=layer, seed=seed).values
+                    ax.scatter(x, np.where(y > 0, y, np.nan), s=12, color=palette[int(layer) % len(palette)],
+                               alpha=alpha, label=f"layer {layer}" if seed == ds["seed"].values[0] else None)
+            rho = float(ds["corr_layer_rank"].sel(pair=pair, statistic=stat, corr_metric=metric))
+            ax.set_title(f"{pair}: rank corr. across layers {rho:+.2f}", fontsize="small")
+            ax.set_xlabel(f"{stat} of run {run}")
+            _log_y(ax)
+            ax.set_ylabel(f"per-layer {METRIC_LABEL.get(metric, metric)}")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_training_loss(ds: xr.Dataset):
+    """Training loss of every run (median over seeds): the pairs' runs learn alike."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 1, figsize=(7.5, 3.6))
+    ax = axes[0][0]
+    x = ds["train_step"].values
+    for run in ds["run"].values:
+        loss = ds["train_loss"].sel(run=run).median("seed")
+        ax.plot(x, loss.values, lw=1, label=f"{run} ({ds['run_attention'].sel(run=run).values}, "
+                                            f"autocast {ds['run_autocast'].sel(run=run).values})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("training loss (nat)")
+    ax.legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
