@@ -3,12 +3,40 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
-from . import runner
+from . import batch, runner
 
 
 def _overrides(pairs) -> dict:
     return {key: runner.parse_value(value) for key, value in (pairs or [])}
+
+
+def _nonneg(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _batch(args, tasks) -> int:
+    """Run a planned batch (or print it for --dry-run); 0 only if every run succeeded."""
+    if args.dry_run:
+        print(batch.describe_plan(tasks, args.outputs))
+        return 0
+    t0 = time.perf_counter()
+    results = batch.run_batch(tasks, outputs=args.outputs, workers=args.workers, scheduler=args.scheduler,
+                              gpus=args.gpus, threads=args.threads, timeout=args.timeout,
+                              progress=not args.no_progress)
+    print(batch.summary(results, time.perf_counter() - t0), flush=True)
+    return 0 if all(r.ok for r in results) else 1
 
 
 def main(argv=None) -> int:
@@ -29,6 +57,19 @@ def main(argv=None) -> int:
         p.add_argument("--outputs", default=None, help="outputs root (default: outputs/ or $ATTNUM_OUTPUTS)")
         p.add_argument("--no-progress", action="store_true")
         p.add_argument("--timeout", type=int, default=None, help="per-cell timeout in seconds")
+    for p in (p_all, p_sweep):  # batches: one Dask task per run (attnum.batch)
+        p.add_argument("--workers", type=_nonneg, default=None,
+                       help="worker processes of the LocalCluster started for the batch (default: the cores "
+                            "available, at most one per run; 1: in this process, one run after another)")
+        p.add_argument("--gpus", type=_nonneg, default=0,
+                       help="start N more workers, worker i with CUDA_VISIBLE_DEVICES=i and resources GPU=1; "
+                            "runs with device: cuda ask for one GPU each")
+        p.add_argument("--scheduler", default=None,
+                       help=f"address of an existing Dask scheduler (default: ${batch.SCHEDULER_ENV}); "
+                            "its workers must see the outputs root at the same path")
+        p.add_argument("--threads", type=_positive, default=1,
+                       help="threads per run (OMP_NUM_THREADS, MKL_NUM_THREADS, torch), default 1")
+        p.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
 
     p_pub = sub.add_parser("publish", help="render executed notebooks and write outputs/site/index.html")
     p_pub.add_argument("--outputs", default=None)
@@ -47,18 +88,11 @@ def main(argv=None) -> int:
             path = runner.run(args.study, args.params, _overrides(args.p), outputs=args.outputs,
                               progress=not args.no_progress, timeout=args.timeout)
             print(f"wrote {path}")
-        elif args.cmd == "run-all":
-            overrides = _overrides(args.p)
-            for study in runner.studies():  # check all before running any
-                runner.resolve_parameters(study, args.params, overrides)
-            for study in runner.studies():
-                print(f"== {study} ({args.params})", flush=True)
-                print("wrote", runner.run(study, args.params, overrides, outputs=args.outputs,
-                                          progress=not args.no_progress, timeout=args.timeout))
-        elif args.cmd == "sweep":
-            paths = runner.sweep(args.study, runner.parse_grid(args.grid), args.params, _overrides(args.p),
-                                 outputs=args.outputs, progress=not args.no_progress)
-            print("\n".join(f"wrote {p}" for p in paths))
+        elif args.cmd == "run-all":  # every study's parameters checked before anything is submitted
+            return _batch(args, batch.plan_run_all(args.params, _overrides(args.p)))
+        elif args.cmd == "sweep":  # every grid point checked before anything is submitted
+            return _batch(args, batch.plan_sweep(args.study, runner.parse_grid(args.grid), args.params,
+                                                 _overrides(args.p)))
         elif args.cmd == "publish":
             from .publish import publish
 
@@ -70,7 +104,7 @@ def main(argv=None) -> int:
     except runner.ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except runner.RunError as exc:
+    except (runner.RunError, batch.BatchError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -882,25 +882,46 @@ def grid_points(grid: dict[str, list]) -> list[dict]:
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
 
-def sweep(study: str, grid: dict[str, list], param_set: str = "default", overrides: dict | None = None, *,
-          outputs=None, progress: bool = True) -> list[Path]:
-    """Run every point of ``grid``: one folder per point, swept keys recorded as length-1 dims."""
+def plan_sweep(study: str, grid: dict[str, list], param_set: str = "default",
+               overrides: dict | None = None) -> list[dict]:
+    """Every point of ``grid``, checked before any runs: ``[{name, overrides, sweep_dims, parameters}]``.
+
+    Raises ``ParameterError`` for a list parameter in the grid, any invalid point, or two points
+    that would write the same folder; nothing is written.
+    """
     declared = declared_parameters(study)
     for key in grid:
         if key in declared and declared[key]["type"] == "list":
             raise ParameterError(f"grid parameter {key!r} is a list; sweeps take scalar parameters "
                                  "(a list parameter is already swept inside one run)")
-    points = grid_points(grid)
-    for point in points:  # check every point before running any
-        resolve_parameters(study, param_set, {**(overrides or {}), **point})
-    done = []
-    for i, point in enumerate(points, 1):
-        print(f"[sweep {i}/{len(points)}] {study} {point}", flush=True)
-        # the folder: set and fixed overrides first, then the grid point
-        name = run_name(param_set, overrides) + "__" + run_name("", point).lstrip("_")
-        done.append(run(study, param_set, {**(overrides or {}), **point}, outputs=outputs,
-                        sweep_dims=sorted(point), progress=progress, name=name))
-    return done
+    plan, names = [], set()
+    for point in grid_points(grid):
+        merged = {**(overrides or {}), **point}
+        values = resolve_parameters(study, param_set, merged)
+        name = sweep_point_name(param_set, overrides, point)  # <set and fixed overrides>@<point>
+        if name in names:
+            raise ParameterError(f"grid point {point} repeats run {name!r}; remove the repeated value")
+        names.add(name)
+        plan.append({"name": name, "overrides": merged, "sweep_dims": sorted(point), "parameters": values})
+    return plan
+
+
+def sweep(study: str, grid: dict[str, list], param_set: str = "default", overrides: dict | None = None, *,
+          outputs=None, progress: bool = True, **batch_options) -> list[Path]:
+    """Run every point of ``grid`` as one batch (``attnum.batch``: Dask; ``workers=1``: in this process).
+
+    One folder per point, swept keys recorded as length-1 dims. Every point runs even if some fail;
+    then ``RunError`` names the failed ones. Returns the run folders in grid order.
+    """
+    from . import batch
+
+    tasks = batch.plan_sweep(study, grid, param_set, overrides)
+    results = batch.run_batch(tasks, outputs=outputs, progress=progress, **batch_options)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RunError(f"{len(failed)} of {len(results)} sweep point(s) failed: "
+                       + "; ".join(f"{r.task.name}: {r.error}" for r in failed))
+    return [Path(r.folder) for r in results]
 
 
 # -- clean: leftovers only, never a live run, never results --

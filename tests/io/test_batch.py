@@ -1,0 +1,212 @@
+"""Batches on Dask (attnum.batch): serial and LocalCluster sweeps agree, an external scheduler works,
+a failed point is reported without stopping the others, bad grids are refused before anything runs."""
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import xarray as xr
+
+from attnum import batch, ncio, runner
+from attnum.__main__ import main
+
+STUDY = "length_scaling"
+# the smoke set made smaller still: each run takes seconds (mostly the kernel starting)
+TINY = {"seq_lens": [16, 32, 64], "dtypes": ["bf16"], "seeds": [0], "block_configs": ["16x16"],
+        "attribution_seq_lens": [32]}
+GRID = {"head_dim": [16, 32]}
+GRID_TEXT = "head_dim=16,32"
+VOLATILE = ("timestamp", "host", "hostname", "created", "history")
+
+
+def _cli_overrides():
+    out = []
+    for key, value in TINY.items():
+        out += ["-p", key, str(value).replace("'", "")]
+    return out
+
+
+def _merged(root) -> xr.Dataset:
+    ds = ncio.open_study(STUDY, root).load()
+    for name in VOLATILE:
+        ds.attrs.pop(name, None)
+    return ds
+
+
+def _summary_rows(text: str) -> dict[str, tuple[str, str]]:
+    """run label -> (state, worker) from the printed batch summary."""
+    rows = {}
+    for m in re.finditer(r"^\s+(ok|failed|not run)\s+\S+ s\s+(\S+)\s+\[([^\]@]+)", text, re.M):
+        rows[m.group(2)] = (m.group(1), m.group(3))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def serial(tmp_path_factory):
+    """The sweep run the plain way: one runner.run after another in this process."""
+    root = tmp_path_factory.mktemp("serial") / "outputs"
+    tasks = batch.plan_sweep(STUDY, GRID, "smoke", TINY)
+    results = batch.run_batch(tasks, outputs=root, workers=1, progress=False)
+    assert [r.state for r in results] == ["ok", "ok"], [r.error for r in results]
+    assert {r.worker for r in results} == {"in-process"}
+    return _merged(root)
+
+
+def test_the_plan_checks_every_point_and_names_resources():
+    tasks = batch.plan_sweep(STUDY, GRID, "smoke", TINY)
+    assert len(tasks) == 2 and len({t.label for t in tasks}) == 2
+    assert [t.overrides["head_dim"] for t in tasks] == [16, 32]
+    assert all(t.sweep_dims == ("head_dim",) and t.resources == {} for t in tasks)
+    cuda = batch.Task(STUDY, "smoke", {"device": "cuda"}, "x", device="cuda")
+    assert cuda.resources == {"GPU": 1}
+    (one,) = batch.plan_run_all("smoke", {"head_dim": 16}, studies=[STUDY])
+    assert (one.label, one.sweep_dims) == (f"{STUDY}/smoke__head_dim=16", ())
+
+
+@pytest.mark.slow
+def test_local_cluster_sweep_equals_serial_sweep(outputs, serial, capsys):
+    rc = main(["sweep", STUDY, "--params", "smoke", *_cli_overrides(), "--grid", GRID_TEXT, "--workers", "2",
+               "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "LocalCluster of 2 worker process(es)" in out
+    rows = _summary_rows(out)
+    assert len(rows) == 2 and all(state == "ok" for state, _ in rows.values()), out
+    assert all(worker != "in-process" for _, worker in rows.values()), out  # ran on the cluster's workers
+    parallel = _merged(outputs)
+    xr.testing.assert_equal(parallel, serial)
+    assert parallel.attrs == serial.attrs
+    # one thread per run reached the notebook kernel (ncio records torch's thread count)
+    assert re.search(r"torch threads 1\b", parallel.attrs["device"]), parallel.attrs["device"]
+
+
+@pytest.fixture
+def external_cluster(tmp_path):
+    """`dask scheduler` and two `dask worker` processes on 127.0.0.1 (free ports, no dashboard); always stopped."""
+    sched_file = tmp_path / "scheduler.json"
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = []
+
+    def spawn(name, *args):
+        log = open(logs / f"{name}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, "-m", "dask", *args], stdout=log, stderr=subprocess.STDOUT,
+                                       env=dict(os.environ)), log))
+
+    try:
+        spawn("scheduler", "scheduler", "--host", "127.0.0.1", "--port", "0", "--no-dashboard",
+              "--scheduler-file", str(sched_file))
+        deadline = time.monotonic() + 60
+        while not sched_file.exists():
+            assert procs[0][0].poll() is None, (logs / "scheduler.log").read_text()
+            assert time.monotonic() < deadline, "the scheduler did not start within 60 s"
+            time.sleep(0.2)
+        for i in range(2):
+            spawn(f"worker{i}", "worker", "--scheduler-file", str(sched_file), "--nthreads", "1", "--nworkers", "1",
+                  "--name", f"ext-{i}", "--host", "127.0.0.1", "--no-dashboard")
+        import json
+
+        from distributed import Client
+
+        address = json.loads(sched_file.read_text())["address"]
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=60)
+        yield address
+    finally:
+        for proc, _ in reversed(procs):
+            proc.terminate()
+        for proc, log in reversed(procs):
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.close()
+
+
+@pytest.mark.slow
+def test_sweep_through_an_external_scheduler(outputs, serial, external_cluster, capsys):
+    rc = main(["sweep", STUDY, "--params", "smoke", *_cli_overrides(), "--grid", GRID_TEXT,
+               "--scheduler", external_cluster, "--no-progress"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert f"the cluster at {external_cluster}" in out
+    rows = _summary_rows(out)
+    assert len(rows) == 2 and {state for state, _ in rows.values()} == {"ok"}, out
+    assert {worker for _, worker in rows.values()} <= {"ext-0", "ext-1"}, out
+    xr.testing.assert_equal(_merged(outputs), serial)
+
+
+def _fail_head_dim_16():
+    """On a worker: make the runner's papermill call fail for the point head_dim=16 only."""
+    import papermill
+
+    real = getattr(papermill, "_attnum_real_execute", papermill.execute_notebook)
+    papermill._attnum_real_execute = real
+
+    def execute_notebook(input_path, output_path, parameters=None, **kwargs):
+        if (parameters or {}).get("head_dim") == 16:
+            Path(output_path).write_text("{}")
+            raise RuntimeError("injected failure: kernel died in cell 3")
+        return real(input_path, output_path, parameters=parameters, **kwargs)
+
+    papermill.execute_notebook = execute_notebook
+
+
+@pytest.mark.slow
+def test_a_failed_point_is_reported_and_the_others_finish(outputs, capsys):
+    import cloudpickle
+    from distributed import Client
+
+    cluster = batch.start_local_cluster(2)
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            client.run(_fail_head_dim_16)
+            rc = main(["sweep", STUDY, "--params", "smoke", *_cli_overrides(), "--grid", GRID_TEXT,
+                       "--scheduler", cluster.scheduler_address, "--no-progress"])
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        cluster.close()
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    rows = _summary_rows(out)
+    states = {label.split("head_dim=")[-1]: state for label, (state, _) in rows.items()}
+    assert states == {"16": "failed", "32": "ok"}, out
+    assert "injected failure: kernel died in cell 3" in out
+    assert "batch summary: 1/2 ok" in out
+    study_dir = outputs / STUDY
+    done = [p for p in study_dir.iterdir() if p.name.endswith("head_dim=32")]
+    assert len(done) == 1 and (done[0] / "results.nc").exists()
+    failed = [p for p in study_dir.iterdir() if p.name.endswith("head_dim=16.failed")]
+    assert len(failed) == 1 and "injected failure" in (failed[0] / "FAILED").read_text()
+    assert not [p for p in study_dir.iterdir() if p.name.endswith("head_dim=16")]  # no results for it
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["sweep", STUDY, "--params", "smoke", "--grid", "head_dim=32,100000"], r"parameter 'head_dim'.*out of range"),
+    (["sweep", STUDY, "--params", "smoke", "--grid", "seeds=[0],[1]"], r"'seeds' is a list"),
+    (["sweep", STUDY, "--params", "smoke", "--grid", "heads=1;head_dim=32,64,100000"], r"parameter 'head_dim'"),
+    (["run-all", "--params", "smoke", "-p", "device", "tpu"], r"parameter 'device'.*'tpu' is not allowed"),
+])
+def test_invalid_grids_are_refused_before_anything_is_submitted(outputs, capsys, argv, message):
+    # an address where no scheduler listens: the batch must fail on the parameters, before connecting
+    rc = main([*argv, "--scheduler", "tcp://127.0.0.1:9", "--no-progress"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert re.search(message, err), err
+    assert not outputs.exists()
+
+
+def test_dry_run_prints_the_plan_and_runs_nothing(outputs, capsys):
+    rc = main(["sweep", STUDY, "--params", "smoke", "--grid", "head_dim=16,32;block_k=16", "--dry-run"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "2 run(s) into" in out and out.count("resources=-") == 2
+    assert "head_dim=16" in out and "head_dim=32" in out
+    assert not outputs.exists()
