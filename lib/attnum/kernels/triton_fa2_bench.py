@@ -19,11 +19,11 @@ rewritten after every case, so a run cut short still leaves its results. Every c
 a correctness line: max |difference| of its output and dQ against SDPA's math backend in fp32 on
 a small shape (2 x 3 heads, N = 300, not a multiple of any block) in bf16.
 
-Runtime on one H200 (torch 2.11, triton 3.6): ``quick`` took 165 s there (2026-11-30), most of it
-compilation (FlexAttention: one torch.compile per shape, ~7-14 s each; Triton: 20 kernel variants,
-a few seconds each). The full run adds N = 16384 and 32768, where one call takes up to ~0.1 s
-(forward, N = 32768, d = 128) and ~0.6 s for the FP32 backward (CUDA-core fp32 dots at ~20
-TFLOP/s), with 1 warm-up and 5 timed calls per measurement: estimated 5-6 minutes in all.
+Runtime on one H200 (torch 2.11, triton 3.6, 2026-11-30): ``quick`` took 165 s on a fresh machine,
+most of it compilation (FlexAttention: one torch.compile per shape, ~7-14 s each; Triton: 20
+kernel variants, a few seconds each); the full run then took 130 s on the same machine with those
+compile caches warm. Fresh, the full run should take about 4-5 minutes (the quick run's compilation
+plus ~2 min): under the 6-minute budget.
 """
 from __future__ import annotations
 
