@@ -20,7 +20,7 @@ def _qkv(n=40, d=16, seed=0):
 
 def test_every_listed_name_builds_a_kernel_of_that_name():
     listed = kernels.names()
-    assert {"emulator", "reference", "golden", "textbook", "sdpa"} <= {n.split(":")[0] for n in listed}
+    assert {"emulator", "reference", "golden", "textbook", "sdpa", "flex", "triton"} <= {n.split(":")[0] for n in listed}
     for name in listed:
         kernel = kernels.get(name)
         assert isinstance(kernel, kernels.Kernel)
@@ -78,7 +78,7 @@ def test_kernels_that_need_a_gpu_are_listed_and_say_why_they_cannot_run_here():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: nothing to refuse")
     q, k, v = _qkv()
-    for name in ("sdpa:efficient", "sdpa:cudnn"):
+    for name in ("sdpa:efficient", "sdpa:cudnn", "flex"):
         assert name in kernels.names()
         kernel = kernels.get(name)
         reason = kernel.unavailable_reason("cpu")
@@ -86,6 +86,19 @@ def test_kernels_that_need_a_gpu_are_listed_and_say_why_they_cannot_run_here():
         with pytest.raises(KernelUnavailable, match=name):
             kernel.forward(q, k, v)
         assert kernel.unavailable_reason("cuda") == "torch sees no CUDA device"
+    triton = kernels.get("triton:fa2:gproj_dq")
+    if triton.unavailable_reason("cpu"):  # (the Triton tests may have switched on the CPU interpreter)
+        with pytest.raises(KernelUnavailable, match="triton:fa2:gproj_dq"):
+            triton.forward(q, k, v)
+
+
+def test_triton_names_parse_and_refuse_what_the_kernel_lacks():
+    assert kernels.get("triton:fa2:gproj_dq_dk:fp32_bwd").name == "triton:fa2:gproj_dq_dk:fp32_bwd"
+    with pytest.raises(ValueError, match="one of gproj_dq/gproj_dq_dk"):
+        kernels.get("triton:fa2:gproj_dq:gproj_dq_dk")
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="no additive mask"):
+        kernels.get("triton:fa2").forward(q, k, v, attn_bias=torch.zeros(1, 1, 40, 40))
 
 
 def test_a_pinned_backend_that_refuses_raises_and_never_falls_back():

@@ -10,6 +10,8 @@
     golden               fp64 attention and its exact gradients, in query chunks
     textbook:<policy>[:no_max]   the unguarded formula a first implementation writes (forward)
     sdpa:<backend>       PyTorch SDPA pinned to one backend (``sdpa``): flash, efficient, cudnn, math
+    triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd]   our FlashAttention-2 Triton kernel (``triton_fa2``)
+    flex                 FlexAttention compiled with torch.compile (``flex``; CUDA only)
 
 Modules: ``common`` (input checks, scale, the causal mask, the key-block loop, exponent
 helpers), ``reference``, ``flash`` (forward emulator, STABLE as an option), ``backward``
@@ -20,6 +22,7 @@ helpers), ``reference``, ``flash`` (forward emulator, STABLE as an option), ``ba
 from __future__ import annotations
 
 from ..precision import get_policy
+from . import flex as _flex
 from . import sdpa as _sdpa
 from .autograd import FP32_BACKWARD, Attention, AttentionImpl, ImplKernel, as_kernel, impl_kernel
 from .backward import GPROJ_MODES, flash_attention_backward
@@ -71,6 +74,62 @@ class TextbookKernel(Kernel):
         return self.differentiable(q, k, v, causal=causal, attn_bias=attn_bias, scale=scale), None
 
 
+class TritonKernel(Kernel):
+    """``triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd]``: our FlashAttention-2 Triton kernel
+    (``triton_fa2``), GProj and the FP32 backward as compile-time switches. No additive masks."""
+
+    def __init__(self, gproj: str = "off", fp32_backward: bool = False):
+        self.gproj, self.fp32_backward = gproj, fp32_backward
+        self.name = "triton:fa2" + {"off": "", "dq": ":gproj_dq", "dq_dk": ":gproj_dq_dk"}[gproj] + (
+            ":fp32_bwd" if fp32_backward else "")
+
+    def unavailable_reason(self, device="cpu"):
+        from . import triton_fa2
+
+        return triton_fa2.unavailable_reason(device)
+
+    def _no_bias(self, attn_bias):
+        if attn_bias is not None:
+            raise ValueError(f"{self.name} takes no additive mask (causal only)")
+
+    def forward(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        from . import triton_fa2
+
+        self._no_bias(attn_bias)
+        self.require(q.device)
+        return triton_fa2.forward(q, k, v, causal=causal, scale=scale)
+
+    def backward(self, q, k, v, grad_out, *, causal=False, attn_bias=None, scale=None, out=None, lse=None,
+                 stats=None):
+        from . import triton_fa2
+
+        self._no_bias(attn_bias)
+        self.require(q.device)
+        if out is None or lse is None:
+            out, lse = triton_fa2.forward(q, k, v, causal=causal, scale=scale)
+        return triton_fa2.backward(q, k, v, out, lse, grad_out, causal=causal, scale=scale, gproj=self.gproj,
+                                   fp32_backward=self.fp32_backward)
+
+    def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        from . import triton_fa2
+
+        self._no_bias(attn_bias)
+        self.require(q.device)
+        return triton_fa2.triton_attention(q, k, v, causal=causal, scale=scale, gproj=self.gproj,
+                                           fp32_backward=self.fp32_backward)
+
+
+def _build_triton(options, **kw):
+    if kw or not options or options[0] != "fa2":
+        raise ValueError("triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd]")
+    flags = set(options[1:])
+    unknown = flags - {"gproj_dq", "gproj_dq_dk", "fp32_bwd"}
+    if unknown or {"gproj_dq", "gproj_dq_dk"} <= flags:
+        raise ValueError(f"options of triton:fa2 are one of gproj_dq/gproj_dq_dk and fp32_bwd, got {options[1:]}")
+    gproj = "dq_dk" if "gproj_dq_dk" in flags else "dq" if "gproj_dq" in flags else "off"
+    return TritonKernel(gproj, "fp32_bwd" in flags)
+
+
 def _build_impl(family):
     return lambda options, **kw: ImplKernel(AttentionImpl.from_options(family, options), **kw)
 
@@ -94,6 +153,9 @@ register("reference", _build_impl("reference"), doc="unblocked attention under a
          examples=("reference:fp32", "reference:fa2_bf16"))
 register("golden", _build_golden, doc="fp64 attention and its exact gradients", examples=("golden",))
 register("textbook", _build_textbook, doc="the unguarded textbook formula", examples=("textbook:fp32",))
+register("triton", _build_triton, doc="our FlashAttention-2 Triton kernel, GProj as a switch",
+         examples=("triton:fa2", "triton:fa2:gproj_dq", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd"))
+register("flex", _flex.build, doc="FlexAttention compiled with torch.compile (CUDA)", examples=("flex",))
 register("sdpa", _sdpa.build, doc="PyTorch SDPA pinned to one backend",
          examples=tuple(f"sdpa:{b}" for b in _sdpa.BACKENDS))
 
@@ -119,7 +181,7 @@ def reference(policy="fp32", **options) -> ImplKernel:
 
 
 __all__ = ["FAULTS", "FIXES", "FP32_BACKWARD", "GPROJ_MODES", "Attention", "AttentionImpl", "GoldenKernel",
-           "ImplKernel", "Kernel", "KernelUnavailable", "TextbookKernel", "as_kernel", "causal_mask",
+           "ImplKernel", "Kernel", "KernelUnavailable", "TextbookKernel", "TritonKernel", "as_kernel", "causal_mask",
            "default_scale", "emulator", "families", "flash_attention", "flash_attention_backward", "get",
            "golden_attention", "golden_attention_backward", "impl_kernel", "make_fault", "model_kernel", "names",
            "reference", "reference_attention", "register", "textbook_attention", "with_fix"]
