@@ -289,19 +289,18 @@ def train_runs(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, runs: d
     ds = xr.concat(records, dim="run", join="outer")
     ds = ds.rename({name: f"train_{name}" for name in ds.data_vars})
     ds["run_attention"] = ("run", [as_kernel(kernel).name for kernel in runs.values()])
-    ds["run_attention"].attrs.update(units="1", long_name="attention kernel of every layer (registry name)")
     return ds, results
 
 
-def describe_training_records(ds: xr.Dataset, *tables) -> xr.Dataset:
-    """CF attributes of training records (``train_*``), the diagnostic's (``diag_*``, ``live_*``)
-    and of any further study ``tables``."""
+def record_variables() -> dict[str, tuple[str, str]]:
+    """CF units and long_name of training records (``train_*``) and of the FP32-recompute
+    diagnostic's records (``diag_*`` at checkpoints, ``live_*`` during training), for the writer."""
     from .diagnostics import ATTRS as DIAG_ATTRS
-    from .ncio import describe
 
-    diag = {f"diag_{k}": v for k, v in DIAG_ATTRS.items()}
-    live = {f"live_{k}": (u, f"{name} (training batch, during training)") for k, (u, name) in DIAG_ATTRS.items()}
-    live["live_grad_norm_total"] = ("1", "global gradient norm of the training step the diagnostic ran on")
-    live["live_spike"] = ("1", "1 if the diagnostic ran because the gradient norm spiked, else 0 (periodic)")
-    train = {f"train_{k}": v for k, v in ATTRS.items()}
-    return describe(ds, *tables, diag, live, train, ATTRS)
+    table = {f"diag_{k}": v for k, v in DIAG_ATTRS.items()}
+    table.update({f"live_{k}": (u, f"{name} (training batch, during training)") for k, (u, name) in DIAG_ATTRS.items()})
+    table["live_grad_norm_total"] = ("1", "global gradient norm of the training step the diagnostic ran on")
+    table["live_spike"] = ("1", "1 if the diagnostic ran because the gradient norm spiked, else 0 (periodic)")
+    table.update({f"train_{k}": v for k, v in ATTRS.items()})
+    table["run_attention"] = ("1", "attention kernel of every layer (registry name)")
+    return table

@@ -37,14 +37,13 @@ from ..kernels import FAULTS, default_scale, make_fault
 from ..inputs import FLASHINFER_TARGET_LOGITS, AttentionInputs, make_inputs, mask_to_bias
 from ..metrics import (finite_error_summary, finiteness_counts, rel_l2_error, row_rel_l2_max, scaled_max_error,
                        zero_rows)
-from ..ncio import describe
 from ..precision import FORMATS, get_policy, min_subnormal, policy_for
 
 KERNELS = ("reference", "flash")
 POLICY_FAMILIES = ("all", "fa2")
 MASKED_V_SHIFT = 100.0  # added to V of masked keys to see whether they influence the output
 
-ATTRS = {
+VARIABLES = {
     # family sweep
     "nan_where_golden_finite": ("1", "output entries that are NaN where the golden output is finite"),
     "inf_where_golden_finite": ("1", "output entries that are +-inf where the golden output is finite"),
@@ -104,10 +103,6 @@ ATTRS = {
     "det_miss_rate": ("1", "fraction of faulty outputs in a worst-row error bin that the rule accepts"),
     "det_error_bin_count": ("1", "number of faulty outputs (that changed) in a worst-row error bin"),
 }
-
-
-def with_attrs(ds: xr.Dataset) -> xr.Dataset:
-    return describe(ds, ATTRS)
 
 
 class ExceptionLog:

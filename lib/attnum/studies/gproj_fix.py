@@ -39,7 +39,7 @@ from ..cost import cost_table
 from ..kernels import FIXES, AttentionImpl, with_fix
 from ..metrics import ds_row_sums, gradient_errors, output_errors
 from ..operands import REGIMES, golden_values, mechanism_operands, regime_operands
-from ..training import describe_training_records, torch_threads, train_runs
+from ..training import record_variables, torch_threads, train_runs
 
 SEED004_DQ_ERR_BEFORE = 2.19  # [src] seed 004: median relative dQ error before GProj
 SEED004_DQ_ERR_AFTER = 0.0034  # [src] seed 004: after GProj
@@ -70,6 +70,13 @@ ATTRS = {
 }
 
 
+VARIABLES = {**record_variables(), **ATTRS, **{f"{prefix}{name}": entry for prefix in ("grid_", "regime_")
+                                               for name, entry in ATTRS.items()},
+             "sharpness": ("1", "factor multiplying q (attention sharpness)"),
+             "mu_norm": ("1", "norm of the vector mu added to every key")}
+"""CF units and long_name of every variable the study writes (applied by ``ncio.write_results``)."""
+
+
 def base_impl(block_q: int, block_k: int) -> AttentionImpl:
     """Seed 004's kernel: BF16 FlashAttention-3 (FA2 policy ``fa2_bf16``, fused scale-max)."""
     return AttentionImpl("emulator", "fa2_bf16", block_q=block_q, block_k=block_k, fused_scale_max=True)
@@ -92,13 +99,6 @@ def fix_errors(q, k, v, do, kernel, gold: dict) -> dict[str, float]:
     res["dq_err_exact_delta"] = gradient_errors((dq_exact_delta,), (gold["dq"],))["dq_err"]
     res["zero_rows"] = torch.isneginf(lse).double().mean().item()
     return res
-
-
-def _describe(ds: xr.Dataset, prefix: str) -> xr.Dataset:
-    for name in ds.data_vars:
-        units, long_name = ATTRS[name.removeprefix(prefix)]
-        ds[name].attrs.update(units=units, long_name=long_name)
-    return ds
 
 
 def fix_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, fixes=tuple(FIXES), block_q: int = 64,
@@ -125,11 +125,7 @@ def fix_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, fixes=tuple(FIX
               "seq_len": list(seq_lens), "head_dim": list(head_dims), "seed": list(seeds)}
     ds = xr.Dataset({f"grid_{m}": (dims, data[m]) for m in GRAD_ERROR_METRICS}, coords=coords)
     ds["grid_max_prob"] = (dims[1:], max_prob)
-    ds = _describe(ds, "grid_")
     ds["fix_description"] = ("fix", [FIXES[fix].description for fix in fixes])
-    ds["fix_description"].attrs.update(units="1", long_name=ATTRS["fix_description"][1])
-    ds["sharpness"].attrs.update(long_name="factor multiplying q (attention sharpness)", units="1")
-    ds["mu_norm"].attrs.update(long_name="norm of the vector mu added to every key", units="1")
     return ds
 
 
@@ -152,7 +148,7 @@ def regime_comparison(seq_len: int, head_dim: int, seeds, *, fixes=tuple(FIXES),
                     data[metric][r, i, s] = res[metric]
     coords = {"regime": list(REGIMES), "fix": list(fixes), "seed": list(seeds)}
     ds = xr.Dataset({f"regime_{m}": (("regime", "fix", "seed"), data[m]) for m in GRAD_ERROR_METRICS}, coords=coords)
-    return _describe(ds, "regime_")
+    return ds
 
 
 def emulator_seconds(fixes, seq_len: int, head_dim: int, *, block_q: int = 64, block_k: int = 64,
@@ -180,7 +176,7 @@ def emulator_seconds(fixes, seq_len: int, head_dim: int, *, block_q: int = 64, b
     ds = xr.Dataset({"emul_forward_seconds": ("fix", fwd), "emul_backward_seconds": ("fix", bwd)},
                     coords={"fix": list(fixes)})
     ds.attrs.update(timing_seq_len=seq_len, timing_head_dim=head_dim)
-    return _describe(ds, "")
+    return ds
 
 
 def fix_costs(fixes, *, seq_len: int, head_dim: int, block: int, causal: bool, timing_seq_len: int,
@@ -200,7 +196,7 @@ def fix_training(task, model_cfg, train_cfg, *, baseline: AttentionImpl, fixes, 
     BF16 flash emulator as it is)."""
     runs = {"fp32": baseline, **fix_kernels(fixes, block, block, stable_beta)}
     records, _ = train_runs(task, model_cfg, train_cfg, runs, device=device, progress=progress)
-    return describe_training_records(records)
+    return records
 
 
 # -- tables ---------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from ..metrics import ds_row_sums, gradient_errors, output_errors
 from ..model import GPTConfig, add_key_offset
 from ..operands import REGIMES, golden_values, mechanism_operands, regime_operands, unit_vector
 from ..precision import get_policy
-from ..training import describe_training_records, load_checkpoint, torch_threads
+from ..training import load_checkpoint, record_variables, torch_threads
 
 FA2_BF16 = get_policy("fa2_bf16")
 FP32 = get_policy("fp32")
@@ -82,8 +82,12 @@ ATTRS = {
 }
 
 
-def with_attrs(ds: xr.Dataset) -> xr.Dataset:
-    return describe_training_records(ds, ATTRS)
+VARIABLES = {**record_variables(), **ATTRS,
+             "sharpness": ("1", "factor multiplying q (attention sharpness)"),
+             "mu_norm": ("1", "norm of the vector mu added to every key"),
+             "offset_norm": ("1", "norm of the common key offset added to every head"),
+             "checkpoint": ("1", "optimizer updates before the checkpoint")}
+"""CF units and long_name of every variable the study writes (applied by ``ncio.write_results``)."""
 
 
 def variant_kernel(name: str, block_q: int, block_k: int) -> kernels.Kernel:
@@ -150,8 +154,6 @@ def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=
     ds["mech_max_prob"] = (dims[1:], max_prob)
     ds["mech_dq_norm"] = (dims[1:], dq_norm)
     ds["variant_description"] = ("variant", [KERNEL_VARIANTS[v][3] for v in variants])
-    ds["sharpness"].attrs.update(long_name="factor multiplying q (attention sharpness)", units="1")
-    ds["mu_norm"].attrs.update(long_name="norm of the vector mu added to every key", units="1")
     return ds
 
 
@@ -221,8 +223,6 @@ def checkpoint_diagnostics(result, model_cfg: GPTConfig, batch, offset_norms, *,
             parts.append(diag.expand_dims(checkpoint=[step], offset_norm=[float(norm)]))
     ds = xr.combine_by_coords(parts, combine_attrs="drop_conflicts")
     ds = ds.rename({name: f"diag_{name}" for name in ds.data_vars})
-    ds["offset_norm"].attrs.update(long_name="norm of the common key offset added to every head", units="1")
-    ds["checkpoint"].attrs.update(long_name="optimizer updates before the checkpoint")
     return ds
 
 

@@ -18,7 +18,6 @@ from .. import acceptance
 from ..inputs import normal_qkv
 from .. import kernels
 from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, row_rel_l2, strata_bounds
-from ..ncio import describe
 from ..precision import min_normal, policy_for, round_to
 
 KERNELS = ("reference", "flash")
@@ -26,7 +25,7 @@ FAMILIES = ("all", "fa2")
 ERROR_METRICS = ("max_abs", "mean_abs", "rel_l2", "max_rel", "max_ulp")
 SELF_CHECK_MAX_LEN = 2048  # the golden self-check (two chunkings) costs a second golden run
 
-ATTRS = {
+VARIABLES = {
     "max_abs_err": ("1", "max |O - O_golden| over all elements"),
     "mean_abs_err": ("1", "mean |O - O_golden|"),
     "rel_l2_err": ("1", "relative L2 error ||O - O_golden|| / ||O_golden||"),
@@ -54,10 +53,6 @@ ATTRS = {
     "attribution_query_rows": ("1", "query rows evaluated per input set in the attribution experiment"),
     "causal_seq_len": ("1", "sequence length of the causal position-stratified experiment"),
 }
-
-
-def with_attrs(ds: xr.Dataset) -> xr.Dataset:
-    return describe(ds, ATTRS)
 
 
 def _inputs(fmt, seq_len, seed, batch, heads, head_dim, device):

@@ -35,7 +35,6 @@ from tqdm.auto import tqdm
 from .. import drift
 from ..kernels import model_kernel
 from ..model import GPTConfig
-from ..ncio import describe
 from ..tasks import Task
 from ..training import ATTRS as TRAIN_ATTRS
 from ..training import TrainConfig, train
@@ -175,21 +174,20 @@ def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, p
     ds["run_seed_offset"] = ("run", [specs[r].seed_offset for r in ds["run"].values])
     ds["run_perturbation"] = ("run", [specs[r].perturbation for r in ds["run"].values])
     ds = xr.merge([ds, attention_correlations(ds)], compat="no_conflicts")
-    ds["seed"].attrs.update(long_name="initialisation seed of the pair's reference run")
-    return with_attrs(ds)
+    return ds
 
 
 def training_records(records: list[xr.Dataset]) -> xr.Dataset:
     """The trainer's records of every run and seed (dims run, seed, train_step[, layer])."""
     ds = xr.combine_by_coords(records, combine_attrs="drop_conflicts").rename(step="train_step")
     ds = ds.rename({name: f"train_{name}" for name in ds.data_vars})
-    ds["train_step"].attrs.update(long_name="optimizer updates before the recorded forward and backward")
     return ds
 
 
-def with_attrs(ds: xr.Dataset) -> xr.Dataset:
-    train = {f"train_{k}": v for k, v in TRAIN_ATTRS.items()}
-    return describe(ds, ATTRS, drift.ATTRS, train)
+VARIABLES = {**ATTRS, **drift.ATTRS, **{f"train_{k}": v for k, v in TRAIN_ATTRS.items()},
+             "seed": ("1", "initialisation seed of the pair's reference run"),
+             "train_step": ("1", "optimizer updates before the recorded forward and backward")}
+"""CF units and long_name of every variable the study writes (applied by ``ncio.write_results``)."""
 
 
 # -- aggregates, rates, ratios --------------------------------------------------------------------
