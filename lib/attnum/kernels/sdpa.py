@@ -77,3 +77,57 @@ def build(options: list[str], **keywords) -> SdpaKernel:
     if len(options) != 1:
         raise ValueError(f"name one backend: sdpa:<backend> with backend in {list(BACKENDS)}")
     return SdpaKernel(options[0])
+
+
+MASKS = ("none", "causal", "additive", "boolean")
+
+
+def probe(device="cuda", dtypes=("bf16", "fp16", "fp32"), head_dims=(64, 128, 256), masks=MASKS,
+          seq_len: int = 256, backward: bool = True) -> list[dict]:
+    """What each pinned backend accepts on ``device``, as data: one record per (backend, dtype,
+    head_dim, mask) with ``forward`` / ``backward`` "ok" or the refusal's message. Nothing falls
+    back: a refusal is PyTorch's "No available kernel" under a single pinned backend."""
+    from ..precision import FORMATS
+
+    records = []
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for backend in BACKENDS:
+        kernel = SdpaKernel(backend)
+        reason = kernel.unavailable_reason(device)
+        for fmt in dtypes:
+            for d in head_dims:
+                q, k, v = (torch.randn(1, 2, seq_len, d, generator=gen).to(device=device, dtype=FORMATS[fmt])
+                           for _ in range(3))
+                for mask in masks:
+                    rec = {"backend": backend, "dtype": fmt, "head_dim": d, "mask": mask}
+                    if reason:
+                        rec.update(forward=f"unavailable: {reason}", backward=f"unavailable: {reason}")
+                        records.append(rec)
+                        continue
+                    bias = None
+                    if mask == "additive":
+                        bias = torch.zeros(1, 1, seq_len, seq_len, device=device, dtype=q.dtype)
+                        bias[..., :, seq_len // 2:] = float("-inf")
+                    leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
+                    try:
+                        if mask == "boolean":  # SDPA's boolean mask: True = take part
+                            from torch.nn.attention import sdpa_kernel
+
+                            keep = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
+                            with sdpa_kernel([_backend(backend)]):
+                                out = F.scaled_dot_product_attention(*leaves, attn_mask=keep)
+                        else:
+                            out = kernel.differentiable(*leaves, causal=mask == "causal", attn_bias=bias)
+                        rec["forward"] = "ok"
+                    except (BackendRefused, RuntimeError) as exc:
+                        rec.update(forward=str(exc)[:400], backward="no forward")
+                        records.append(rec)
+                        continue
+                    if backward:
+                        try:
+                            out.float().sum().backward()
+                            rec["backward"] = "ok"
+                        except RuntimeError as exc:
+                            rec["backward"] = str(exc)[:400]
+                    records.append(rec)
+    return records
