@@ -243,38 +243,20 @@ def _type_ok(value, type_name: str) -> bool:
     return isinstance(value, TYPES[type_name])
 
 
-def _kernel_problem(name) -> str | None:
-    """None if ``name`` names a kernel; otherwise why not.
-
-    Asks ``attnum.kernels.get`` (the registry; imported lazily), and, for the
-    implementation strings the notebooks' parameters use (``flash:fa2_bf16:fused``,
-    ``sdpa``), ``AttentionImpl.parse``; a name either accepts is a kernel.
-    """
+def _kernel_problem(name, device: str = "cpu") -> str | None:
+    """None if ``name`` names a kernel of the registry (``attnum.kernels.get``); otherwise why not.
+    A kernel of your own (``package.module:function``) must also run a tiny input on ``device``."""
     if not isinstance(name, str):
         return f"a kernel name is a string, got {type(name).__name__}"
-    problems = []
+    from . import kernels
+
     try:
-        from . import kernels
-    except ImportError as exc:  # the registry is not there (yet): hook, see the module docstring
-        kernels = None
-        problems.append(f"attnum.kernels cannot be imported ({exc})")
-    get = getattr(kernels, "get", None)
-    if get is not None:
-        try:
-            get(name)
-            return None
-        except (ValueError, KeyError) as exc:
-            problems.append(str(exc))
-    parse = getattr(getattr(kernels, "AttentionImpl", None), "parse", None)
-    if parse is not None:
-        try:
-            parse(name)
-            return None
-        except (ValueError, KeyError) as exc:
-            problems.append(str(exc))
-    if get is None and parse is None:
-        return None  # nothing to ask: the notebook will tell
-    return "; ".join(problems)
+        kernel = kernels.get(name)
+    except ValueError as exc:
+        return str(exc)
+    if isinstance(kernel, kernels.CallableKernel) or name.split(":")[0] not in kernels.families():
+        return kernels.check_runs(kernel, device)
+    return None
 
 
 def _check_scalar(key: str, value, rule: dict, what: str = "") -> None:

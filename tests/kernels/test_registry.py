@@ -141,3 +141,35 @@ def test_entry_checks_refuse_empty_sizes_bad_scales_and_a_wrong_lse():
     out, lse = flash_attention(q, k, v, "fp32")
     with pytest.raises(ValueError, match="lse has shape"):
         flash_attention_backward(q, k, v, out, lse[:, :1], torch.ones_like(out), "fp32")
+
+
+# -- bring your own kernel ------------------------------------------------------------------------
+
+def test_a_plain_function_of_your_own_is_a_kernel_named_after_it():
+    kernel = kernels.get("byo_kernel_example:sdpa_math")
+    assert isinstance(kernel, kernels.CallableKernel) and kernel.name == "byo_kernel_example:sdpa_math"
+    assert kernels.check_runs(kernel) is None
+    q, k, v = _qkv()
+    do = torch.randn_like(q)
+    out, lse = kernel.forward(q, k, v, causal=True)
+    assert lse is None  # a plain function stores none: none is invented
+    assert torch.equal(out, kernels.get("sdpa:math").forward(q, k, v, causal=True)[0])
+    expected = kernels.get("sdpa:math").backward(q, k, v, do, causal=True)
+    assert all(torch.equal(a, b) for a, b in zip(kernel.backward(q, k, v, do, causal=True), expected))
+
+
+def test_a_kernel_class_of_your_own_keeps_its_interface():
+    kernel = kernels.get("byo_kernel_example:Doubled")
+    q, k, v = _qkv()
+    assert kernel.name == "byo_kernel_example:Doubled" and kernel.forward(q, k, v)[1].shape == q.shape[:-1]
+
+
+def test_kernels_of_your_own_are_checked_before_a_run():
+    with pytest.raises(ValueError, match="cannot import 'no_such_module_xyz'"):
+        kernels.get("no_such_module_xyz:attention")
+    with pytest.raises(ValueError, match="has no 'missing'"):
+        kernels.get("byo_kernel_example:missing")
+    with pytest.raises(ValueError, match="not a callable"):
+        kernels.get("byo_kernel_example:not_callable")
+    problem = kernels.check_runs(kernels.get("byo_kernel_example:broken"))
+    assert problem and "shape (1, 2, 23, 16)" in problem

@@ -31,7 +31,7 @@ from .faults import FAULTS, make_fault
 from .fixes import FIXES, with_fix
 from .flash import flash_attention
 from .reference import golden_attention, golden_attention_backward, reference_attention, textbook_attention
-from .registry import Kernel, KernelUnavailable, families, get, names, register
+from .registry import CallableKernel, Kernel, KernelUnavailable, check_runs, families, get, names, register
 
 
 class GoldenKernel(Kernel):
@@ -180,7 +180,8 @@ def reference(policy="fp32", **options) -> ImplKernel:
     return ImplKernel(AttentionImpl("reference", policy), **options)
 
 
-__all__ = ["FAULTS", "FIXES", "FP32_BACKWARD", "GPROJ_MODES", "Attention", "AttentionImpl", "GoldenKernel",
+__all__ = ["FAULTS", "FIXES", "FP32_BACKWARD", "GPROJ_MODES", "Attention", "AttentionImpl", "CallableKernel",
+           "GoldenKernel", "check_runs",
            "ImplKernel", "Kernel", "KernelUnavailable", "TextbookKernel", "TritonKernel", "as_kernel", "causal_mask",
            "default_scale", "emulator", "families", "flash_attention", "flash_attention_backward", "get",
            "golden_attention", "golden_attention_backward", "impl_kernel", "make_fault", "model_kernel", "names",

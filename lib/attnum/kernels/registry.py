@@ -12,7 +12,8 @@ A ``Kernel`` computes softmax(Q K^T * scale + mask) V for q, k, v of shape
 
 Every kernel has a short name that the studies, the NetCDF coordinates and the site use:
 ``family[:option...]``, e.g. ``emulator:fa2_bf16:bk128``, ``reference:fp32``, ``golden``,
-``textbook:fp32:no_max``. ``get(name)`` builds the kernel a name stands for; ``names()`` lists
+``textbook:fp32:no_max``, or ``package.module:function`` for a kernel of your own
+(``CallableKernel``). ``get(name)`` builds the kernel a name stands for; ``names()`` lists
 an example of every family, including kernels that cannot run on this machine: those answer
 ``unavailable_reason(device)`` with a sentence saying why, and refuse to run with
 ``KernelUnavailable``.
@@ -103,15 +104,96 @@ def names() -> list[str]:
     return [example for family in _FAMILIES.values() for example in family.examples]
 
 
+class CallableKernel(Kernel):
+    """Bring your own kernel: ``package.module:function`` names an importable callable.
+
+    The callable is either a ``Kernel`` (an instance, or a class or factory taking no arguments
+    that returns one), used as it is, or a plain attention function with the signature of
+    ``scaled_dot_product_attention``: ``f(q, k, v, is_causal=..., attn_mask=..., scale=...)``
+    returning the output. A plain function gives no log-sum-exp, and its backward is autograd
+    through it. Either way the kernel carries its own name, ``package.module:function``.
+    """
+
+    gives_lse = False
+
+    def __init__(self, name: str, fn):
+        self.name, self.fn = name, fn
+
+    def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        return self.fn(q, k, v, is_causal=causal, attn_mask=attn_bias, scale=scale)
+
+    def forward(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        with torch.no_grad():
+            return self.differentiable(q, k, v, causal=causal, attn_bias=attn_bias, scale=scale), None
+
+
+def _import_callable(name: str) -> Kernel:
+    import importlib
+
+    module_name, _, attr = name.partition(":")
+    if not attr or ":" in attr:
+        raise ValueError(f"a kernel of your own is named 'package.module:function', got {name!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import {module_name!r} for kernel {name!r}: {exc}") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise ValueError(f"module {module_name!r} has no {attr!r} (kernel {name!r})")
+    if isinstance(fn, Kernel):
+        kernel = fn
+    elif isinstance(fn, type) and issubclass(fn, Kernel):
+        kernel = fn()
+    elif callable(fn):
+        kernel = CallableKernel(name, fn)
+    else:
+        raise ValueError(f"{name!r} is a {type(fn).__name__}, not a callable or a Kernel")
+    if not kernel.name:
+        kernel.name = name
+    return kernel
+
+
+def check_runs(kernel: Kernel, device="cpu", dtype=torch.float32) -> str | None:
+    """None when ``kernel`` runs forward and backward on a tiny input on ``device`` and returns
+    the right shapes and finite values; otherwise what went wrong (checked before a study runs)."""
+    reason = kernel.unavailable_reason(device)
+    if reason:
+        return reason
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 24, 16, generator=gen).to(device=device, dtype=dtype) for _ in range(4))
+    try:
+        out, lse = kernel.forward(q, k, v, causal=True)
+        if tuple(out.shape) != tuple(q.shape) or not torch.isfinite(out).all():
+            return (f"its output on a tiny input has shape {tuple(out.shape)} (want {tuple(q.shape)}) "
+                    "or non-finite values")
+        if lse is not None and tuple(lse.shape) != tuple(q.shape[:-1]):
+            return f"its log-sum-exp has shape {tuple(lse.shape)}, want {tuple(q.shape[:-1])}"
+        grads = kernel.backward(q, k, v, do, causal=True)
+    except Exception as exc:  # a user's kernel may raise anything: report it, before the study runs
+        return f"it failed on a tiny input (1, 2, 24, 16) on {device}: {type(exc).__name__}: {exc}"
+    if [tuple(g.shape) for g in grads] != [tuple(t.shape) for t in (q, k, v)]:
+        return f"its gradients have shapes {[tuple(g.shape) for g in grads]}"
+    return None
+
+
 def get(name: str, **keywords) -> Kernel:
     """The kernel ``name`` stands for. ``keywords`` are options a family takes beyond its name
-    (the emulator's ``fault`` and ``mask_fill``, the reference's ``query_chunk``)."""
+    (the emulator's ``fault`` and ``mask_fill``, the reference's ``query_chunk``). A name whose
+    first part is a dotted module path (``package.module:function``) imports your own kernel."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a kernel name is a non-empty string like 'emulator:fa2_bf16:bk128', got {name!r}")
     family, *options = name.split(":")
     if family not in _FAMILIES:
+        if len(options) == 1 and family.replace(".", "").replace("_", "").isalnum():
+            if keywords:
+                raise ValueError(f"a kernel of your own takes no options, got {sorted(keywords)}")
+            try:
+                return _import_callable(name)
+            except ValueError as exc:
+                raise ValueError(f"unknown kernel {name!r}: no family {family!r} (families: {sorted(_FAMILIES)}), "
+                                 f"and not a kernel of your own: {exc}") from None
         raise ValueError(f"unknown kernel {name!r}: no family {family!r}; families: {sorted(_FAMILIES)} "
-                         f"(examples: {names()})")
+                         f"(examples: {names()}), or 'package.module:function' for a kernel of your own")
     try:
         return _FAMILIES[family].build(options, **keywords)
     except (ValueError, TypeError) as exc:
