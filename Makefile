@@ -23,8 +23,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
+# one Dask task per study: WORKERS=N worker processes (default: the cores, 2 here), GPUS=N pinned GPU workers,
+# ATTNUM_DASK_SCHEDULER=tcp://host:8786 an existing cluster (README: Batches on Dask)
 reproduce: $(STAMP)
-	$(PY) -m attnum run-all --params $(PARAMS)
+	$(PY) -m attnum run-all --params $(PARAMS) $(if $(WORKERS),--workers $(WORKERS)) $(if $(GPUS),--gpus $(GPUS))
 	$(PY) -m attnum publish
 
 test: $(STAMP)
@@ -35,8 +37,8 @@ lab: $(STAMP)
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
 sweep: $(STAMP)
-	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default]"; exit 2; }
-	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)'
+	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default] [WORKERS=2] [GPUS=0]"; exit 2; }
+	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)' $(if $(WORKERS),--workers $(WORKERS)) $(if $(GPUS),--gpus $(GPUS))
 
 publish: $(STAMP)
 	$(PY) -m attnum publish
