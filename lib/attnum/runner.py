@@ -800,6 +800,46 @@ def _lab_folder(study: str) -> Path:
     raise RunError(f"cannot make a new lab folder under {base}")
 
 
+PAPERMILL_MARK = "# Parameters"  # the first line of the cell papermill injects (its Python translator)
+
+
+def injected_parameter_names(namespace: dict) -> list[str]:
+    """The names papermill's injected-parameters cell assigned in this kernel, in order ([] if none).
+
+    papermill puts the values it is given (``-p``, ``-y``, ``parameters=``) in a cell of its own,
+    ``# Parameters`` then one assignment per name, right after the notebook's ``parameters`` cell;
+    unknown names are injected too (it only warns). IPython's input history (``In`` / ``_ih`` of the
+    namespace) holds the sources of executed cells; the latest such cell is the injected one.
+    """
+    history = namespace.get("In") or namespace.get("_ih") or []
+    for source in reversed(list(history) if isinstance(history, (list, tuple)) else []):
+        if not isinstance(source, str) or not source.lstrip().startswith(PAPERMILL_MARK):
+            continue
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            return []
+        names = []
+        for node in tree.body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) else []
+            names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
+        return names
+    return []
+
+
+def _progress_to_terminal(study: str, out: Path) -> None:
+    """A run of the runner: progress bars go to the terminal that started the kernel, not the notebook."""
+    from . import progress
+
+    os.environ.setdefault(progress.ENV, "terminal")  # an explicit ATTNUM_PROGRESS (e.g. off) wins
+    try:
+        name = ncio.read_record(out).get("name") or out.name
+    except (ncio.DamagedRunError, OSError, ValueError):
+        name = out.name
+    os.environ[progress.LABEL_ENV] = f"{study}/{name}"
+
+
 def start(study: str, namespace: dict) -> tuple[dict, Path]:
     """The set-up of every study notebook: ``PARAMS, OUT = runner.start(STUDY, globals())``.
 
@@ -807,16 +847,26 @@ def start(study: str, namespace: dict) -> tuple[dict, Path]:
     memory estimate, and returns the parameters and the output folder: the one the
     runner chose, or for a JupyterLab run (``output_dir`` empty) a new folder
     ``outputs/<study>/lab-<timestamp>/`` with its own ``RUN.json``, never another run's.
+
+    Raw papermill refuses what the runner refuses: a name papermill injected that the
+    notebook does not declare (``-p n_sed 3``) raises the runner's "unknown parameter"
+    error here, before any work. In a run of the runner (``output_dir`` set) progress bars
+    are sent to the terminal (``attnum.progress``); in JupyterLab they are widgets.
     """
     names = parameter_names(study)
     missing = [n for n in names if n not in namespace]
     if missing:
         raise ParameterError(f"the notebook of {study!r} does not define parameter(s) {missing}")
+    injected = injected_parameter_names(namespace)
+    undeclared = {n: namespace.get(n) for n in injected if n not in names}
+    if undeclared:
+        check_parameters(study, undeclared)  # raises "unknown parameter ..., allowed parameters: [...]"
     params = {n: namespace[n] for n in names}
     check_parameters(study, params)
     check_machine(study, {k: v for k, v in params.items() if k not in RUNNER_SET})
     if params.get("output_dir"):
         out = Path(params["output_dir"])
+        _progress_to_terminal(study, out)
     else:
         out = _lab_folder(study)
         ncio.write_record(out, {"study": study, "name": out.name, "param_set": "lab", "overrides": {},

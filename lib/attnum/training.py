@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
+from .progress import tqdm
 
 from .diagnostics import recompute_backward_fp32
 from .kernels import as_kernel

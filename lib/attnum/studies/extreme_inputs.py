@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import acceptance
 from .. import kernels

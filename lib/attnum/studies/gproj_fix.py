@@ -32,7 +32,7 @@ import time
 import numpy as np
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import kernels
 from ..cost import cost_table

@@ -29,7 +29,7 @@ import math
 import numpy as np
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import kernels
 from ..diagnostics import recompute_backward_fp32

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 import xarray as xr
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import acceptance
 from ..inputs import normal_qkv

@@ -30,7 +30,7 @@ import math
 import numpy as np
 import xarray as xr
 from scipy import stats as sps
-from tqdm.auto import tqdm
+from ..progress import tqdm
 
 from .. import drift
 from ..kernels import model_kernel
