@@ -6,6 +6,7 @@ import pytest
 
 from attnum import ncio, runner
 from attnum.publish import publish
+from attnum.studies import length_scaling as study
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +75,21 @@ def test_sweep_writes_one_folder_per_point_and_runs_merge_by_coordinates(tmp_pat
     assert np.isfinite(merged["rel_l2_err"]).all()
     # runs differ in their parameters: the merge must not pretend they share the first run's
     assert "parameters" not in merged.attrs
+
+
+def test_real_kernel_sweep_records_refusals_and_finds_the_emulator_in_itself():
+    # an emulator configuration, taken as a "real" kernel, must be reproduced bit for bit by that configuration
+    ds = study.real_kernel_sweep(["emulator:fa2_bf16:bk32:bq128", "sdpa:math", "sdpa:cudnn"], [64, 96], ["bf16"],
+                                 [16], [False, True], [0], block_ks=(32, 64), progress=False)
+    bits = ds["real_bitwise_equal"].sel(real_kernel="emulator:fa2_bf16:bk32:bq128")
+    assert (bits.sel(fidelity_config="bk32") == 1).all()
+    assert (ds["real_error_corr"].sel(real_kernel="emulator:fa2_bf16:bk32:bq128", fidelity_config="bk32") > 0.999).all()
+    assert float(bits.sel(fidelity_config="bk64").min()) < 1  # another key block rounds differently
+    best = study.best_fidelity(ds)
+    assert set(best[best["kernel"] == "emulator:fa2_bf16:bk32:bq128"]["best emulator config"]) == {"bk32"}
+    status = ds["real_status"].sel(real_kernel="sdpa:cudnn").values.ravel()
+    assert all(s.startswith("unavailable:") and "CUDA" in s for s in status)
+    assert ds["real_rel_l2_err"].sel(real_kernel="sdpa:cudnn").isnull().all()
+    math_err = ds["real_rel_l2_err"].sel(real_kernel="sdpa:math")
+    assert ((math_err > 0) & (math_err < 1e-2)).all()  # bf16 inputs and output: about the unit roundoff
+    assert set(ds["rule"].values) == {"fixed_0.1pct", "dynamic_threshold", "reference_relative"}

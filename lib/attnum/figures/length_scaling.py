@@ -114,3 +114,29 @@ def plot_pass_rates(ds: xr.Dataset):
         if ax is not axes[0][0]:
             ax.set_yticklabels([])
     return fig
+
+
+def plot_real_kernels(ds: xr.Dataset):
+    """Median relative L2 error of each real kernel against N, one panel per (mask, dtype); line
+    style by head dim; the emulator's first fidelity configuration in grey for reference."""
+    from ..plots import loglog_axes, subplots
+
+    causal, dtypes = list(ds["real_causal"].values), list(ds["real_dtype"].values)
+    fig, axes = subplots(len(causal), len(dtypes), sharex=True, sharey=True)
+    styles = ("-", "--", ":", "-.")
+    n = ds["real_seq_len"].values
+    for r, c in enumerate(causal):
+        for col, fmt in enumerate(dtypes):
+            ax = axes[r][col]
+            for h, d in enumerate(ds["real_head_dim"].values):
+                sel = dict(real_causal=c, real_dtype=fmt, real_head_dim=d)
+                emu = ds["real_emulator_rel_l2_err"].sel(sel).isel(fidelity_config=0).median("real_seed")
+                ax.plot(n, emu, styles[h % 4], color="grey", lw=1, label=f"emulator {ds['fidelity_config'].values[0]}, d={d}")
+                for kernel in ds["real_kernel"].values:
+                    y = ds["real_rel_l2_err"].sel(sel).sel(real_kernel=kernel).median("real_seed")
+                    if np.isfinite(y.values).any():
+                        ax.plot(n, y, styles[h % 4], marker="o", ms=3, label=f"{kernel}, d={d}")
+            loglog_axes(ax, ylabel="rel. L2 error vs fp64")
+            ax.set_title(f"{fmt}, {'causal' if c else 'no mask'}")
+    axes[0][-1].legend(fontsize="x-small", loc="best")
+    return fig
