@@ -21,7 +21,12 @@ from .registry import Kernel
 def _compiled():
     from torch.nn.attention.flex_attention import flex_attention
 
-    return torch.compile(flex_attention, dynamic=False)
+    # Every new shape, dtype or mask recompiles; past dynamo's default limit (8) it would fall back to
+    # running eagerly, i.e. to another computation under the same name. Raise the limit instead.
+    for limit in ("cache_size_limit", "recompile_limit"):
+        if hasattr(torch._dynamo.config, limit):
+            setattr(torch._dynamo.config, limit, max(256, getattr(torch._dynamo.config, limit)))
+    return torch.compile(flex_attention)
 
 
 def _block_mask(n_q: int, n_k: int, device):
