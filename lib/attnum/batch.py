@@ -368,6 +368,7 @@ def run_batch(tasks: list[Task], *, outputs=None, workers: int | None = None, sc
 def _run_in_process(tasks, results, base, timeout, threads, progress, log):
     log(f"batch: {len(tasks)} run(s) in this process, one after another, {threads} thread(s) each")
     saved = {var: os.environ.get(var) for var in (*THREAD_VARS, WORKER_ENV)}
+    torch_threads = sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None
     bar = _Progress(len(tasks), progress)
     try:
         for i, (task, result) in enumerate(zip(tasks, results)):
@@ -381,6 +382,8 @@ def _run_in_process(tasks, results, base, timeout, threads, progress, log):
                 os.environ.pop(var, None)
             else:
                 os.environ[var] = value
+        if torch_threads is not None:
+            sys.modules["torch"].set_num_threads(torch_threads)
     return results
 
 

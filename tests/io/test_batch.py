@@ -210,3 +210,29 @@ def test_dry_run_prints_the_plan_and_runs_nothing(outputs, capsys):
     assert "2 run(s) into" in out and out.count("resources=-") == 2
     assert "head_dim=16" in out and "head_dim=32" in out
     assert not outputs.exists()
+
+
+def test_gpu_workers_are_pinned_one_gpu_each_and_gpu_runs_need_one():
+    """--gpus N: worker i sees only GPU i and offers resources GPU=1; a GPU run never goes to a CPU-only cluster."""
+    from distributed import Client
+
+    cluster = batch.start_local_cluster(0, gpus=2)
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+            info = client.scheduler_info(n_workers=-1)["workers"]
+            assert sorted(seen.values()) == ["0", "1"]
+            assert all(w["resources"] == {"GPU": 1} and w["nthreads"] == 1 for w in info.values())
+            assert sorted(str(w["name"]) for w in info.values()) == ["gpu0", "gpu1"]
+    finally:
+        cluster.close()
+    cpu_only = batch.start_local_cluster(1)
+    try:
+        with Client(cpu_only) as client:
+            gpu_task = batch.Task(STUDY, "smoke", {"device": "cuda"}, "smoke__device=cuda", device="cuda")
+            with pytest.raises(batch.BatchError, match="ask for a GPU.*--gpus"):
+                batch.run_batch([gpu_task], client=client, progress=False)
+            assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0  # nothing submitted
+    finally:
+        cpu_only.close()
