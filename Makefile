@@ -14,7 +14,14 @@ GRID ?=
 
 .PHONY: setup reproduce test lab sweep publish bench clean clean-results distclean
 
+# nbstripout as a git filter (.gitattributes): notebooks saved with outputs in JupyterLab are committed
+# without them; --keep-id keeps the cell ids, so the filter leaves committed notebooks byte for byte.
 setup: $(STAMP)
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then \
+	    $(VENV)/bin/nbstripout --install --attributes .gitattributes && \
+	    git config filter.nbstripout.clean '"$(abspath $(PY))" -m nbstripout --keep-id' && \
+	    echo "nbstripout: git filter installed (committed notebooks stay output-free)"; \
+	else echo "not a git checkout: nbstripout filter not installed"; fi
 
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,14 +39,16 @@ reproduce: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# JupyterLab refuses root unless told; containers often run as root.
-lab: $(STAMP)
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks $(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
+# JupyterLab at the project root (outputs/ and outputs/site/ one click away), opened on notebooks/;
+# it refuses root unless told (containers often run as root).
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
 sweep: $(STAMP)
 	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default] [WORKERS=2] [GPUS=0]"; exit 2; }
 	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)' $(if $(WORKERS),--workers $(WORKERS)) $(if $(GPUS),--gpus $(GPUS))
 
+# the site: Sphinx + MyST-NB renders the executed notebooks (never re-runs them) into outputs/site/
 publish: $(STAMP)
 	$(PY) -m attnum publish
 
