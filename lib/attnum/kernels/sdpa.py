@@ -60,6 +60,8 @@ class SdpaKernel(Kernel):
             warnings.simplefilter("always")
             try:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+            except torch.OutOfMemoryError:
+                raise  # not a refusal: the backend took the inputs and ran out of memory
             except RuntimeError as exc:
                 reasons = "; ".join(str(w.message).strip() for w in caught) or "no reason given"
                 raise BackendRefused(f"{self.name} refused q {tuple(q.shape)} {q.dtype}, causal={causal}, "

@@ -366,7 +366,7 @@ def real_kernel_sweep(kernel_names, seq_lens, dtypes, head_dims, causal_modes, s
                 continue
             try:
                 out = kernel.forward(q.to(low), k.to(low), v.to(low), causal=causal)[0]
-            except torch.cuda.OutOfMemoryError as exc:
+            except torch.OutOfMemoryError as exc:
                 torch.cuda.empty_cache()
                 status[kk, a, b, c, i] = f"out of memory: {str(exc).splitlines()[0][:200]}"
                 continue
