@@ -50,7 +50,7 @@ ATTRS = {
     "pair_run_a": ("1", "the pair's reference run (side a)"),
     "pair_run_b": ("1", "the pair's changed run (side b)"),
     "pair_description": ("1", "what the two runs of the pair differ in"),
-    "run_attention": ("1", "attention implementation of every layer of the run"),
+    "run_attention": ("1", "attention kernel of every layer of the run (registry name)"),
     "run_autocast": ("1", "torch.autocast format of everything but the attention kernel (none: fp32)"),
     "run_seed_offset": ("1", "offset added to the initialisation seed"),
     "run_perturbation": ("1", "standard deviation of the perturbation added to every initial weight"),
@@ -169,7 +169,7 @@ def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, p
     ds["pair_run_a"] = ("pair", [table[p][0] for p in pairs])
     ds["pair_run_b"] = ("pair", [table[p][1] for p in pairs])
     ds["pair_description"] = ("pair", [table[p][2] for p in pairs])
-    ds["run_attention"] = ("run", [specs[r].attention for r in ds["run"].values])
+    ds["run_attention"] = ("run", [model_kernel(specs[r].attention, block=model_block).name for r in ds["run"].values])
     ds["run_autocast"] = ("run", [specs[r].autocast for r in ds["run"].values])
     ds["run_seed_offset"] = ("run", [specs[r].seed_offset for r in ds["run"].values])
     ds["run_perturbation"] = ("run", [specs[r].perturbation for r in ds["run"].values])
