@@ -288,6 +288,21 @@ def load_reference_run(name: str = "gpu") -> xr.Dataset | None:
     return open_results(path) if path.exists() else None
 
 
+def committed_real_kernel_runs() -> list[xr.Dataset]:
+    """The committed CUDA runs of this checkout (``outputs/length_scaling/gpu*``) that measured real
+    kernels, shortest lengths first: what a CPU run shows of the kernels it cannot run."""
+    from ..ncio import open_results
+    from ..paths import project_root
+
+    runs = []
+    for path in sorted((project_root() / "outputs" / "length_scaling").glob("gpu*/results.nc")):
+        ds = open_results(path)
+        if "real_rel_l2_err" in ds and "cuda" in ds.attrs.get("device", ""):
+            ds.attrs["run"] = path.parent.name
+            runs.append(ds)
+    return sorted(runs, key=lambda ds: int(ds["real_seq_len"].min()))
+
+
 def long_sequence_table(ds: xr.Dataset, min_len: int = 8192):
     """Median relative L2 error and flash/reference max-abs ratio for N >= ``min_len``."""
     import pandas as pd
