@@ -1,10 +1,11 @@
 """Study 02's library: input families, mask sentinels, injected faults, NaN-aware metrics, the scaled rule."""
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from attnum import acceptance
+from attnum import acceptance, kernels
 from attnum.kernels.faults import FAULTS, make_fault, round_significand
 from attnum.kernels.flash import KernelHooks, flash_attention
 from attnum.inputs import (FLASHINFER_TARGET_LOGITS, INPUT_FAMILIES, make_inputs, mask_to_bias)
@@ -318,3 +319,123 @@ def test_a_kernel_that_raises_is_recorded_and_the_sweeps_go_on(monkeypatch):
     assert sent["sentinel_exception"].sel(mask_handling="fill_-1e4").all()
     assert not sent["sentinel_exception"].sel(mask_handling="fill_-inf").any()
     assert "emulated kernel crash" in log.to_json()
+
+
+# -- real kernels on the same inputs (section 7) ------------------------------------------------
+
+def _real(kernel_names, inputs, masks=("bool", "-inf", "-5e4"), dtypes=("bf16",), n=48, **kw):
+    return study.real_kernel_inputs(kernel_names, inputs, masks, dtypes, n, head_dim=16, progress=False, **kw)
+
+
+def test_real_extra_inputs_put_the_nan_where_they_say_and_the_golden_input_is_clean():
+    inp, gold = study.real_case_inputs("nan_in_masked_key", "bf16", 1, 2, 32, 16, seed=0)
+    assert int(torch.isnan(inp.k).sum()) == 2 and not torch.isnan(inp.q).any() and not torch.isnan(inp.v).any()
+    masked = study.masked_key_columns(inp.mask)
+    assert masked is not None and int(torch.isnan(inp.k[..., masked, :]).sum()) == 2  # in a padding key
+    assert not torch.isnan(gold.k).any() and torch.equal(gold.mask, inp.mask)
+    inp, gold = study.real_case_inputs("inf_in_one_value", "fp16", 1, 1, 32, 16, seed=0)
+    assert gold is inp and inp.mask is None and int(torch.isinf(inp.v).sum()) == 1
+    inp, _ = study.real_case_inputs("scores_near_max", "fp16", 1, 1, 32, 16, seed=0)
+    scaled = (inp.rounded("fp16").q @ inp.rounded("fp16").k.transpose(-1, -2)) / 4.0
+    assert abs(scaled.mean().item() / (0.5 * 65504.0) - 1) < 1e-2
+    with pytest.raises(ValueError, match="unknown real-kernel input"):
+        study.real_case_inputs("no_such_input", "bf16", 1, 1, 32, 16, seed=0)
+
+
+def test_a_cuda_only_kernel_is_recorded_as_unavailable_with_the_registrys_reason():
+    ds = _real(["sdpa:math", "sdpa:cudnn"], ["normal", "fully_masked_rows"])
+    cudnn = ds["real_status"].sel(real_kernel="sdpa:cudnn")
+    applicable = ~cudnn.str.startswith("not applicable")
+    assert bool(cudnn.where(applicable, "unavailable: x").str.startswith("unavailable: ").all())
+    reason = kernels.get("sdpa:cudnn").unavailable_reason("cpu")
+    assert str(cudnn.sel(real_dtype="bf16", real_input="normal", real_mask="none").values) == f"unavailable: {reason}"
+    assert bool(ds["real_rel_l2_err"].sel(real_kernel="sdpa:cudnn").isnull().all())
+    math_status = ds["real_status"].sel(real_kernel="sdpa:math")
+    assert str(math_status.sel(real_dtype="bf16", real_input="normal", real_mask="none").values) == "ok"
+    # an input without a mask runs only under "none", a masked input under every delivery, never "none"
+    assert str(math_status.sel(real_dtype="bf16", real_input="normal", real_mask="bool").values).startswith(
+        "not applicable")
+    assert str(math_status.sel(real_dtype="bf16", real_input="fully_masked_rows", real_mask="none").values).startswith(
+        "not applicable")
+    assert study.real_status_table(ds)["kernel"].unique().tolist() == ["sdpa:cudnn"]
+
+
+def test_a_refusal_is_recorded_as_data_and_the_experiment_goes_on(monkeypatch):
+    from attnum.kernels.sdpa import BackendRefused, SdpaKernel
+
+    real = SdpaKernel.differentiable
+
+    def picky(self, q, k, v, *, bool_mask=None, **kwargs):
+        if bool_mask is not None:
+            raise BackendRefused(f"{self.name} refused a boolean mask (emulated)")
+        return real(self, q, k, v, **kwargs)
+
+    monkeypatch.setattr(SdpaKernel, "differentiable", picky)
+    ds = _real(["sdpa:math", "textbook:fp32"], ["masked_huge_scores", "normal"])
+    status = ds["real_status"].sel(real_dtype="bf16", real_input="masked_huge_scores")
+    assert str(status.sel(real_kernel="sdpa:math", real_mask="bool").values) == \
+        "refused: BackendRefused: sdpa:math refused a boolean mask (emulated)"
+    assert str(status.sel(real_kernel="sdpa:math", real_mask="-inf").values) == "ok"
+    # a kernel with no boolean-mask input is not applicable there, not refused
+    assert str(status.sel(real_kernel="textbook:fp32", real_mask="bool").values).startswith("not applicable: textbook")
+    refused = ds.sel(real_kernel="sdpa:math", real_dtype="bf16", real_input="masked_huge_scores", real_mask="bool")
+    assert np.isnan(float(refused["real_nan_fraction"])) and np.isnan(float(refused["real_rel_l2_err"]))
+    table = study.real_status_table(ds)
+    assert table.loc[table["kernel"] == "sdpa:math", "points"].tolist() == [1]
+    # running out of memory is recorded under its own name, not as a refusal
+    class Hungry(kernels.Kernel):
+        name = "hungry"
+
+        def forward(self, q, k, v, **kwargs):
+            raise torch.OutOfMemoryError("tried to allocate 1 PiB")
+
+    q = torch.randn(1, 1, 16, 8, dtype=torch.bfloat16)
+    out, why = study._real_forward(Hungry(), q, q, q, None, "none")
+    assert out is None and why == "out of memory: tried to allocate 1 PiB"
+    out, why = study._real_forward(kernels.get("sdpa:math"), q, q, q, None, "none")
+    assert why == "ok" and out.dtype == torch.float64
+
+
+def test_fully_masked_rows_give_a_recorded_zero_or_nan_outcome_per_kernel():
+    ds = _real(["sdpa:math", "sdpa:flash", "textbook:fp32"], ["fully_masked_rows"], masks=("bool", "-inf", "-5e4"),
+               dtypes=("bf16", "fp16"))
+    n_masked = ds["real_masked_rows"].sel(real_input="fully_masked_rows")
+    assert float(n_masked.min()) >= 1
+    sub = ds.sel(real_input="fully_masked_rows")
+    for name in ("sdpa:math", "sdpa:flash"):  # PyTorch's convention: 0, no NaN, with bool and -inf masks
+        k = sub.sel(real_kernel=name, real_mask=["bool", "-inf"])
+        assert (k["real_masked_rows_zero"] == n_masked).all() and (k["real_masked_rows_nan"] == 0).all(), name
+        assert (k["real_rows_attend_masked"] == 0).all() and (k["real_nonzero_rows"] == 0).all(), name
+        # a finite sentinel: every fully masked row is finite, not 0, an average over masked keys
+        k = sub.sel(real_kernel=name, real_mask="-5e4")
+        assert (k["real_rows_attend_masked"] == n_masked).all() and (k["real_masked_rows_zero"] == 0).all(), name
+    # the unguarded textbook softmax gives NaN on exactly those rows
+    t = sub.sel(real_kernel="textbook:fp32", real_mask="-inf")
+    assert (t["real_masked_rows_nan"] == n_masked).all() and (t["real_masked_rows_zero"] == 0).all()
+    assert (t["real_nonfinite_where_golden_finite"] > 0).all()
+
+
+def test_pairwise_disagreement_is_zero_against_itself_and_finds_a_different_nan_pattern():
+    ds = _real(["sdpa:math", "sdpa:flash", "textbook:fp32"], ["normal", "fully_masked_rows"], masks=("-inf",))
+    names = list(ds["real_kernel"].values)
+    for name in names:
+        self_pair = ds.sel(real_kernel=name, real_other_kernel=name)
+        ran = self_pair["real_pair_max_abs_diff"].notnull()
+        assert bool(ran.any())
+        assert float(self_pair["real_pair_max_abs_diff"].where(ran).max()) == 0.0
+        assert float(self_pair["real_pair_nonfinite_mismatch"].max()) == 0.0
+        assert float(self_pair["real_pair_zero_row_mismatch"].max()) == 0.0
+    diff = ds["real_pair_max_abs_diff"]
+    assert np.allclose(diff.values, diff.transpose("real_other_kernel", "real_kernel", ...).values, equal_nan=True)
+    assert float(diff.sel(real_kernel="sdpa:math", real_other_kernel="sdpa:flash", real_input="normal",
+                          real_mask="none").max()) > 0  # two backends round differently
+    masked = dict(real_input="fully_masked_rows", real_mask="-inf", real_dtype="bf16")
+    assert float(ds["real_pair_nonfinite_mismatch"].sel(real_kernel="sdpa:math", real_other_kernel="textbook:fp32",
+                                                        **masked)) > 0  # 0 against NaN rows
+    table = study.real_disagreements(ds)
+    assert {("sdpa:math", "textbook:fp32"), ("sdpa:flash", "textbook:fp32")} <= set(
+        zip(table["kernel a"], table["kernel b"]))
+    assert not ((table["kernel a"] == "sdpa:math") & (table["kernel b"] == "sdpa:flash")).any()
+    codes, labels = study.real_outcome_table(ds, "bf16")
+    assert labels.loc["fully_masked_rows | -inf", "textbook:fp32"].startswith("NaN")
+    assert codes.loc["fully_masked_rows | -inf", "sdpa:math"] == 0.0

@@ -173,3 +173,25 @@ def test_kernels_of_your_own_are_checked_before_a_run():
         kernels.get("byo_kernel_example:not_callable")
     problem = kernels.check_runs(kernels.get("byo_kernel_example:broken"))
     assert problem and "shape (1, 2, 23, 16)" in problem
+
+
+def test_sdpa_takes_a_boolean_mask_as_its_own_path_and_it_matches_the_minus_inf_bias():
+    q, k, v = _qkv()
+    keep = torch.ones(40, 40, dtype=torch.bool)
+    keep[:, 30:] = False
+    keep[7] = False  # a fully masked row: PyTorch's convention gives 0
+    bias = torch.zeros(40, 40).masked_fill(~keep, -math.inf)
+    gold, _ = kernels.get("golden").forward(q, k, v, attn_bias=bias)
+    for name in ("sdpa:math", "sdpa:flash"):
+        kernel = kernels.get(name)
+        out, _ = kernel.forward(q, k, v, bool_mask=keep)
+        assert (out.double() - gold).abs().max().item() < 1e-5, name
+        assert bool((out[..., 7, :] == 0).all()), name
+        assert torch.equal(out, kernel.forward(q, k, v, attn_bias=bias)[0]), name
+    with pytest.raises(ValueError, match="not both"):
+        kernels.get("sdpa:math").forward(q, k, v, attn_bias=bias, bool_mask=keep)
+    with pytest.raises(ValueError, match="torch.bool"):
+        kernels.get("sdpa:math").forward(q, k, v, bool_mask=keep.float())
+    # a boolean mask together with is_causal is refused like an additive one, and the message says bool
+    with pytest.raises(BackendRefused, match=r"sdpa:math refused .*mask=bool"):
+        kernels.get("sdpa:math").forward(q, k, v, causal=True, bool_mask=keep)

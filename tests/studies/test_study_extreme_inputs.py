@@ -23,7 +23,7 @@ def test_smoke_run_writes_results_figures_and_record(smoke):
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
     figures = {p.name for p in path.glob("*.png")}
     assert {"sentinels.png", "sentinel_onset.png", "detection.png",
-            "miss_rates.png"} <= figures
+            "miss_rates.png", "real_kernels.png"} <= figures
     assert ds.attrs["headline_figure"] in figures and ds.attrs["study"] == "extreme_inputs"
     assert isinstance(json.loads(ds.attrs["kernel_exceptions"]), list)
     assert int(ds["kernel_exception"].sum()) == 0 and int(ds["det_fault_exception"].sum()) == 0
@@ -101,3 +101,40 @@ def test_detection_tables_have_the_expected_dims_and_obey_what_must_hold(smoke):
             FAULTS[str(fault)].default_severity
     params = json.loads(ds.attrs["parameters"])
     assert params["det_seq_lens"] == [64, 256] and list(ds["det_seq_len"].values) == [64, 256]
+
+
+def test_real_kernel_tables_record_every_kernel_input_and_mask_and_obey_what_must_hold(smoke):
+    _, ds = smoke
+    params = json.loads(ds.attrs["parameters"])
+    dims = ("real_kernel", "real_dtype", "real_input", "real_mask")
+    for var in ("real_status", "real_nan_fraction", "real_zero_rows", "real_rows_attend_masked", "real_rel_l2_err"):
+        assert ds[var].dims == dims, var
+    assert list(ds["real_kernel"].values) == params["real_kernels"] == ["sdpa:flash", "sdpa:math"]
+    assert list(ds["real_input"].values) == params["real_inputs"]
+    assert list(ds["real_mask"].values) == ["none"] + params["real_masks"]
+    assert int(ds["real_seq_len"]) == params["real_seq_len"]
+    status = ds["real_status"]
+    # on a CPU both backends run every applicable point; the rest is marked, never left empty
+    assert bool((status.str.startswith("not applicable") | (status == "ok")).all())
+    masked_inputs = {"masked_huge_scores", "fully_masked_rows", "nan_in_masked_key", "nan_in_masked_value"}
+    for inp in ds["real_input"].values:
+        ran = status.sel(real_input=inp) == "ok"
+        want = ["bool", "-inf", "-5e4", "finfo_min"] if inp in masked_inputs else ["none"]
+        assert sorted(ds["real_mask"].values[ran.all(["real_kernel", "real_dtype"]).values]) == sorted(want), inp
+    # fully masked rows: 0 with a boolean or -inf mask; with finite sentinels not 0 (attending masked keys)
+    fm = ds.sel(real_input="fully_masked_rows")
+    n_masked = fm["real_masked_rows"]
+    exact = fm.sel(real_mask=["bool", "-inf"])
+    assert (exact["real_masked_rows_zero"] == n_masked).all() and (exact["real_masked_rows_nan"] == 0).all()
+    finite = fm.sel(real_mask=["-5e4", "finfo_min"])
+    assert (finite["real_rows_attend_masked"] == n_masked).all()
+    # masked keys scoring 1e5 get no weight under any delivery; finite inputs give no NaN where golden is finite
+    assert float(ds["real_rows_attend_masked"].sel(real_input="masked_huge_scores").max()) == 0
+    for inp in ("normal", "outliers", "sawtooth", "logit_targeted", "masked_huge_scores"):
+        assert float(ds["real_nonfinite_where_golden_finite"].sel(real_input=inp).max()) == 0, inp
+    # the pairs: a kernel against itself differs nowhere
+    for name in ds["real_kernel"].values:
+        self_pair = ds.sel(real_kernel=name, real_other_kernel=name)
+        assert float(self_pair["real_pair_max_abs_diff"].max()) == 0.0
+        assert float(self_pair["real_pair_nonfinite_mismatch"].max()) == 0.0
+        assert float(self_pair["real_pair_zero_row_mismatch"].max()) == 0.0

@@ -152,3 +152,29 @@ def plot_miss_rates(ds: xr.Dataset):
         ax.set_xlabel("sequence length N")
     axes[0][-1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
+
+
+def plot_real_kernels(ds: xr.Dataset):
+    """What each real kernel returned on every input and mask delivery, one panel per input format:
+    green agrees with the golden value's finite-ness, zero rows and masking (text: relative error),
+    red departs (text: how), grey gave no output (text: why); blank: not applicable."""
+    from ..plots import subplots
+    from ..studies.extreme_inputs import real_outcome_table
+
+    dtypes = [str(d) for d in ds["real_dtype"].values]
+    tables = [real_outcome_table(ds, fmt) for fmt in dtypes]
+    n_rows = max((len(codes) for codes, _ in tables), default=1)
+    n_cols = ds.sizes["real_kernel"]
+    fig, axes = subplots(1, len(dtypes), figsize=(len(dtypes) * (2.6 + 1.45 * n_cols) + 1.0, 1.2 + 0.24 * n_rows))
+    for ax, fmt, (codes, labels) in zip(axes[0], dtypes, tables):
+        grey = codes == 0.5
+        _heatmap(ax, codes, cmap="RdYlGn_r", vmin=0, vmax=1, annot=labels, mask=grey.to_numpy(), fontsize=5.5)
+        _heatmap(ax, codes.where(grey), cmap="Greys", vmin=0, vmax=2.5, annot=labels, fontsize=5.5)
+        ax.tick_params(axis="y", labelsize=6)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.xaxis.tick_top()
+        ax.set_title(f"{fmt} inputs, N = {int(ds['real_seq_len'])}, d = {int(ds['real_head_dim'])}",
+                     fontsize="small", pad=14)
+    fig.suptitle("real kernels on extreme inputs and masks: green agrees with fp64 (relative error), red departs, "
+                 "grey no output", fontsize="small")
+    return fig

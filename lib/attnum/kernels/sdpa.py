@@ -51,11 +51,21 @@ class SdpaKernel(Kernel):
             return f"PyTorch's {self.backend} backend exists on CUDA devices only"
         return None
 
-    def differentiable(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None):
+    def differentiable(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None,
+                       bool_mask=None):
+        """``bool_mask``: SDPA's boolean ``attn_mask`` (True: the query may attend the key), given
+        instead of ``attn_bias`` to measure the backend's boolean-mask path; one or the other."""
         from torch.nn.attention import sdpa_kernel
 
         self.require(q.device)
-        mask = None if attn_bias is None else attn_bias.to(q.dtype)
+        if bool_mask is not None:
+            if attn_bias is not None:
+                raise ValueError(f"{self.name}: give attn_bias or bool_mask, not both")
+            if bool_mask.dtype != torch.bool:
+                raise ValueError(f"{self.name}: bool_mask must be a torch.bool tensor, got {bool_mask.dtype}")
+            mask = bool_mask
+        else:
+            mask = None if attn_bias is None else attn_bias.to(q.dtype)
         with sdpa_kernel([_backend(self.backend)]), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
@@ -64,13 +74,16 @@ class SdpaKernel(Kernel):
                 raise  # not a refusal: the backend took the inputs and ran out of memory
             except RuntimeError as exc:
                 reasons = "; ".join(str(w.message).strip() for w in caught) or "no reason given"
+                shown = "none" if mask is None else f"{'bool ' if mask.dtype == torch.bool else ''}{tuple(mask.shape)}"
                 raise BackendRefused(f"{self.name} refused q {tuple(q.shape)} {q.dtype}, causal={causal}, "
-                                     f"mask={'none' if mask is None else tuple(mask.shape)}: {exc} "
+                                     f"mask={shown}: {exc} "
                                      f"[PyTorch's reasons: {reasons}]") from None
 
-    def forward(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None):
+    def forward(self, q, k, v, *, causal: bool = False, attn_bias=None, scale: float | None = None,
+                bool_mask=None):
         with torch.no_grad():
-            return self.differentiable(q, k, v, causal=causal, attn_bias=attn_bias, scale=scale), None
+            return self.differentiable(q, k, v, causal=causal, attn_bias=attn_bias, scale=scale,
+                                       bool_mask=bool_mask), None
 
 
 def build(options: list[str], **keywords) -> SdpaKernel:
