@@ -22,7 +22,8 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     path = smoke_run
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
     assert {"error_vs_offset.png", "row_sums.png", "error_vs_size.png", "training.png", "checkpoint_offsets.png",
-            "tied_maxima.png"} <= {p.name for p in path.glob("*.png")}
+            "tied_maxima.png", "real_vs_emulator.png", "real_correlation.png",
+            "real_diagnostics.png"} <= {p.name for p in path.glob("*.png")}
     ds = ncio.open_results(path / "results.nc")
     params = runner.load_param_set(STUDY, "smoke")
     assert ds["mech_dq_err"].dims == ("variant", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
@@ -37,13 +38,29 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     assert set(range(0, params["steps"], params["diagnose_every"])) <= set(ds["diag_step"].values.tolist())
     assert ds.attrs["headline_figure"] == "error_vs_offset.png" and ds.attrs["study"] == STUDY
     for name, var in ds.data_vars.items():
-        assert var.attrs.get("units") and var.attrs.get("long_name"), name
+        # CF: every variable has a long_name; numbers have units, strings none
+        assert var.attrs.get("long_name") and (var.attrs.get("units") or var.dtype.kind in "OUS"), name
     # what must hold even on the smoke tier
     assert (ds["diag_forward_identical"] == 1).all()
     bf16 = ds["mech_dq_err"].sel(variant="bf16").isel(sharpness=0, seq_len=0, head_dim=0, seed=0).values
     assert np.all(np.diff(bf16) > 0) and bf16[-1] > 20 * bf16[0]
     reference = ds["mech_dq_err"].sel(variant="reference_bf16")
     assert float(reference.max()) < 0.01
+    # the real kernels: the CUDA-only one recorded, the CPU ones measured, the diagnostic on the last checkpoint
+    assert ds["real_kernel"].values.tolist() == params["real_kernels"]
+    assert ds["real_mech_dq_err"].dims == ("real_kernel", "sharpness", "mu_norm", "real_seq_len", "real_head_dim",
+                                           "seed")
+    assert ds["real_mech_dq_err_corr"].dims[:2] == ("real_kernel", "real_variant")
+    status = ds["real_mech_status"]
+    assert str(status.sel(real_kernel="sdpa:cudnn").values.ravel()[0]).startswith("unavailable: ")
+    assert (status.sel(real_kernel=["sdpa:flash", "sdpa:math"]) == "ok").all()
+    assert ds["real_diag_dq_rel_err"].dims == ("real_kernel", "offset_norm", "layer")
+    assert int(ds["real_diag_checkpoint"]) == max(params["checkpoint_steps"])
+    assert (ds["real_diag_forward_identical"].sel(real_kernel=["sdpa:flash", "sdpa:math"]) == 1).all()
+    flash = ds["real_mech_dq_err"].sel(real_kernel="sdpa:flash").isel(sharpness=0, real_seq_len=0, real_head_dim=0,
+                                                                        seed=0).values
+    assert np.all(np.diff(flash) > 0) and flash[-1] > 20 * flash[0]
+    assert float(ds["real_mech_dq_err"].sel(real_kernel="sdpa:math").max()) < 0.01
 
 
 def test_mechanism_grid_isolates_kernel_error():
@@ -77,3 +94,125 @@ def test_regimes_have_tied_maxima_and_offsets():
     assert float(mu.norm()) == pytest.approx(50.0)
     with pytest.raises(ValueError, match="regime"):
         study.regime_operands("ties", 64, 16, seed=0)
+
+
+# -- real kernels (section 8): the mechanism grid and the diagnostic through the registry's kernels ----------
+
+REAL_MUS = [0.0, 100.0, 1000.0, 10000.0]
+
+
+@pytest.fixture(scope="module")
+def real_grid():
+    # the emulator variant "bf16" at these tiles is also passed as a "real" kernel, by its registry name
+    return study.real_mechanism_grid(["sdpa:cudnn", "emulator:fa2_bf16:bk16:bq16", "sdpa:math", "sdpa:flash"],
+                                     [1.0, 16.0], REAL_MUS, [64], [16], [0, 1], variants=["bf16", "bf16_fused"],
+                                     block_q=16, block_k=16, device="cpu", progress=False)
+
+
+def test_real_grid_records_a_cuda_only_kernel_as_unavailable(real_grid):
+    status = real_grid["real_mech_status"]
+    cudnn = str(status.sel(real_kernel="sdpa:cudnn").item())
+    assert cudnn.startswith("unavailable: ") and "CUDA" in cudnn
+    assert np.isnan(real_grid["real_mech_dq_err"].sel(real_kernel="sdpa:cudnn")).all()
+    assert np.isnan(real_grid["real_mech_dq_err_corr"].sel(real_kernel="sdpa:cudnn")).all()
+    assert (status.sel(real_kernel=["sdpa:math", "sdpa:flash"]) == "ok").all()
+    assert np.isfinite(real_grid["real_mech_dq_err"].sel(real_kernel=["sdpa:math", "sdpa:flash"])).all()
+
+
+def test_real_grid_emulator_against_itself(real_grid):
+    same = real_grid.sel(real_kernel="emulator:fa2_bf16:bk16:bq16")
+    np.testing.assert_allclose(same["real_mech_dq_err_corr"].sel(real_variant="bf16"), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(same["real_mech_dq_err"], real_grid["real_mech_emulator_dq_err"].sel(real_variant="bf16"))
+    # the fused variant is another kernel: its correlation drops below 1 where the error is large
+    assert float(same["real_mech_dq_err_corr"].sel(real_variant="bf16_fused").min()) < 0.99
+
+
+def test_sdpa_math_dq_error_stays_small_as_mu_grows(real_grid):
+    math_ = real_grid["real_mech_dq_err"].sel(real_kernel="sdpa:math")
+    emu = real_grid["real_mech_emulator_dq_err"].sel(real_variant="bf16")
+    # measured: 1.5e-3 to 2.0e-3 up to |mu| = 1000, at most 1.6e-2 at |mu| = 1e4 and sharpness 16
+    assert float(math_.sel(mu_norm=[0.0, 100.0, 1000.0]).max()) < 5e-3
+    assert float(math_.max()) < 0.05
+    growth = math_.sel(mu_norm=10000.0, sharpness=1.0) / math_.sel(mu_norm=0.0, sharpness=1.0)
+    assert float(growth.max()) < 2.0
+    assert bool((math_.sel(mu_norm=[100.0, 1000.0, 10000.0]) * 10 < emu.sel(mu_norm=[100.0, 1000.0, 10000.0])).all())
+    # uncorrelated with the emulator's dQ error once mu is there (measured |corr| <= 0.21)
+    corr = real_grid["real_mech_dq_err_corr"].sel(real_kernel="sdpa:math", mu_norm=[100.0, 1000.0, 10000.0])
+    assert float(abs(corr).max()) < 0.3
+
+
+def test_sdpa_flash_on_cpu_shows_the_emulators_dq_growth(real_grid):
+    flash = real_grid["real_mech_dq_err"].sel(real_kernel="sdpa:flash", sharpness=1.0)
+    # measured: 136x and 190x from |mu| = 0 to 1000 (the emulator: 161x, 165x)
+    assert bool((flash.sel(mu_norm=1000.0) > 50 * flash.sel(mu_norm=0.0)).all())
+    assert bool((np.diff(flash.values, axis=0) > 0).all())  # grows at every step of |mu|, every seed
+    corr = real_grid["real_mech_dq_err_corr"].sel(real_kernel="sdpa:flash", real_variant="bf16")
+    assert float(corr.median()) > 0.6 and float(corr.min()) > 0.3  # measured: median 0.80, min 0.47
+    cos = real_grid["real_mech_dq_err_cos_mu"].sel(real_kernel="sdpa:flash", mu_norm=1000.0)
+    assert float(cos.min()) > 0.9
+    dk = real_grid["real_mech_dk_err"].sel(real_kernel="sdpa:flash")
+    assert float(dk.max()) < 0.02  # dK does not grow
+
+
+def test_dq_growth_table(real_grid):
+    table = study.dq_growth(real_grid)
+    row = table.loc[("real: sdpa:flash", 1.0)]
+    assert row["growth"] == pytest.approx(row["dQ err at |mu|=10000"] / row["dQ err at |mu|=0"])
+    assert table.loc[("emulator: bf16", 1.0), "growth"] > 100 > 2 > table.loc[("real: sdpa:math", 1.0), "growth"]
+    assert np.isnan(table.loc[("real: sdpa:cudnn", 1.0), "growth"])
+
+
+@pytest.fixture(scope="module")
+def small_checkpoint():
+    from types import SimpleNamespace
+
+    from attnum import kernels
+    from attnum.model import GPT, GPTConfig
+    from attnum.tasks import Task
+
+    task = Task("induction", context=16, n_symbols=8, data_seed=0, lm_loss=True)
+    cfg = GPTConfig(vocab_size=task.vocab_size, context=16, n_layer=2, n_head=2, d_model=16,
+                    attention=(kernels.model_kernel("emulator:fa2_bf16:fused", block=8),))
+    state = {k: v.clone() for k, v in GPT(cfg, seed=0).state_dict().items()}
+    return SimpleNamespace(checkpoints={0: state}), cfg, task.batch(10 ** 7, 16, "cpu")
+
+
+def test_diagnostic_with_a_real_kernel_as_the_models_attention(small_checkpoint):
+    result, cfg, batch = small_checkpoint
+    ds = study.real_kernel_diagnostics(result, cfg, batch, ["sdpa:flash", "sdpa:math", "sdpa:cudnn"],
+                                       [0.0, 100.0, 1000.0], progress=False)
+    assert ds["real_diag_dq_rel_err"].dims == ("real_kernel", "offset_norm", "layer")
+    assert str(ds["real_diag_status"].sel(real_kernel="sdpa:cudnn").item()).startswith("unavailable: ")
+    assert np.isnan(ds["real_diag_dq_rel_err"].sel(real_kernel="sdpa:cudnn")).all()
+    ran = ds.sel(real_kernel=["sdpa:flash", "sdpa:math"])
+    assert (ran["real_diag_status"] == "ok").all() and (ran["real_diag_forward_identical"] == 1).all()
+    flash = ds["real_diag_dq_rel_err"].sel(real_kernel="sdpa:flash")
+    # fed bf16: BF16 rounding level without an offset (measured 1.9e-3, 2.2e-3), then the growth (to 1.6, 4.8)
+    assert float(flash.sel(offset_norm=0.0).max()) < 1e-2
+    assert bool((flash.sel(offset_norm=1000.0) > 100 * flash.sel(offset_norm=0.0)).all())
+    math_ = ds["real_diag_dq_rel_err"].sel(real_kernel="sdpa:math")
+    assert float(math_.max()) < 1e-2  # measured at most 4.3e-3
+    # the emulated kernel on the same checkpoint, through checkpoint_diagnostics: the same picture as sdpa:flash
+    emulated = study.checkpoint_diagnostics(result, cfg, batch, [0.0, 1000.0], progress=False)
+    ratio = flash.sel(offset_norm=1000.0) / emulated["diag_dq_rel_err"].sel(offset_norm=1000.0, checkpoint=0)
+    assert float(ratio.min()) > 0.5 and float(ratio.max()) < 2.0
+
+
+def test_in_format_feeds_the_kernel_bf16_and_the_recompute_what_it_read():
+    import torch
+
+    from attnum import kernels
+    from attnum.diagnostics import backward_errors
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 24, 16, generator=gen) for _ in range(4))
+    inner = kernels.get("sdpa:flash")
+    wrapped = study.InFormat(inner)
+    out = wrapped(q, k, v, is_causal=True)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, inner(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True).float())
+    assert all(torch.equal(a, b.bfloat16().float()) for a, b in zip(wrapped.read_operands(q, k, v, do), (q, k, v, do)))
+    # in bf16 its gradients carry BF16 rounding; the same SDPA kernel on the fp32 tensors is an fp32 kernel
+    low = backward_errors(q, k, v, do, wrapped, causal=True)
+    fp32 = backward_errors(q, k, v, do, inner, causal=True)
+    assert 1e-4 < low["dq_rel_err"] < 2e-2 and fp32["dq_rel_err"] < 1e-5

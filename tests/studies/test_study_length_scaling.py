@@ -68,7 +68,7 @@ def test_sweep_writes_one_folder_per_point_and_runs_merge_by_coordinates(tmp_pat
             "attribution_seq_lens": [256], "attribution_dtypes": ["bf16"], "attribution_query_rows": 8}
     paths = runner.sweep("length_scaling", {"head_dim": [16, 32]}, "smoke", tiny, outputs=tmp_path,
                          progress=False)
-    assert [p.name.rsplit("__", 1)[-1] for p in paths] == ["head_dim=16", "head_dim=32"]
+    assert [p.name.rsplit("@", 1)[-1] for p in paths] == ["head_dim=16", "head_dim=32"]  # "@" marks sweep points
     merged = ncio.open_study("length_scaling", root=tmp_path)
     assert merged["head_dim"].values.tolist() == [16, 32]
     assert merged["rel_l2_err"].dims[0] == "head_dim"
