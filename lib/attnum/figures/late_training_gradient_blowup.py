@@ -173,3 +173,120 @@ def plot_tied_maxima(ds: xr.Dataset):
         ax.legend(fontsize="xx-small")
     axes[0][0].set_yscale("log")
     return fig
+
+
+REAL_STYLE = {"sdpa:flash": "#d35400", "sdpa:math": "#17202a", "sdpa:efficient": "#b7950b", "sdpa:cudnn": "#76448a",
+              "triton:fa2": "#1f618d", "triton:fa2:gproj_dq": "#48c9b0"}
+
+
+def _real_color(name: str, i: int) -> str:
+    import matplotlib as mpl
+
+    return REAL_STYLE.get(name, mpl.colormaps["tab10"](i % 10))
+
+
+def _ran(da: xr.DataArray) -> bool:
+    return bool(np.isfinite(da.values).any())
+
+
+def plot_real_vs_emulator(ds: xr.Dataset):
+    """Rows: median row error of dQ, dK, dV; one column per sharpness: every real kernel that ran
+    (solid) beside the emulator variants on the same operands (dashed), vs |mu|, at the largest N and
+    the first d of the real-kernel grid, median over seeds."""
+    from ..plots import subplots
+
+    sharp = ds["sharpness"].values
+    at = dict(real_seq_len=int(ds["real_seq_len"][-1]), real_head_dim=int(ds["real_head_dim"][0]))
+    fig, axes = subplots(3, len(sharp), sharex=True, sharey="row", figsize=(3.6 * len(sharp) + 2.2, 8.4))
+    x = ds["mu_norm"].values
+    for row, grad in enumerate(("dq", "dk", "dv")):
+        real = ds[f"real_mech_{grad}_err"].sel(**at).median("seed")
+        emu = ds[f"real_mech_emulator_{grad}_err"].sel(**at).median("seed")
+        for ax, s in zip(axes[row], sharp):
+            for variant in ds["real_variant"].values:
+                color, _ = VARIANT_STYLE.get(str(variant), ("grey", "-"))
+                ax.plot(x, emu.sel(real_variant=variant, sharpness=s).values, "--", color=color, marker="s", ms=3,
+                        label=f"emulator {variant}")
+            for i, kernel in enumerate(ds["real_kernel"].values):
+                vals = real.sel(real_kernel=kernel, sharpness=s)
+                if _ran(vals):
+                    ax.plot(x, vals.values, "-", color=_real_color(str(kernel), i), marker="o", ms=3, lw=1.4,
+                            label=str(kernel))
+            offset_axis(ax)
+            ax.set_yscale("log")
+            if row == 0:
+                ax.set_title(f"sharpness {s:g}")
+        axes[row][0].set_ylabel(f"median row rel. err. of d{grad[1].upper()}")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    missing = [str(k) for k in ds["real_kernel"].values if not _ran(ds["real_mech_dq_err"].sel(real_kernel=k))]
+    note = f"; no gradients here: {', '.join(missing)}" if missing else ""
+    fig.suptitle(f"real kernels (solid) and the emulator (dashed) on the same bf16 operands, N = {at['real_seq_len']}, "
+                 f"d = {at['real_head_dim']}{note}", fontsize="small")
+    return fig
+
+
+def plot_real_correlation(ds: xr.Dataset, variant: str | None = None):
+    """Correlation over all elements of each real kernel's dQ error with the emulator variant's
+    (default: the first of ``real_variant``) vs |mu|, one line per sharpness, at the largest N and
+    first d; right: |cos(dQ error, mu)| of every real kernel."""
+    import matplotlib as mpl
+
+    from ..plots import subplots
+
+    variant = str(ds["real_variant"].values[0]) if variant is None else variant
+    at = dict(real_seq_len=int(ds["real_seq_len"][-1]), real_head_dim=int(ds["real_head_dim"][0]))
+    ran = [str(k) for k in ds["real_kernel"].values if _ran(ds["real_mech_dq_err"].sel(real_kernel=k))]
+    fig, axes = subplots(1, 2, figsize=(11.5, 3.8))
+    x = ds["mu_norm"].values
+    cmap = mpl.colormaps["viridis"]
+    sharp = ds["sharpness"].values
+    corr = ds["real_mech_dq_err_corr"].sel(real_variant=variant, **at).median("seed")
+    cos = ds["real_mech_dq_err_cos_mu"].sel(**at).median("seed")
+    styles = ["-", "--", ":", "-."]
+    for i, kernel in enumerate(ran):
+        for j, s in enumerate(sharp):
+            color = cmap(j / max(1, len(sharp) - 1))
+            label = f"{kernel}, sharpness {s:g}"
+            axes[0][0].plot(x, corr.sel(real_kernel=kernel, sharpness=s).values, styles[i % 4], color=color,
+                            marker="o", ms=3, label=label)
+            axes[0][1].plot(x, cos.sel(real_kernel=kernel, sharpness=s).values, styles[i % 4], color=color,
+                            marker="o", ms=3, label=label)
+    for ax in axes[0]:
+        offset_axis(ax)
+        ax.axhline(0.0, color="grey", lw=0.8, ls=":")
+    axes[0][0].set_ylim(-0.2, 1.05)
+    axes[0][0].set_ylabel(f"corr(real dQ error, emulator {variant} dQ error)")
+    axes[0][1].set_ylim(-0.05, 1.05)
+    axes[0][1].set_ylabel("median |cos(real dQ error, mu)|")
+    axes[0][1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"N = {at['real_seq_len']}, d = {at['real_head_dim']}", fontsize="small")
+    return fig
+
+
+def plot_real_diagnostics(ds: xr.Dataset, var: str = "dq_rel_err"):
+    """Per layer: the FP32 recompute diagnostic's error vs the common key offset on the last
+    checkpoint, with each real kernel as the model's attention, beside the trained (emulated) kernel."""
+    from ..plots import subplots
+
+    layers = ds["layer"].values
+    step = int(ds["real_diag_checkpoint"])
+    fig, axes = subplots(1, len(layers), sharey=True, figsize=(4.4 * len(layers) + 1.8, 3.6))
+    x = ds["offset_norm"].values
+    for ax, layer in zip(axes[0], layers):
+        for i, kernel in enumerate(ds["real_kernel"].values):
+            vals = ds[f"real_diag_{var}"].sel(real_kernel=kernel, layer=layer)
+            if _ran(vals):
+                ax.plot(x, vals.values, "-", color=_real_color(str(kernel), i), marker="o", ms=3,
+                        label=f"{kernel} (fed bf16)")
+        if f"diag_{var}" in ds and step in ds["checkpoint"].values:  # drawn last: it may lie on a real kernel's line
+            trained = str(ds["run_attention"].sel(run="bf16").values) if "run_attention" in ds else ""
+            ax.plot(x, ds[f"diag_{var}"].sel(layer=layer, checkpoint=step).values, "--", color="#c0392b", marker="s",
+                    ms=6, mfc="none", label=f"trained kernel {trained}".strip())
+        ax.axhline(float(ds["diag_threshold"].max()) if "diag_threshold" in ds else 0.1, color="grey", lw=0.8, ls=":")
+        offset_axis(ax, "common key offset |mu| per head")
+        ax.set_yscale("log")
+        ax.set_title(f"layer {layer}, step {step}")
+    grad, _, kind = var.partition("_")
+    axes[0][0].set_ylabel(f"d{grad[1:].upper()} {kind.replace('_', ' ')} vs FP32 recompute")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig

@@ -1,6 +1,6 @@
 """Study 04: late-training gradient blowup of a BF16 FlashAttention backward (seed 004).
 
-Three experiments, each a function returning an xarray Dataset with CF attributes:
+The experiments, each a function returning an xarray Dataset with CF attributes:
 
 ``mechanism_grid``
     q, k, v, dO i.i.d. N(0, 1); q multiplied by a *sharpness* factor; a vector mu
@@ -21,6 +21,17 @@ Three experiments, each a function returning an xarray Dataset with CF attribute
     Qiu & Yao's regime (arXiv 2510.04212): rows whose maximum score is repeated
     (P = 1 exactly at several keys) and a value matrix with a negative mean, beside
     seed 004's key-offset regime, with and without tiling.
+
+``real_mechanism_grid`` and ``real_kernel_diagnostics``
+    real kernels of the registry (PyTorch SDPA pinned to one backend, our Triton
+    FlashAttention-2, a kernel of your own) on the mechanism grid's operands, fed to
+    them as bf16 tensors, beside the emulator variants on the same operands: median
+    row dQ, dK, dV errors against fp64 and the correlation of the real kernel's dQ
+    error with the emulator's; and the FP32 backward-recompute diagnostic on the
+    trained checkpoint with a real kernel as every layer's attention (``InFormat``:
+    q, k, v and dO handed to it in bf16, as the emulator rounds them). A kernel that
+    cannot run here, refuses the inputs or runs out of memory is recorded with the
+    reason, never replaced by another.
 """
 from __future__ import annotations
 
@@ -32,13 +43,14 @@ import xarray as xr
 from ..progress import tqdm
 
 from .. import kernels
+from ..diagnostics import ATTRS as DIAG_ATTRS
 from ..diagnostics import recompute_backward_fp32
 from ..inputs import generator
 from ..kernels import AttentionImpl
 from ..metrics import ds_row_sums, gradient_errors, output_errors
 from ..model import GPTConfig, add_key_offset
 from ..operands import REGIMES, golden_values, mechanism_operands, regime_operands, unit_vector
-from ..precision import get_policy
+from ..precision import FORMATS, get_policy, round_to
 from ..training import load_checkpoint, record_variables, torch_threads
 
 FA2_BF16 = get_policy("fa2_bf16")
@@ -79,14 +91,33 @@ ATTRS = {
     "qy_max_prob": ("1", "median over rows of the largest attention probability (fp64)"),
     "diag_key_mean_norm": ("1", "norm of the mean key of the layer at the checkpoint, offset included"),
     "diag_loss": ("nat", "loss of the diagnostic batch at the checkpoint, offset included"),
+    "real_mech_dq_err": ("1", "median row relative L2 error of a real kernel's dQ against fp64"),
+    "real_mech_dk_err": ("1", "median row relative L2 error of a real kernel's dK against fp64"),
+    "real_mech_dv_err": ("1", "median row relative L2 error of a real kernel's dV against fp64"),
+    "real_mech_dq_err_cos_mu": ("1", "median over rows of |cos(real kernel's dQ error, mu)|"),
+    "real_mech_emulator_dq_err": ("1", "median row relative L2 error of the emulator variant's dQ on the same operands"),
+    "real_mech_emulator_dk_err": ("1", "median row relative L2 error of the emulator variant's dK on the same operands"),
+    "real_mech_emulator_dv_err": ("1", "median row relative L2 error of the emulator variant's dV on the same operands"),
+    "real_mech_dq_err_corr": ("1", "correlation over all elements of the real kernel's and the emulator variant's "
+                                   "dQ errors against fp64 on the same operands"),
+    "real_mech_status": ("1", "ok, or why the real kernel gave no gradients at this (N, d) "
+                              "(unavailable, refused, out of memory)"),
+    "real_diag_status": ("1", "ok, or why the diagnostic could not run with this real kernel as the model's attention"),
+    "real_diag_checkpoint": ("1", "optimizer updates before the checkpoint the real-kernel diagnostic ran on"),
 }
+for _name, (_units, _long) in DIAG_ATTRS.items():
+    ATTRS[f"real_diag_{_name}"] = (_units, f"{_long} (real kernel as every layer's attention, last checkpoint)")
 
 
 VARIABLES = {**record_variables(), **ATTRS,
              "sharpness": ("1", "factor multiplying q (attention sharpness)"),
              "mu_norm": ("1", "norm of the vector mu added to every key"),
              "offset_norm": ("1", "norm of the common key offset added to every head"),
-             "checkpoint": ("1", "optimizer updates before the checkpoint")}
+             "checkpoint": ("1", "optimizer updates before the checkpoint"),
+             "real_kernel": ("1", "real kernel (registry name)"),
+             "real_variant": ("1", "emulator variant the real kernel is compared with"),
+             "real_seq_len": ("1", "sequence length N of the real-kernel grid"),
+             "real_head_dim": ("1", "head dimension d of the real-kernel grid")}
 """CF units and long_name of every variable the study writes (applied by ``ncio.write_results``)."""
 
 
@@ -185,6 +216,213 @@ def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple
     coords = {"regime": list(REGIMES), "variant": list(variants), "tiling": list(TILINGS), "seed": list(seeds)}
     ds = xr.Dataset({f"qy_{m}": (dims, data[m]) for m in metrics}, coords=coords)
     ds["qy_max_prob"] = (("regime", "seed"), max_prob)
+    return ds
+
+
+# -- real kernels on the mechanism grid ------------------------------------------------------------
+
+REAL_FORMAT = "bf16"
+"""The format real kernels are fed in (the mechanism operands are bf16 values)."""
+REAL_GRADS = ("dq_err", "dk_err", "dv_err")
+
+
+def error_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation over all elements of two error tensors (NaN when either is constant
+    or has no finite element in common)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    ok = torch.isfinite(a) & torch.isfinite(b)
+    a, b = a[ok] - a[ok].mean(), b[ok] - b[ok].mean()
+    den = torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b)
+    return (a @ b / den).item() if den > 0 else math.nan
+
+
+def _failure(exc: BaseException) -> str:
+    """The status of a kernel that raised: out of memory or refused, with the first line of the reason."""
+    first = (str(exc).splitlines() or [""])[0]
+    if isinstance(exc, torch.OutOfMemoryError):
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        return f"out of memory: {first[:200]}"
+    return f"refused: {type(exc).__name__}: {first[:300]}"
+
+
+def real_mechanism_grid(kernel_names, sharpness, mu_norms, seq_lens, head_dims, seeds, *,
+                        variants=("bf16", "bf16_fused"), heads: int = 1, block_q: int = 64, block_k: int = 64,
+                        golden_chunk: int = 1024, device="cpu", progress: bool = True,
+                        threads: int = 1) -> xr.Dataset:
+    """Real kernels on the mechanism grid's operands, beside the emulator ``variants`` on the same ones.
+
+    Per sharpness x |mu| x N x d x seed: the operands of ``mechanism_operands`` (bf16 values) go
+    to every real kernel as bf16 tensors (``kernel.forward`` / ``kernel.backward``, the registry's
+    interface; SDPA kernels back-propagate through autograd) and to the emulator variants as in
+    ``mechanism_grid``. Measured with ``gradient_errors`` against the fp64 gradients: median row
+    dQ, dK, dV errors, the dQ error's alignment with mu, and the correlation over all elements of
+    each real kernel's dQ error with each variant's. ``real_mech_status`` per (kernel, N, d): "ok",
+    or the first reason it gave no gradients there ("unavailable: ...", "refused: ...",
+    "out of memory: ..."); after a failure the kernel is skipped for the rest of that (N, d).
+    """
+    real = [kernels.get(name) for name in kernel_names]
+    emulated = [variant_kernel(name, block_q, block_k) for name in variants]
+    grid = (len(sharpness), len(mu_norms), len(seq_lens), len(head_dims), len(seeds))
+    err = {m: np.full((len(real),) + grid, np.nan) for m in REAL_GRADS + ("dq_err_cos_mu",)}
+    emu = {m: np.full((len(emulated),) + grid, np.nan) for m in REAL_GRADS}
+    corr = np.full((len(real), len(emulated)) + grid, np.nan)
+    status = np.full((len(real), len(seq_lens), len(head_dims)), "ok", dtype=object)
+    for r, kernel in enumerate(real):
+        reason = kernel.unavailable_reason(device)
+        if reason:
+            status[r] = f"unavailable: {reason}"
+    low = FORMATS[REAL_FORMAT]
+    work = [(c, n, e, d, f, seed, a, s, b, m) for c, n in enumerate(seq_lens) for e, d in enumerate(head_dims)
+            for f, seed in enumerate(seeds) for a, s in enumerate(sharpness) for b, m in enumerate(mu_norms)]
+    with torch_threads(threads):
+        for c, n, e, d, f, seed, a, s, b, m in tqdm(work, desc="real kernels, mechanism grid",
+                                                    disable=not progress):
+            at = (a, b, c, e, f)
+            q, k, v, do, mu = mechanism_operands(n, d, s, m, seed, heads=heads, device=device)
+            gold = golden_values(q, k, v, do, golden_chunk)
+            emu_dq_err = []
+            for i, impl in enumerate(emulated):
+                out, lse = impl.forward(q, k, v)
+                grads = impl.backward(q, k, v, do, out=out, lse=lse)
+                res = gradient_errors(grads, gold)
+                for metric in REAL_GRADS:
+                    emu[metric][(i,) + at] = res[metric]
+                emu_dq_err.append(grads[0].double() - gold["dq"])
+                del grads
+            for r, kernel in enumerate(real):
+                if status[r, c, e] != "ok":
+                    continue
+                operands = [t.to(low) for t in (q, k, v, do)]
+                try:
+                    out, lse = kernel.forward(*operands[:3])
+                    stored = dict(out=out, lse=lse) if lse is not None else {}  # a forward the backward reads
+                    grads = kernel.backward(*operands, **stored)
+                    del out, lse, stored
+                except (torch.OutOfMemoryError, RuntimeError, ValueError) as exc:  # recorded, never replaced
+                    status[r, c, e] = _failure(exc)
+                    continue
+                res = gradient_errors(grads, gold)
+                for metric in REAL_GRADS:
+                    err[metric][(r,) + at] = res[metric]
+                dq_err = grads[0].double() - gold["dq"]
+                err["dq_err_cos_mu"][(r,) + at] = (_median(_row_cos(dq_err, mu)) if mu.abs().sum() > 0
+                                                   else math.nan)
+                for i, other in enumerate(emu_dq_err):
+                    corr[(r, i) + at] = error_correlation(dq_err, other)
+                del grads, dq_err
+    dims = ("sharpness", "mu_norm", "real_seq_len", "real_head_dim", "seed")
+    coords = {"real_kernel": list(kernel_names), "real_variant": list(variants),
+              "sharpness": list(map(float, sharpness)), "mu_norm": list(map(float, mu_norms)),
+              "real_seq_len": list(seq_lens), "real_head_dim": list(head_dims), "seed": list(seeds)}
+    ds = xr.Dataset({f"real_mech_{m}": (("real_kernel",) + dims, err[m]) for m in err}, coords=coords)
+    for m in REAL_GRADS:
+        ds[f"real_mech_emulator_{m}"] = (("real_variant",) + dims, emu[m])
+    ds["real_mech_dq_err_corr"] = (("real_kernel", "real_variant") + dims, corr)
+    ds["real_mech_status"] = (("real_kernel", "real_seq_len", "real_head_dim"), status.astype(str))
+    return ds
+
+
+def dq_growth(ds: xr.Dataset, *, seq_len: int | None = None, head_dim: int | None = None):
+    """Per sharpness: each real kernel's and each emulator variant's dQ error at the largest |mu|
+    divided by its error at the smallest (|mu| = 0 on every tier; median over seeds), at
+    ``seq_len`` / ``head_dim`` (default: the largest N and the first d of the real-kernel grid),
+    with both errors beside the ratio (NaN for a kernel that gave no gradients)."""
+    import pandas as pd
+
+    at = dict(real_seq_len=int(ds["real_seq_len"][-1]) if seq_len is None else seq_len,
+              real_head_dim=int(ds["real_head_dim"][0]) if head_dim is None else head_dim)
+    low, top = float(ds["mu_norm"].min()), float(ds["mu_norm"].max())
+    rows = []
+    for var, dim, kind in (("real_mech_emulator_dq_err", "real_variant", "emulator"),
+                           ("real_mech_dq_err", "real_kernel", "real")):
+        da = ds[var].sel(**at).median("seed")
+        for name in ds[dim].values:
+            for s in ds["sharpness"].values:
+                zero = float(da.sel({dim: name, "sharpness": s, "mu_norm": low}))
+                big = float(da.sel({dim: name, "sharpness": s, "mu_norm": top}))
+                rows.append({"kernel": f"{kind}: {name}", "sharpness": float(s), f"dQ err at |mu|={low:g}": zero,
+                             f"dQ err at |mu|={top:g}": big, "growth": big / zero if zero > 0 else math.nan})
+    return pd.DataFrame(rows).set_index(["kernel", "sharpness"])
+
+
+class InFormat(kernels.Kernel):
+    """A kernel fed q, k, v and dO in ``fmt`` by an fp32 model, its output and gradients handed
+    back in the model's format: a real kernel in the model the way the emulator's ``fa2_bf16``
+    reads its operands (rounded by its ``inputs`` and ``grad_out`` stages), so the FP32
+    recompute reads what the kernel read (``read_operands``). Without it an SDPA kernel in the
+    fp32 model would run in fp32 (it reads q, k, v as given)."""
+
+    def __init__(self, kernel: kernels.Kernel, fmt: str = REAL_FORMAT):
+        self.inner, self.fmt, self.low = kernel, fmt, FORMATS[fmt]
+        self.name = f"{kernel.name}+in={fmt}"
+        self.gives_lse = kernel.gives_lse
+
+    def unavailable_reason(self, device="cpu"):
+        return self.inner.unavailable_reason(device)
+
+    def read_operands(self, q, k, v, grad_out):
+        return tuple(round_to(t.float(), self.fmt) for t in (q, k, v, grad_out))
+
+    def _low(self, *ts):
+        return [t.to(self.low) for t in ts]
+
+    def forward(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        out, lse = self.inner.forward(*self._low(q, k, v), causal=causal, attn_bias=attn_bias, scale=scale)
+        return out.to(q.dtype), lse
+
+    def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        return self.inner.differentiable(*self._low(q, k, v), causal=causal, attn_bias=attn_bias,
+                                         scale=scale).to(q.dtype)
+
+    def backward(self, q, k, v, grad_out, *, causal=False, attn_bias=None, scale=None, out=None, lse=None,
+                 stats=None):
+        grads = self.inner.backward(*self._low(q, k, v, grad_out), causal=causal, attn_bias=attn_bias,
+                                    scale=scale)
+        return tuple(g.to(t.dtype) for g, t in zip(grads, (q, k, v)))
+
+
+def real_kernel_diagnostics(result, model_cfg: GPTConfig, batch, kernel_names, offset_norms, *,
+                            fmt: str = REAL_FORMAT, threshold: float = 0.1, seed: int = 0, device="cpu",
+                            progress: bool = True, threads: int = 1) -> xr.Dataset:
+    """The FP32 recompute diagnostic on the run's last checkpoint with every layer's attention a real
+    kernel (``InFormat``: fed in ``fmt``), with the common key offsets of ``checkpoint_diagnostics``.
+    The recompute reference is the FP32 emulator. ``real_diag_status``: "ok" or why not."""
+    step = max(result.checkpoints)
+    directions = _offset_vectors(model_cfg, seed)
+    names = [n for n in DIAG_ATTRS if n != "threshold"]
+    n_layer = model_cfg.n_layer
+    data = {n: np.full((len(kernel_names), len(offset_norms), n_layer), np.nan) for n in names}
+    status = np.full(len(kernel_names), "ok", dtype=object)
+    real = [kernels.get(name) for name in kernel_names]
+    work = [(r, o, norm) for r in range(len(real)) for o, norm in enumerate(offset_norms)]
+    with torch_threads(threads):
+        for r, o, norm in tqdm(work, desc="real-kernel diagnostics", disable=not progress):
+            kernel = real[r]
+            reason = kernel.unavailable_reason(device)
+            if reason:
+                status[r] = f"unavailable: {reason}"
+            if status[r] != "ok":
+                continue
+            model = load_checkpoint(model_cfg, result.checkpoints[step], device=device)
+            for layer, direction in enumerate(directions):
+                add_key_offset(model, layer, direction.to(device) * float(norm))
+            model.set_attention(InFormat(kernel, fmt))
+            try:
+                diag = recompute_backward_fp32(model, batch, threshold=threshold)
+            except (torch.OutOfMemoryError, RuntimeError, ValueError) as exc:
+                status[r] = _failure(exc)
+                continue
+            for n in names:
+                data[n][r, o] = np.broadcast_to(diag[n].values, (n_layer,))
+    dims = ("real_kernel", "offset_norm", "layer")
+    ds = xr.Dataset({f"real_diag_{n}": (dims, data[n]) for n in names},
+                    coords={"real_kernel": list(kernel_names), "offset_norm": list(map(float, offset_norms)),
+                            "layer": list(range(n_layer))})
+    for n in ("total_grad_norm_ratio", "forward_identical"):  # one value per model, not per layer
+        ds[f"real_diag_{n}"] = ds[f"real_diag_{n}"].isel(layer=0, drop=True)
+    ds["real_diag_status"] = ("real_kernel", status.astype(str))
+    ds["real_diag_checkpoint"] = step
     return ds
 
 
