@@ -44,7 +44,7 @@ import nbformat
 
 from . import ncio
 from .paths import outputs_root
-from .runner import SWEEP_MARK, RunError, studies
+from .runner import SWEEP_MARK, RunError, flock_held, studies
 
 SITE = "site"
 LOCK = ".publish.lock"
@@ -181,16 +181,7 @@ def _publish_lock(base: Path):
 
 def publish_lock_held(base: Path) -> bool:
     """Whether a publish is running on ``base`` now."""
-    path = Path(base) / LOCK
-    if not path.exists():
-        return False
-    with open(path, "a+") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(fh, fcntl.LOCK_UN)
-    return False
+    return flock_held(Path(base) / LOCK)
 
 
 def is_gpu_run(name: str, device: str) -> bool:

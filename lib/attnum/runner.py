@@ -592,8 +592,8 @@ def run_lock(study_dir: Path, name: str, *, wait: bool = False):
         fh.close()  # closing releases the lock
 
 
-def _lock_held(study_dir: Path, name: str) -> bool:
-    path = study_dir / LOCKS / f"{name}.lock"
+def flock_held(path: Path) -> bool:
+    """Whether another process holds the ``fcntl.flock`` of the lock file ``path`` now."""
     if not path.exists():
         return False
     with open(path, "a+") as fh:
@@ -603,6 +603,10 @@ def _lock_held(study_dir: Path, name: str) -> bool:
             return True
         fcntl.flock(fh, fcntl.LOCK_UN)
     return False
+
+
+def _lock_held(study_dir: Path, name: str) -> bool:
+    return flock_held(study_dir / LOCKS / f"{name}.lock")
 
 
 def _pid_alive(pid, host=None) -> bool:
