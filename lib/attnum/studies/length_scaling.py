@@ -34,6 +34,8 @@ VARIABLES = {
     "real_passes": ("1", "1 if the acceptance rule accepts the real kernel's output"),
     "real_status": ("1", "ok, or why the real kernel gave no output here (unavailable, refused, out of memory)"),
     "real_causal": ("1", "1: causal mask (bottom-right aligned), 0: none"),
+    "tile_q": ("1", "query block (Br) of the tile configuration"),
+    "tile_k": ("1", "key block (Bc) of the tile configuration"),
     "max_abs_err": ("1", "max |O - O_golden| over all elements"),
     "mean_abs_err": ("1", "mean |O - O_golden|"),
     "rel_l2_err": ("1", "relative L2 error ||O - O_golden|| / ||O_golden||"),
@@ -179,8 +181,10 @@ def block_sweep(seq_len, block_configs, loop_orders, dtypes, seeds, *, batch=1, 
     dims = ("block_config", "loop_order", "policy", "block_dtype", "block_seed")
     coords = {"block_config": list(block_configs), "loop_order": list(loop_orders), "policy": list(families),
               "block_dtype": list(dtypes), "block_seed": list(seeds),
-              "block_q": ("block_config", [p[0] for p in parsed]),
-              "block_k": ("block_config", [p[1] for p in parsed]),
+              # the tile of each configuration (not block_q/block_k: those name the length sweep's tile
+              # parameters, which a sweep may add as dimensions)
+              "tile_q": ("block_config", [p[0] for p in parsed]),
+              "tile_k": ("block_config", [p[1] for p in parsed]),
               "block_area": ("block_config", [p[0] * p[1] for p in parsed])}
     ds = xr.Dataset({"block_max_abs_err": (dims, max_abs), "block_rel_l2_err": (dims, rel_l2)}, coords=coords)
     ds["block_seq_len"] = seq_len
