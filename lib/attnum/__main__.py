@@ -44,6 +44,8 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     sub.add_parser("list", help="studies, their parameter sets and parameters")
+    p_kernels = sub.add_parser("kernels", help="the kernel registry: families, example names, and where each can run")
+    p_kernels.add_argument("--device", default="cpu", help="device to check availability on (default cpu)")
 
     p_run = sub.add_parser("run", help="run one study notebook")
     p_run.add_argument("study")
@@ -84,6 +86,15 @@ def main(argv=None) -> int:
                 print(f"{study}: sets {runner.param_sets(study)}")
                 for name, info in runner.declared_parameters(study).items():
                     print(f"    {name}: {info['type']} = {info['default']}  # {info['help']}")
+        elif args.cmd == "kernels":
+            from . import kernels
+
+            for family in kernels.families().values():
+                print(f"{family.name}: {family.doc.strip().splitlines()[0].strip()}")
+                for name in family.examples:
+                    reason = kernels.get(name).unavailable_reason(args.device)
+                    print(f"    {name:42s} {'runs on ' + args.device if not reason else 'cannot run: ' + reason}")
+            print("your own: package.module:function (a Kernel, or f(q, k, v, is_causal=, attn_mask=, scale=))")
         elif args.cmd == "run":
             path = runner.run(args.study, args.params, _overrides(args.p), outputs=args.outputs,
                               progress=not args.no_progress, timeout=args.timeout)

@@ -146,7 +146,7 @@ def _build_golden(options, **kw):
     return GoldenKernel(**kw)
 
 
-register("emulator", _build_impl("emulator"), doc=__doc__.split("\n\n")[1],
+register("emulator", _build_impl("emulator"), doc="the tiled FlashAttention forward and backward emulators under a precision policy",
          examples=("emulator:fa2_bf16:bk128", "emulator:fa2_fp16:bk128", "emulator:all_bf16:bk128",
                    "emulator:fa2_bf16:bk128:fused", "emulator:fa2_bf16:bk128:fused:gproj_dq"))
 register("reference", _build_impl("reference"), doc="unblocked attention under a precision policy",
