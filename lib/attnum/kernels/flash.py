@@ -24,6 +24,8 @@ Options later studies use:
   * ``fault``: a ``KernelHooks`` object, the places where a buggy kernel may
     depart from the algorithm (``attnum.kernels.faults`` defines realistic bugs).
     ``None`` (the default) is the algorithm itself, bit for bit.
+  * ``stable_beta``: Qiu & Yao's STABLE exponent offset on rows with a repeated
+    maximum (arXiv 2510.04212; study 05's ``stable_max`` fix), FA2 loop order only.
 """
 from __future__ import annotations
 
