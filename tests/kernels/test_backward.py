@@ -14,17 +14,6 @@ from attnum.tasks import Task
 from attnum.training import TrainConfig, train
 
 
-def attention_forward(q, k, v, impl, *, causal=False, scale=None):
-    """The differentiable output of a kernel (an ``AttentionImpl`` or registry name)."""
-    return as_kernel(impl)(q, k, v, is_causal=causal, scale=scale)
-
-
-def attention_grads(q, k, v, grad_out, impl, **kw):
-    """``(dq, dk, dv)`` of a kernel through its registry interface."""
-    return as_kernel(impl).backward(q, k, v, grad_out, **kw)
-
-
-
 def _grad_out(q, seed=11):
     return torch.randn(q.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(q.dtype)
 
@@ -57,7 +46,7 @@ def test_backward_stages_default_to_no_rounding_and_presets_keep_their_names():
 def test_gradcheck_in_fp64(causal, fused):
     q, k, v = (t.requires_grad_(True) for t in normal_qkv(1, 2, 13, 4, seed=0))
     impl = AttentionImpl("emulator", "fp64", block_q=4, block_k=5, fused_scale_max=fused)
-    assert torch.autograd.gradcheck(lambda a, b, c: attention_forward(a, b, c, impl, causal=causal), (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b, c: as_kernel(impl)(a, b, c, is_causal=causal), (q, k, v))
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -66,7 +55,7 @@ def test_fp32_backward_matches_autograd_through_reference_attention(causal, n_q,
     q, _, _ = (t.float() for t in normal_qkv(2, 2, n_q, 16, seed=1))
     _, k, v = (t.float() for t in normal_qkv(2, 2, n_k, 16, seed=2))
     do = _grad_out(q)
-    flash = attention_grads(q, k, v, do, AttentionImpl("emulator", "fp32", block_q=16, block_k=24), causal=causal)
+    flash = as_kernel(AttentionImpl("emulator", "fp32", block_q=16, block_k=24)).backward(q, k, v, do, causal=causal)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     auto = torch.autograd.grad(reference_attention(*leaves, "fp32", causal=causal), leaves, do)
     gold = golden_attention_backward(q, k, v, do, causal=causal, chunk=17)
@@ -87,8 +76,8 @@ def test_golden_backward_equals_fp64_autograd():
 def test_fused_scale_max_feeds_the_backward():
     q, k, v = (t.float() for t in normal_qkv(1, 1, 128, 32, seed=4, std=2.0))
     do = _grad_out(q)
-    plain = attention_grads(q, k, v, do, AttentionImpl("emulator", "fp32", block_k=32))
-    fused = attention_grads(q, k, v, do, AttentionImpl("emulator", "fp32", block_k=32, fused_scale_max=True))
+    plain = as_kernel(AttentionImpl("emulator", "fp32", block_k=32)).backward(q, k, v, do)
+    fused = as_kernel(AttentionImpl("emulator", "fp32", block_k=32, fused_scale_max=True)).backward(q, k, v, do)
     assert not all(torch.equal(a, b) for a, b in zip(plain, fused))
     # the backward's own P recompute follows the option, not only the stored O and LSE
     out, lse = flash_attention(q, k, v, "fp32", block_k=32, fused_scale_max=True)
@@ -97,7 +86,7 @@ def test_fused_scale_max_feeds_the_backward():
     # and in fp64 the fused recompute is still exact
     q64, k64, v64 = normal_qkv(1, 1, 64, 16, seed=5)
     g64 = golden_attention_backward(q64, k64, v64, _grad_out(q64))
-    f64 = attention_grads(q64, k64, v64, _grad_out(q64), AttentionImpl("emulator", "fp64", fused_scale_max=True))
+    f64 = as_kernel(AttentionImpl("emulator", "fp64", fused_scale_max=True)).backward(q64, k64, v64, _grad_out(q64))
     assert max((a - b).abs().max().item() for a, b in zip(f64, g64)) < 1e-12
 
 
@@ -133,7 +122,7 @@ def test_key_offset_leaves_forward_and_fp32_dq_unchanged_but_grows_the_bf16_dq_e
     direction[:4] = 1.0  # integer steps along it keep k + mu on the grid
     base64 = flash_attention(q, k, v, "fp64", block_k=32)[0]
     base32 = flash_attention(q.float(), k.float(), v.float(), "fp32", block_k=32)[0]
-    dq32 = attention_grads(q.float(), k.float(), v.float(), do.float(), AttentionImpl("emulator", "fp32", block_k=32))[0]
+    dq32 = as_kernel(AttentionImpl("emulator", "fp32", block_k=32)).backward(q.float(), k.float(), v.float(), do.float())[0]
     bf16_errors = []
     for mu_norm in (0, 4, 64, 512):
         k_mu = k + mu_norm / 2 * direction  # |mu| = mu_norm, exactly representable
@@ -141,10 +130,10 @@ def test_key_offset_leaves_forward_and_fp32_dq_unchanged_but_grows_the_bf16_dq_e
         out32 = flash_attention(q.float(), k_mu.float(), v.float(), "fp32", block_k=32)[0]
         assert ((out32 - base32).norm() / base32.norm()).item() < 1e-4
         ops = [t.float() for t in (q, k_mu, v, do)]
-        dq32_mu = attention_grads(*ops, AttentionImpl("emulator", "fp32", block_k=32))[0]
+        dq32_mu = as_kernel(AttentionImpl("emulator", "fp32", block_k=32)).backward(*ops)[0]
         assert ((dq32_mu - dq32).norm() / dq32.norm()).item() < 3e-3
         gold = golden_attention_backward(*ops)[0]
-        dq_bf16 = attention_grads(*ops, AttentionImpl("emulator", "fa2_bf16", block_k=32))[0]
+        dq_bf16 = as_kernel(AttentionImpl("emulator", "fa2_bf16", block_k=32)).backward(*ops)[0]
         bf16_errors.append(row_rel_l2(dq_bf16, gold).median().item())
     assert all(a < b for a, b in zip(bf16_errors, bf16_errors[1:])), bf16_errors
     assert bf16_errors[-1] > 20 * bf16_errors[0]
@@ -162,7 +151,7 @@ def test_attention_module_recomputes_only_the_backward():
     out_fp32_bwd = module(q, k, v, is_causal=True)
     recomputed = torch.autograd.grad(out_fp32_bwd, (q, k, v), do)
     assert torch.equal(out, out_fp32_bwd)  # the forward exactly as it ran
-    expected = attention_grads(q.detach(), k.detach(), v.detach(), do, module.backward_kernel, causal=True)
+    expected = as_kernel(module.backward_kernel).backward(q.detach(), k.detach(), v.detach(), do, causal=True)
     assert all(torch.equal(a, b) for a, b in zip(recomputed, expected))
     assert not all(torch.equal(a, b) for a, b in zip(low, recomputed))
 
@@ -199,8 +188,8 @@ def test_cuda_backward_matches_cpu(policy):
     q, k, v = normal_qkv(1, 2, 300, 64, seed=0)
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     impl = AttentionImpl("emulator", policy, block_q=64, block_k=64)
-    cpu = attention_grads(q, k, v, do, impl, causal=True)
-    gpu = attention_grads(q.cuda(), k.cuda(), v.cuda(), do.cuda(), impl, causal=True)
+    cpu = as_kernel(impl).backward(q, k, v, do, causal=True)
+    gpu = as_kernel(impl).backward(q.cuda(), k.cuda(), v.cuda(), do.cuda(), causal=True)
     gold = golden_attention_backward(q, k, v, do, causal=True)
     for a, b, g in zip(cpu, gpu, gold):
         assert b.device.type == "cuda"

@@ -22,17 +22,6 @@ def stable_flash_attention(q, k, v, policy="fa2_bf16", *, beta=2.0, **kw):
     return flash_attention(q, k, v, policy, stable_beta=beta, **kw)
 
 
-def attention_forward(q, k, v, impl, *, causal=False, scale=None):
-    """The differentiable output of a kernel (an ``AttentionImpl`` or registry name)."""
-    return as_kernel(impl)(q, k, v, is_causal=causal, scale=scale)
-
-
-def attention_grads(q, k, v, grad_out, impl, **kw):
-    """``(dq, dk, dv)`` of a kernel through its registry interface."""
-    return as_kernel(impl).backward(q, k, v, grad_out, **kw)
-
-
-
 def _grad_out(q, seed=11):
     return torch.randn(q.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).to(q.dtype)
 
@@ -73,7 +62,7 @@ def test_gproj_dq_error_stays_at_the_no_offset_level_while_bf16_grows():
         gold = golden_attention_backward(q, k, v, do)[0]
         for mode in errors:
             impl = AttentionImpl("emulator", "fa2_bf16", block_q=64, block_k=64, fused_scale_max=True, gproj=mode)
-            errors[mode].append(row_rel_l2(attention_grads(q, k, v, do, impl)[0], gold).median().item())
+            errors[mode].append(row_rel_l2(as_kernel(impl).backward(q, k, v, do)[0], gold).median().item())
     off = errors["off"]
     assert all(a < b for a, b in zip(off, off[1:])) and off[-1] > 20 * off[0], off
     for mode in ("dq", "dq_dk"):
@@ -148,8 +137,8 @@ def test_mean_key_subtraction_leaves_the_forward_unchanged():
         for causal in (False, True):
             plain = AttentionImpl("emulator", policy, block_q=32, block_k=32)
             centred = plain.replace(center_keys=True)
-            a = attention_forward(q, k, v, plain, causal=causal)
-            b = attention_forward(q, k, v, centred, causal=causal)
+            a = as_kernel(plain)(q, k, v, is_causal=causal)
+            b = as_kernel(centred)(q, k, v, is_causal=causal)
             assert ((a - b).norm() / a.norm()).item() < tol
     assert center_keys(k).mean(dim=-2).abs().max().item() < 1e-12
 
@@ -171,8 +160,8 @@ def test_each_fix_leaves_fp64_policy_gradients_unchanged(fix, operands):
     impl = with_fix(base, fix)
     for causal in (False, True):
         gold = golden_attention_backward(q, k, v, do, causal=causal)
-        fixed = attention_grads(q, k, v, do, impl, causal=causal)
-        plain = attention_grads(q, k, v, do, base, causal=causal)
+        fixed = as_kernel(impl).backward(q, k, v, do, causal=causal)
+        plain = as_kernel(base).backward(q, k, v, do, causal=causal)
         for a, b, g in zip(fixed, plain, gold):
             assert ((a - g).norm() / g.norm()).item() < 1e-11
             assert ((a - b).norm() / g.norm()).item() < 1e-11
@@ -182,7 +171,7 @@ def test_each_fix_leaves_fp64_policy_gradients_unchanged(fix, operands):
 def test_gradcheck_in_fp64_with_each_fix(fix):
     q, k, v = (t.requires_grad_(True) for t in normal_qkv(1, 1, 11, 4, seed=0))
     impl = with_fix(AttentionImpl("emulator", "fp64", block_q=4, block_k=5, fused_scale_max=True), fix)
-    assert torch.autograd.gradcheck(lambda a, b, c: attention_forward(a, b, c, impl, causal=True), (q, k, v))
+    assert torch.autograd.gradcheck(lambda a, b, c: as_kernel(impl)(a, b, c, is_causal=True), (q, k, v))
 
 
 def test_stable_offset_rule():
@@ -261,7 +250,7 @@ def test_fixes_run_through_autograd_and_the_module():
         module = Attention(impl)
         out = module(q, k, v, is_causal=True)
         auto = torch.autograd.grad(out, (q, k, v), do)
-        direct = attention_grads(q.detach(), k.detach(), v.detach(), do, impl, causal=True)
+        direct = as_kernel(impl).backward(q.detach(), k.detach(), v.detach(), do, causal=True)
         assert all(torch.equal(a, b.float()) for a, b in zip(auto, direct)), fix
         fwd = flash_forward(q.detach(), k.detach(), v.detach(), impl, causal=True)
         assert torch.equal(out.detach(), fwd[0].float())
@@ -322,8 +311,8 @@ def test_cost_table_relative_extras():
 def test_cuda_fix_matches_cpu(fix):
     q, k, v, do, _ = mechanism_operands(300, 64, 1.0, 100.0, seed=0)
     impl = with_fix(AttentionImpl("emulator", "fa2_bf16", block_q=64, block_k=64, fused_scale_max=True), fix)
-    cpu = attention_grads(q, k, v, do, impl, causal=True)
-    gpu = attention_grads(q.cuda(), k.cuda(), v.cuda(), do.cuda(), impl, causal=True)
+    cpu = as_kernel(impl).backward(q, k, v, do, causal=True)
+    gpu = as_kernel(impl).backward(q.cuda(), k.cuda(), v.cuda(), do.cuda(), causal=True)
     gold = golden_attention_backward(q, k, v, do, causal=True)
     for a, b, g in zip(cpu, gpu, gold):
         assert b.device.type == "cuda"
