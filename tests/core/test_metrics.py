@@ -79,3 +79,21 @@ def test_dtype_floor_is_the_rounding_of_a_shift():
     # bf16: 1 + 0.3 -> 1.296875, - 0.3 -> 0.996875 -> rounds to 0.99609375; floor = 2 * 0.00390625
     assert acceptance.dtype_floor(t(1.0), "bf16") == pytest.approx(2 * 2.0 ** -8)
     assert acceptance.dtype_floor(t(1.0), "fp32") < 1e-6
+
+
+def test_mean_rel_error_is_elementwise_and_dilutes_linearly():
+    from attnum.metrics import mean_rel_error
+
+    a, b = t(1.0, 2.5, 3.0, 1.0), t(1.0, 2.0, 3.0, 2.0)
+    assert mean_rel_error(a, b) == pytest.approx((0.25 + 0.5) / 4)
+    assert mean_rel_error(t(5.0, 1.1), t(0.0, 1.0)) == pytest.approx(0.1)  # zeros of b are skipped
+    assert mean_rel_error(t(1.0), t(0.0)) == 0.0
+    # one of R rows scaled by 1 + e: the mean relative error is e / R, the relative L2 e / sqrt(R)
+    gold = torch.randn(1, 1, 400, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    faulty = gold.clone()
+    faulty[..., -1, :] *= 1.12
+    assert mean_rel_error(faulty, gold) == pytest.approx(0.12 / 400)
+    row_share = gold[..., -1, :].norm() / gold.norm()
+    assert rel_l2_error(faulty, gold) == pytest.approx(0.12 * row_share.item())
+    with pytest.raises(ValueError, match="shape"):
+        mean_rel_error(t(1.0), t(1.0, 2.0))
