@@ -138,3 +138,95 @@ def test_real_kernel_tables_record_every_kernel_input_and_mask_and_obey_what_mus
         assert float(self_pair["real_pair_max_abs_diff"].max()) == 0.0
         assert float(self_pair["real_pair_nonfinite_mismatch"].max()) == 0.0
         assert float(self_pair["real_pair_zero_row_mismatch"].max()) == 0.0
+
+
+# -- one faulty row and a fixed tolerance (issue 10, item 10) ----------------------------------------
+
+def test_row_fault_totals_match_the_metrics_on_the_explicit_faulty_output():
+    import torch
+
+    from attnum.metrics import mean_rel_error, rel_l2_error, row_rel_l2
+    from attnum.studies.extreme_inputs import _RowFault
+
+    g = torch.Generator().manual_seed(3)
+    gold = torch.randn(1, 2, 50, 8, dtype=torch.float64, generator=g)
+    out = gold * (1 + 1e-4 * torch.randn(gold.shape, dtype=torch.float64, generator=g))
+    rf = _RowFault(out, gold, rows=3)
+    for e in (0.0, 0.05, 0.12, 2.0):
+        faulty = out.clone()
+        faulty[0, 0, -3:, :] *= 1 + e
+        errs = rf.errors(e)
+        assert errs["rel_l2"] == pytest.approx(rel_l2_error(faulty, gold), rel=1e-9)
+        assert errs["mean_rel"] == pytest.approx(mean_rel_error(faulty, gold), rel=1e-9)
+        assert errs["worst_row"] == pytest.approx(row_rel_l2(faulty, gold)[0, 0, -3:].max().item(), rel=1e-9)
+    for metric in ("rel_l2", "mean_rel"):
+        big = rf.largest_accepted(metric)
+        assert rf.errors(big)[metric] <= 1e-3 < rf.errors(big * 1.001)[metric]
+    assert np.isnan(_RowFault(out * 1.01, gold, rows=3).largest_accepted("rel_l2"))  # correct output rejected
+
+
+def test_dilution_experiment_dilutes_one_row_by_rows_in_the_mean_and_by_sqrt_rows_in_l2():
+    from attnum.studies import extreme_inputs as study
+
+    ds = study.dilution_experiment([64, 1024], ["fp32"], [0], [0.12], [1, 16], block_q=32, block_k=32,
+                                   golden_chunk=256, progress=False)
+    assert ds["dil_fault_err"].dims == ("dil_metric", "dil_faulty_rows", "dil_row_error", "dil_seq_len",
+                                        "dil_dtype", "dil_seed")
+    big = ds["dil_largest_accepted"].sel(dil_dtype="fp32", dil_seed=0)
+    # mean relative error: the largest accepted row error grows in proportion to the rows (16x here)
+    growth = big.sel(dil_metric="mean_rel") .sel(dil_seq_len=1024) / big.sel(dil_metric="mean_rel").sel(dil_seq_len=64)
+    assert np.allclose(growth.values, 16, rtol=0.05)
+    # relative L2: by about sqrt(rows) for a block of rows (4x), far less than the mean's 16x
+    l2 = big.sel(dil_metric="rel_l2", dil_faulty_rows=16)
+    assert 2.5 < float(l2.sel(dil_seq_len=1024) / l2.sel(dil_seq_len=64)) < 6
+    # at fp32 the correct output passes both; a 12% error in one row of 1024 passes the mean rule, not the L2 rule
+    acc = ds["dil_fault_accepted"].sel(dil_dtype="fp32", dil_seed=0, dil_row_error=0.12, dil_faulty_rows=1,
+                                       dil_seq_len=1024)
+    assert int(acc.sel(dil_metric="mean_rel")) == 1 and int(acc.sel(dil_metric="rel_l2")) == 0
+    assert (ds["dil_correct_accepted"] == 1).all()
+    lines = study.dilution_statements(ds)
+    assert any("mean relative error: misses 12% at N 1024" in line for line in lines)
+
+
+def test_smoke_run_has_the_dilution_experiment_and_both_metrics_in_the_detection_sweep(smoke):
+    path, ds = smoke
+    assert (path / "dilution.png").exists()
+    params = json.loads(ds.attrs["parameters"])
+    assert list(ds["dil_seq_len"].values) == params["dilution_seq_lens"]
+    assert list(ds["dil_metric"].values) == ["rel_l2", "mean_rel"]
+    err, acc = ds["dil_fault_err"], ds["dil_fault_accepted"]
+    assert ((acc == 1) == (err <= 1e-3)).where(err.notnull()).fillna(True).all()
+    # a larger error in the same rows is never easier to accept
+    assert (err.diff("dil_row_error") >= 0).where(err.diff("dil_row_error").notnull()).fillna(True).all()
+    rows = ds["dil_rows"].values
+    assert list(rows) == [int(params["batch"]) * int(params["heads"]) * n for n in params["dilution_seq_lens"]]
+    for var in ("det_fault_mean_rel_err", "det_correct_mean_rel_err"):
+        vals = ds[var].values
+        assert (vals[np.isfinite(vals)] >= 0).all() and np.isfinite(vals).any(), var
+    from attnum.studies import extreme_inputs as study
+
+    table = study.fixed_tolerance_by_metric(ds)
+    assert set(table.index.get_level_values("metric")) == {"rel_l2", "mean_rel"}
+
+
+def test_gpu_readback_helpers_on_the_cpu_run(smoke, tmp_path, monkeypatch):
+    import shutil
+
+    from attnum.studies import extreme_inputs as study
+
+    path, ds = smoke
+    summary = study.real_kernel_summary(ds)
+    assert list(summary.index) == [(k, d) for k in ds["real_kernel"].values for d in ds["real_dtype"].values]
+    # a NaN in a padding key poisons every row in both CPU backends (section 7), whatever the mask
+    for key in summary.index:
+        assert "nan_in_masked_key" in summary.loc[key, "NaN/inf where golden finite"]
+        assert summary.loc[key, "no output"] == "none"
+    beside = study.emulator_beside_real(ds)
+    assert set(beside.index.get_level_values("input")) == set(ds["family"].values) & set(ds["real_input"].values)
+    assert beside.loc[("bf16", "normal")].iloc[0][0].isdigit()  # the emulator's error on N(0, 1) inputs, a number
+    # the committed-run loader: nothing there -> None; a CPU run there -> None (not a GPU run)
+    monkeypatch.setenv("ATTNUM_ROOT", str(tmp_path))
+    assert study.load_gpu_run() is None
+    (tmp_path / "outputs" / "extreme_inputs" / "gpu").mkdir(parents=True)
+    shutil.copy(path / "results.nc", tmp_path / "outputs" / "extreme_inputs" / "gpu" / "results.nc")
+    assert study.load_gpu_run() is None

@@ -178,3 +178,33 @@ def plot_real_kernels(ds: xr.Dataset):
     fig.suptitle("real kernels on extreme inputs and masks: green agrees with fp64 (relative error), red departs, "
                  "grey no output", fontsize="small")
     return fig
+
+
+def plot_dilution(ds: xr.Dataset):
+    """The largest error confined to a few rows that a fixed 0.1% tolerance still accepts, against
+    the number of rows it averages over, per metric (panels) and dtype and number of faulty rows
+    (lines; smallest over seeds; missing where the tolerance rejects the correct output); the
+    dotted line is seed 000's missed 12%."""
+    from ..plots import subplots
+
+    metrics = list(ds["dil_metric"].values)
+    names = {"rel_l2": "relative L2", "mean_rel": "mean relative error (seed 000)"}
+    fig, axes = subplots(1, len(metrics), sharey=True, figsize=(4.2 * len(metrics) + 1.5, 3.2))
+    rows_seen = ds["dil_rows"].values
+    colours = {"bf16": "C0", "fp16": "C1", "fp32": "C2"}
+    styles = ["-", "--", ":", "-."]
+    for ax, metric in zip(axes[0], metrics):
+        for fmt in ds["dil_dtype"].values:
+            for k, r in enumerate(ds["dil_faulty_rows"].values):
+                big = ds["dil_largest_accepted"].sel(dil_metric=metric, dil_dtype=fmt, dil_faulty_rows=r).min(
+                    "dil_seed", skipna=False).values
+                ax.plot(rows_seen, big, marker="o", ms=3, color=colours.get(str(fmt)), ls=styles[k % len(styles)],
+                        label=f"fa2_{fmt}, {int(r)} faulty row{'s' if r > 1 else ''}")
+        ax.axhline(0.12, color="k", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"0.1% on the {names.get(str(metric), str(metric))}", fontsize="small")
+        ax.set_xlabel("rows averaged over (batch x heads x N)", fontsize="small")
+    axes[0][0].set_ylabel("largest row error accepted")
+    axes[0][-1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
