@@ -32,6 +32,13 @@ float32) and rounded to its stage format with ``x.to(fmt).to(carrier)``.
 A matmul whose stage format is bf16 is therefore computed with a float32
 accumulator and rounded once at the end, which is what low-precision matmuls
 in torch (and tensor cores) do; it is not a sequentially rounded bf16 sum.
+
+One option departs from that, for seed 000's MI210 port (``score_mac``, default ``None``: the
+matmul above, every existing policy unchanged): the flash emulator's score product Q K^T
+accumulated term by term over the head dimension in the *score* format, each multiply-add
+either fused (``"fma"``: the exact product added, the sum rounded once) or with two roundings
+(``"two_rounding"``: the product rounded to the score format, then the sum rounded). Only the
+flash emulator (``attnum.kernels.flash``) reads it.
 """
 from __future__ import annotations
 
@@ -50,6 +57,10 @@ FORMATS: dict[str, torch.dtype] = {
 # Significand bits including the hidden bit, and the smallest normal exponent.
 SIGNIFICAND_BITS = {"fp64": 53, "fp32": 24, "fp16": 11, "bf16": 8}
 MIN_EXPONENT = {"fp64": -1022, "fp32": -126, "fp16": -14, "bf16": -126}
+
+SCORE_MACS = (None, "fma", "two_rounding")
+"""``PrecisionPolicy.score_mac``: the score matmul (None), or a term-by-term multiply-add in the
+score format, fused or with the product and the sum rounded separately (seed 000, MI210)."""
 
 STAGES = ("inputs", "score", "stats", "p", "out_acc", "output", "lse")
 BACKWARD_STAGES = ("grad_out", "delta", "dp", "ds", "p_bwd", "grad_acc", "grad")
@@ -100,8 +111,11 @@ class PrecisionPolicy:
     p_bwd: str | None = None
     grad_acc: str | None = None
     grad: str | None = None
+    score_mac: str | None = None  # SCORE_MACS; not a stage: how the flash emulator accumulates Q K^T
 
     def __post_init__(self) -> None:
+        if self.score_mac not in SCORE_MACS:
+            raise ValueError(f"score_mac must be one of {SCORE_MACS}, got {self.score_mac!r}")
         for stage in STAGES:
             check_format(getattr(self, stage))
         exact = "fp64" if "fp64" in self.forward_formats() else "fp32"
@@ -152,6 +166,14 @@ class PrecisionPolicy:
         bits = SIGNIFICAND_BITS[check_format(fmt)]
         narrow = {s: fmt for s in BACKWARD_STAGES if SIGNIFICAND_BITS[getattr(self, s)] < bits}
         return self.replace(name=f"{self.name}+bwd={fmt}", **narrow) if narrow else self
+
+    def with_score_mac(self, mode: str | None) -> "PrecisionPolicy":
+        """The same stages with the score product accumulated term by term (``SCORE_MACS``)."""
+        if mode not in SCORE_MACS:
+            raise ValueError(f"score_mac must be one of {SCORE_MACS}, got {mode!r}")
+        if mode is None:
+            return dataclasses.replace(self, score_mac=None)
+        return dataclasses.replace(self, name=f"{self.name}+mac={mode}", score_mac=mode)
 
     def as_dict(self) -> dict[str, str]:
         return dataclasses.asdict(self)

@@ -93,3 +93,166 @@ def test_real_kernel_sweep_records_refusals_and_finds_the_emulator_in_itself():
     math_err = ds["real_rel_l2_err"].sel(real_kernel="sdpa:math")
     assert ((math_err > 0) & (math_err < 1e-2)).all()  # bf16 inputs and output: about the unit roundoff
     assert set(ds["rule"].values) == {"fixed_0.1pct", "dynamic_threshold", "reference_relative"}
+
+
+# -- issue 10 / issue 14 additions: fast unit tests of the new measurements ----------------------------
+
+import torch  # noqa: E402
+
+from attnum import kernels  # noqa: E402
+from attnum.inputs import normal_qkv  # noqa: E402
+from attnum.kernels.flash import flash_attention, sequential_mac  # noqa: E402
+from attnum.precision import PRESETS, get_policy, round_to  # noqa: E402
+
+
+def _qkv(n=96, d=16, fmt="bf16", rows=None, seed=0):
+    q, k, v = normal_qkv(1, 1, n, d, seed=seed)
+    if rows:
+        q = q[..., :rows, :]
+    return tuple(round_to(t.float(), fmt) for t in (q, k, v))
+
+
+def test_score_mac_is_off_in_every_preset_and_off_is_bit_identical():
+    assert all(p.score_mac is None for p in PRESETS.values())
+    q, k, v = _qkv()
+    for name in ("fa2_bf16", "all_bf16", "fp32"):
+        base, _ = flash_attention(q, k, v, name, block_q=32, block_k=32)
+        off, _ = flash_attention(q, k, v, get_policy(name).with_score_mac(None), block_q=32, block_k=32)
+        assert torch.equal(base, off)
+    with pytest.raises(ValueError, match="score_mac"):
+        get_policy("fa2_bf16").with_score_mac("three_roundings")
+
+
+def test_sequential_mac_fused_vs_two_roundings():
+    q, k, _ = _qkv(64, 32, "fp32")
+    exact = q.double() @ k.double().transpose(-1, -2)
+    assert torch.allclose(sequential_mac(q.double(), k.double(), "fp64", two_rounding=False), exact, rtol=0, atol=1e-12)
+    fused = sequential_mac(q, k, "fp32", two_rounding=False)
+    two = sequential_mac(q, k, "fp32", two_rounding=True)
+    assert not torch.equal(fused, two)  # fp32 products need rounding: the second rounding shows
+    assert (two.double() - exact).abs().mean() > (fused.double() - exact).abs().mean()
+    qb, kb, _ = _qkv(64, 32, "bf16")  # bf16 x bf16 is exact in fp32: two roundings = one
+    assert torch.equal(sequential_mac(qb, kb, "fp32", two_rounding=False), sequential_mac(qb, kb, "fp32", two_rounding=True))
+    assert not torch.equal(sequential_mac(qb, kb, "bf16", two_rounding=False), sequential_mac(qb, kb, "bf16", two_rounding=True))
+
+
+def test_mac_sweep_separates_the_modes_where_they_can_differ():
+    ds = study.mac_sweep([64, 128], ["bf16", "fp32"], [0], query_rows=8, head_dim=16, block_q=32, block_k=32,
+                         progress=False)
+    err = ds["mac_rel_l2_err"].sel(mac_seed=0)
+    assert np.isfinite(err).all() and (err > 0).all()
+    fa2 = err.sel(policy="fa2", mac_dtype="bf16")
+    assert (fa2.sel(mac="fma") == fa2.sel(mac="two_rounding")).all()  # products exact in the fp32 score format
+    assert (err.sel(policy="all", mac_dtype="fp32", mac="fma") != err.sel(policy="all", mac_dtype="fp32", mac="two_rounding")).any()
+
+
+def test_golden_tile_formula():
+    assert study.golden_tile(64) == (64, 384)  # M = 98304: Bc = ceil(M / 256), Br = min(Bc, d)
+    assert study.golden_tile(128) == (128, 192)
+    assert study.golden_tile(64, memory=1000) == (4, 4)
+    assert study.parse_block_config("golden", 32) == (32, 768)
+    assert study.parse_block_config("16x64", 32) == (16, 64)
+    with pytest.raises(ValueError, match="golden"):
+        study.parse_block_config("big", 32)
+    ds = study.block_sweep(128, ["32x32", "golden"], ["q_outer"], ["bf16"], [0], head_dim=16, progress=False)
+    assert int(ds["tile_k"].sel(block_config="golden")) == study.golden_tile(16)[1]
+
+
+def test_fp32_inside_reference_is_the_fp32_reference_rounded_once():
+    q, k, v = _qkv(80, 16, "bf16")
+    inside = kernels.reference(study.fp32_inside_policy("bf16")).forward(q, k, v)[0]
+    fp32 = kernels.reference("fp32").forward(q, k, v)[0]
+    assert torch.equal(inside, round_to(fp32, "bf16"))
+    ds = study.length_sweep([64, 128, 256], ["bf16"], [0], head_dim=16, block_q=32, block_k=32, progress=False)
+    assert (ds["fp32_inside_rel_l2_err"] > 0).all()
+    # the production flash kernel rounds P; the fp32-inside reference does not, so it errs less
+    assert (ds["rel_l2_err"].sel(kernel="flash", policy="fa2") > ds["fp32_inside_rel_l2_err"]).all()
+    assert ((ds["mean_rel_err"] > 0) & np.isfinite(ds["mean_rel_err"])).all()
+
+
+def test_staged_fp32_reference_equals_the_reference_and_each_stage_can_be_promoted():
+    q, k, v = _qkv(300, 16, "fp32", rows=24)
+    ref = kernels.reference("fp32").forward(q, k, v)[0]
+    assert torch.equal(study.staged_fp32_attention(q, k, v), ref)
+    gold = kernels.get("golden").forward(q, k, v)[0]
+    err = lambda o: float((o.double() - gold).norm() / gold.norm())  # noqa: E731
+    for stage in study.FP32_STAGES:
+        out = study.staged_fp32_attention(q, k, v, fp64_stage=stage)
+        assert out.dtype == torch.float32 and err(out) < 1e-6
+    assert err(study.staged_fp32_attention(q, k, v, fp64_stage="pv")) != err(ref)
+    assert not torch.equal(study.staged_fp32_attention(q, k, v, split="pv", chunk=64), ref)
+    with pytest.raises(ValueError):
+        study.staged_fp32_attention(q, k, v, fp64_stage="softmax")
+    ds = study.fp32_reference_stages([128, 256], [0], query_rows=8, head_dim=16, progress=False)
+    e = ds["fp32_stage_rel_l2_err"]
+    assert list(e["fp32_stage_variant"].values) == list(study.FP32_STAGE_VARIANTS)
+    assert (e.sel(fp32_stage_variant="reference") == e.sel(fp32_stage_variant="all_fp32")).all()
+    assert ((e > 0) & (e < 1e-5)).all()
+    assert "float32_matmul_precision" in str(ds["fp32_stage_matmul_precision"].values)
+    assert "grows" in study.fp32_stage_sentence(ds)
+
+
+def test_row_sum_window_rounds_only_inside_its_window():
+    # N = 100, block 10: keys 90..99 are the last 10%, i.e. block 9 alone
+    l = torch.full((1, 1), 1.0 + 2.0 ** -12)  # not a bf16 number
+    for window, rounded in (("every_block", set(range(10))), ("last_10pct", {9}), ("first_90pct", set(range(9)))):
+        hooks = study._row_sum_rounder("bf16", 100, 10, window)
+        got = {b for b in range(10) if not torch.equal(hooks.store_row_sum(l.clone()), l)}
+        assert got == rounded, window
+
+
+def test_denominator_tail_measures_the_row_sum_only():
+    ds = study.denominator_tail([128, 512], ["bf16", "fp32"], [0], query_rows=8, head_dim=16, block_q=32,
+                                block_k=32, progress=False)
+    err = ds["denominator_rel_l2_err"]
+    fp32 = err.sel(denominator_dtype="fp32")  # rounding an fp32 row sum to fp32 changes nothing
+    assert (fp32 == fp32.sel(denominator_window="every_block")).all()
+    bf16 = err.sel(denominator_dtype="bf16")
+    assert (bf16.sel(denominator_window="every_block") > 10 * fp32.sel(denominator_window="every_block")).all()
+    share = ds["denominator_tail_share"].sel(denominator_dtype="bf16")
+    assert ((share > 0) & (share < 2)).all()
+    assert "62%" in study.denominator_sentence(ds)
+
+
+def test_unmasked_strata_and_the_statement_helpers():
+    lengths = study.summarize_lengths(study.length_sweep([64, 128, 256], ["bf16", "fp32"], [0, 1], head_dim=16,
+                                                         block_q=32, block_k=32, progress=False))
+    nomask = study.causal_strata(128, ["bf16"], [0], head_dim=16, block_q=32, block_k=32, causal=False,
+                                 progress=False)
+    assert {"nomask_strata_rel_l2_err", "nomask_seq_len"} <= set(nomask) and "strata_rel_l2_err" not in nomask
+    table = study.strata_table(nomask, "nomask_")
+    assert (table["last / first"] > 0).all()
+    assert study.strata_table(nomask) == study.missing(nomask, "strata_rel_l2_err")
+    assert "no strata_rel_l2_err" in study.missing(nomask, "strata_rel_l2_err")
+    growth = study.growth_table(lengths)
+    row = growth.loc[("flash", "all_bf16")]
+    med = lengths["rel_l2_err"].median("seed").sel(kernel="flash", policy="all", dtype="bf16")
+    assert row["last/first"] == pytest.approx(float(med.sel(seq_len=256) / med.sel(seq_len=64)))
+    assert any("all_bf16" in s for s in study.growth_sentences(lengths))
+    rate, count = study.false_alarm_rate(lengths, "fixed_0.1pct", "flash", "fa2", "bf16", min_len=128)
+    assert count == 4 and rate == 1.0  # bf16's unit roundoff is above 0.1%: every output rejected
+    comparison = study.reference_comparison(lengths)
+    assert (comparison["flash / fp32 inside"].xs("bf16") > 1).all()
+    seed000 = study.seed000_metric_table(lengths)
+    assert seed000.loc[("fa2_bf16", 128), "seed 000, MI210 port"] != seed000.loc[("fa2_bf16", 128), "seed 000, MI210 port"]
+    assert seed000["mean rel. error (seed 000's metric)"].gt(0).all()
+
+
+def test_real_kernel_statements_record_what_could_not_run():
+    ds = study.real_kernel_sweep(["sdpa:math", "sdpa:cudnn"], [64, 128], ["bf16"], [16], [False], [0],
+                                 block_ks=(32,), progress=False)
+    lines = study.real_kernel_sentences(ds)
+    assert any(line.startswith("`sdpa:cudnn`: no output") for line in lines)
+    assert any(line.startswith("`sdpa:math`: best emulator configuration") for line in lines)
+    alarms = study.real_false_alarms(ds, min_len=128)
+    assert set(alarms.index.get_level_values("kernel")) == {"sdpa:math"}
+    assert (alarms["outputs"] == 1).all()
+    assert float(alarms.loc[("sdpa:math", "fixed_0.1pct"), "false alarms"]) == 1.0
+
+
+@pytest.mark.gpu
+def test_fp32_reference_stages_on_cuda():
+    ds = study.fp32_reference_stages([256, 1024], [0], query_rows=64, head_dim=32, device="cuda", progress=False)
+    e = ds["fp32_stage_rel_l2_err"]
+    assert ((e > 0) & (e < 1e-5)).all()
+    assert (e.sel(fp32_stage_variant="fp64_pv") <= 2 * e.sel(fp32_stage_variant="all_fp32")).all()

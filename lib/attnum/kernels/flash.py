@@ -24,6 +24,8 @@ Options later studies use:
   * ``fault``: a ``KernelHooks`` object, the places where a buggy kernel may
     depart from the algorithm (``attnum.kernels.faults`` defines realistic bugs).
     ``None`` (the default) is the algorithm itself, bit for bit.
+  * the policy's ``score_mac``: Q K^T as a term-by-term multiply-add in the score format, fused or
+    with two roundings (seed 000's MI210; ``sequential_mac``). ``None`` (every preset) is the matmul.
   * ``stable_beta``: Qiu & Yao's STABLE exponent offset on rows with a repeated
     maximum (arXiv 2510.04212; study 05's ``stable_max`` fix), FA2 loop order only.
 """
@@ -96,6 +98,27 @@ def stable_offset(row_max: torch.Tensor, ties: torch.Tensor, beta: float) -> tor
     return torch.where(repeated, shifted, row_max)
 
 
+def sequential_mac(q: torch.Tensor, k: torch.Tensor, fmt: str, *, two_rounding: bool) -> torch.Tensor:
+    """Q K^T accumulated term by term over the head dimension in ``fmt`` (``PrecisionPolicy.score_mac``).
+
+    The products are formed exactly (in fp64: the product of two fp32, fp16 or bf16 values fits its
+    53 bits); a fused multiply-add rounds ``acc + q_i k_i`` once to ``fmt``; ``two_rounding`` first
+    rounds the product to ``fmt``, then the sum (seed 000's MI210). Returned in ``q``'s dtype.
+    (The fp64 sum before the rounding to ``fmt`` can double-round in rare ties; that is below
+    what this option measures.)
+    """
+    from ..precision import round_to
+
+    q64, k64 = q.double(), k.double().transpose(-1, -2)
+    acc = torch.zeros(q.shape[:-1] + (k.shape[-2],), dtype=torch.float64, device=q.device)
+    for i in range(q.shape[-1]):
+        prod = q64[..., i:i + 1] * k64[..., i:i + 1, :]
+        if two_rounding:
+            prod = round_to(prod, fmt)
+        acc = round_to(acc + prod, fmt)
+    return acc.to(q.dtype)
+
+
 def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scale: float | None = None,
                     causal: bool = False, attn_bias: torch.Tensor | None = None, block_q: int = 128,
                     block_k: int = 128, loop_order: str = "q_outer", fused_scale_max: bool = False,
@@ -151,7 +174,10 @@ def flash_attention(q, k, v, policy: str | PrecisionPolicy = "fa2_bf16", *, scal
         q_blk, k_blk, v_blk = q[..., rows, :], k[..., k_start:k_stop, :], v[..., k_start:k_stop, :]
 
         # -- compute qk: raw scores, accumulated and stored in the score format --
-        s = pol.round(q_blk @ k_blk.transpose(-1, -2), "score")
+        if pol.score_mac is None:
+            s = pol.round(q_blk @ k_blk.transpose(-1, -2), "score")
+        else:
+            s = sequential_mac(q_blk, k_blk, pol.score, two_rounding=pol.score_mac == "two_rounding")
         if bias is not None:
             s = pol.round(s + bias[..., rows, k_start:k_stop] / scale, "score")
         if causal:

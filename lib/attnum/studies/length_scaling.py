@@ -9,6 +9,8 @@ microbenchmark), the ``fa2_<dtype>`` family is what production kernels do.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import xarray as xr
@@ -17,8 +19,8 @@ from ..progress import tqdm
 from .. import acceptance
 from ..inputs import normal_qkv
 from .. import kernels
-from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, row_rel_l2, strata_bounds
-from ..precision import FORMATS, min_normal, policy_for, round_to
+from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, mean_rel_error, row_rel_l2, strata_bounds
+from ..precision import FORMATS, SCORE_MACS, min_normal, policy_for, round_to
 
 KERNELS = ("reference", "flash")
 FAMILIES = ("all", "fa2")
@@ -62,6 +64,21 @@ VARIABLES = {
     "p_below_min_normal_frac": ("1", "fraction of softmax probabilities below the format's smallest normal"),
     "attribution_query_rows": ("1", "query rows evaluated per input set in the attribution experiment"),
     "causal_seq_len": ("1", "sequence length of the causal position-stratified experiment"),
+    "mean_rel_err": ("1", "seed 000's metric: mean elementwise |O - O_golden| / |O_golden| (zeros of the golden value skipped)"),
+    "fp32_inside_rel_l2_err": ("1", "relative L2 error of unblocked attention with fp32 inside (inputs and output in the dtype; PyTorch's math backend)"),
+    "fp32_inside_max_abs_err": ("1", "max |O - O_golden| of unblocked attention with fp32 inside"),
+    "nomask_strata_rel_l2_err": ("1", "mean per-row relative L2 error within a position stratum, no mask"),
+    "nomask_strata_max_abs_err": ("1", "max |O - O_golden| within a position stratum, no mask"),
+    "nomask_row_profile_rel_l2_err": ("1", "mean per-row relative L2 error in bins of query position, no mask"),
+    "nomask_seq_len": ("1", "sequence length of the unmasked position-stratified experiment"),
+    "mac_rel_l2_err": ("1", "relative L2 error of the flash emulator with the score product accumulated term by term (fma or two roundings)"),
+    "mac_query_rows": ("1", "query rows evaluated per input set in the multiply-add experiment"),
+    "denominator_rel_l2_err": ("1", "relative L2 error of the flash emulator (fp32 inside) with the running row sum rounded to the dtype in a window of key blocks"),
+    "denominator_tail_share": ("1", "error with the row sum rounded only in the last 10% of key blocks / error with it rounded in every block"),
+    "denominator_query_rows": ("1", "query rows evaluated per input set in the denominator experiment"),
+    "fp32_stage_rel_l2_err": ("1", "relative L2 error of the fp32 unblocked reference with one stage computed in fp64 (or the reductions split)"),
+    "fp32_stage_query_rows": ("1", "query rows evaluated per input set in the fp32-reference stage experiment"),
+    "fp32_stage_matmul_precision": ("1", "torch's float32 matmul settings when the fp32-reference stage experiment ran"),
 }
 
 
@@ -81,6 +98,8 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
     floors = np.full((len(dtypes), len(seq_lens), len(seeds)), np.nan)
     xmax = np.full((len(dtypes), len(seq_lens), len(seeds)), np.nan)
     fp64_err = np.full((len(seq_lens), len(seeds)), np.nan)
+    mean_rel = np.full(shape, np.nan)
+    inside = {m: np.full((len(dtypes), len(seq_lens), len(seeds)), np.nan) for m in ("rel_l2", "max_abs")}
     self_err = np.full((len(seq_lens), len(seeds)), np.nan)
     work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
     for i, n, j, seed in tqdm(work, desc="lengths x seeds", disable=not progress):
@@ -110,10 +129,16 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
 
             # same-precision reference of the FA/PyTorch test suites: plain attention, all in fmt
             pt_err = error_summary(run_kernel("reference", policy_for("all", fmt)), gold, fmt)["max_abs"]
+            # the reference most users have in mind: fp32 inside, inputs and output in the dtype
+            summary = error_summary(run_kernel("reference", fp32_inside_policy(fmt)), gold, fmt)
+            for m in inside:
+                inside[m][d, i, j] = summary[m]
             for f, family in enumerate(families):
                 pol = policy_for(family, fmt)
                 for kk, kernel in enumerate(KERNELS):
-                    summary = error_summary(run_kernel(kernel, pol), gold, fmt)
+                    out = run_kernel(kernel, pol)
+                    mean_rel[kk, f, d, i, j] = mean_rel_error(out, gold)
+                    summary = error_summary(out, gold, fmt)
                     for m in ERROR_METRICS:
                         err[m][kk, f, d, i, j] = summary[m]
                     verdict = acceptance.judge(rel_l2=summary["rel_l2"], max_abs=summary["max_abs"], n=n,
@@ -126,6 +151,9 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
               "seq_len": list(seq_lens), "seed": list(seeds), "rule": list(acceptance.RULES)}
     ds = xr.Dataset({f"{m}_err": (dims, err[m]) for m in ERROR_METRICS}, coords=coords)
     ds["passes"] = (("rule",) + dims, passes)
+    ds["mean_rel_err"] = (dims, mean_rel)
+    for m in inside:
+        ds[f"fp32_inside_{m}_err"] = (("dtype", "seq_len", "seed"), inside[m])
     ds["dtype_floor"] = (("dtype", "seq_len", "seed"), floors)
     ds["input_abs_max"] = (("dtype", "seq_len", "seed"), xmax)
     ds["dynamic_threshold"] = (("dtype", "seq_len"), np.array(
@@ -159,10 +187,40 @@ def summarize_lengths(ds: xr.Dataset) -> xr.Dataset:
     return out
 
 
+GOLDEN_TILE_MEMORY = 192 * 1024 // 2
+"""M of Golden et al.'s tile formula, in elements: one A100 SM's 192 KiB of on-chip SRAM (L1 and shared
+memory together, the M of FlashAttention's Algorithm 1, which the formula comes from) holding 2-byte
+(bf16/fp16) elements. Golden et al. ran on A100s (papers.md section 3); the source gives M as "SRAM
+size" without a value, so this choice is ours."""
+
+
+def golden_tile(head_dim: int, memory: int = GOLDEN_TILE_MEMORY) -> tuple[int, int]:
+    """Golden et al.'s (FlashAttention-1's) tiles: Bc = ceil(M / 4d), Br = min(ceil(M / 4d), d);
+    returns (block_q, block_k) = (Br, Bc)."""
+    if head_dim < 1 or memory < 1:
+        raise ValueError(f"head_dim and memory must be positive, got {head_dim}, {memory}")
+    bc = math.ceil(memory / (4 * head_dim))
+    return min(bc, head_dim), bc
+
+
+def parse_block_config(cfg: str, head_dim: int) -> tuple[int, int]:
+    """``"64x128"`` -> (64, 128); ``"golden"`` -> ``golden_tile(head_dim)``."""
+    if cfg == "golden":
+        return golden_tile(head_dim)
+    try:
+        bq, bk = (int(x) for x in cfg.split("x"))
+    except ValueError:
+        raise ValueError(f"block configuration {cfg!r} is neither <block_q>x<block_k> nor 'golden'") from None
+    return bq, bk
+
+
 def block_sweep(seq_len, block_configs, loop_orders, dtypes, seeds, *, batch=1, heads=2, head_dim=64,
                 families=FAMILIES, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
-    """Flash-emulator error over block shapes and loop orders at one length (Golden et al. Fig 6)."""
-    parsed = [tuple(int(x) for x in cfg.split("x")) for cfg in block_configs]
+    """Flash-emulator error over block shapes and loop orders at one length (Golden et al. Fig 6).
+
+    A configuration is ``<block_q>x<block_k>`` or ``golden``: Golden et al.'s tiles for this head
+    dimension (``golden_tile``)."""
+    parsed = [parse_block_config(cfg, head_dim) for cfg in block_configs]
     shape = (len(block_configs), len(loop_orders), len(families), len(dtypes), len(seeds))
     max_abs, rel_l2 = np.full(shape, np.nan), np.full(shape, np.nan)
     work = [(d, fmt, s, seed) for d, fmt in enumerate(dtypes) for s, seed in enumerate(seeds)]
@@ -193,8 +251,11 @@ def block_sweep(seq_len, block_configs, loop_orders, dtypes, seeds, *, batch=1, 
 
 def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, block_q=128, block_k=128,
                   families=FAMILIES, profile_bins=32, device="cpu", golden_chunk=1024, reference_chunk=0,
-                  progress=True) -> xr.Dataset:
-    """Causal attention: error by query position (first 10% / middle 80% / last 10%, seed 000)."""
+                  causal=True, progress=True) -> xr.Dataset:
+    """Causal attention: error by query position (first 10% / middle 80% / last 10%, seed 000).
+
+    ``causal=False``: the same strata without a mask (every row sees all N keys), in variables
+    prefixed ``nomask_`` (seed 000 reports its strata without saying which mask it used)."""
     shape = (len(KERNELS), len(families), len(dtypes), len(seeds))
     strata_rel = np.full(shape[:3] + (len(STRATA),) + shape[3:], np.nan)
     strata_max = np.full_like(strata_rel, np.nan)
@@ -202,13 +263,13 @@ def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
     bounds = strata_bounds(seq_len)
     edges = np.linspace(0, seq_len, profile_bins + 1).astype(int)
     work = [(d, fmt, s, seed) for d, fmt in enumerate(dtypes) for s, seed in enumerate(seeds)]
-    for d, fmt, s, seed in tqdm(work, desc="causal", disable=not progress):
+    for d, fmt, s, seed in tqdm(work, desc="causal" if causal else "no mask", disable=not progress):
         q, k, v = _inputs(fmt, seq_len, seed, batch, heads, head_dim, device)
-        gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v, causal=True)[0]
+        gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v, causal=causal)[0]
         for f, family in enumerate(families):
             pol = policy_for(family, fmt)
-            outs = {"reference": kernels.reference(pol, query_chunk=reference_chunk or None).forward(q, k, v, causal=True)[0],
-                    "flash": kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(q, k, v, causal=True)[0]}
+            outs = {"reference": kernels.reference(pol, query_chunk=reference_chunk or None).forward(q, k, v, causal=causal)[0],
+                    "flash": kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(q, k, v, causal=causal)[0]}
             for kk, kernel in enumerate(KERNELS):
                 rows = row_rel_l2(outs[kernel], gold).flatten(0, -2).mean(0)  # mean over batch, heads
                 absdiff = (outs[kernel].double() - gold).abs().amax(dim=-1).flatten(0, -2).amax(0)
@@ -226,6 +287,10 @@ def causal_strata(seq_len, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
         "row_profile_rel_l2_err": (("kernel", "policy", "dtype", "position_bin", "seed"), profile),
     }, coords=coords)
     ds["causal_seq_len"] = seq_len
+    if not causal:
+        ds = ds.rename({name: f"nomask_{name}" for name in ("strata_rel_l2_err", "strata_max_abs_err",
+                                                             "row_profile_rel_l2_err")}
+                       | {"causal_seq_len": "nomask_seq_len"})
     return ds
 
 
@@ -277,6 +342,203 @@ def stage_attribution(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=
     ds = xr.Dataset({"attribution_rel_l2_err": (tuple(coords), err)}, coords=coords)
     ds["p_below_min_normal_frac"] = (("attribution_dtype", "attribution_seq_len", "attribution_seed"), below)
     ds["attribution_query_rows"] = query_rows
+    return ds
+
+
+def fp32_inside_policy(fmt: str):
+    """Unblocked attention as PyTorch's math backend computes it from ``fmt`` inputs: every stage in
+    fp32 (scores, softmax, normalised P, P V), inputs and the output in ``fmt``, rounded once."""
+    return policy_for("all", "fp32").replace(name=f"fp32_inside_{fmt}", inputs=fmt, output=fmt)
+
+
+# -- seed 000: two-rounding multiply-add (its MI210 port), the denominator's last 10% ----------------
+
+MAC_MODES = ("matmul", "fma", "two_rounding")
+
+
+def mac_sweep(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=1, head_dim=64, block_q=128,
+              block_k=128, families=FAMILIES, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+    """The flash emulator with its score product Q K^T accumulated three ways (``MAC_MODES``): the
+    matmul of every other experiment (fp32 accumulator, rounded once to the score format), a
+    term-by-term fused multiply-add in the score format, and seed 000's MI210 multiply-add with two
+    roundings (product, then sum). ``query_rows`` rows against all N keys, as in ``stage_attribution``."""
+    shape = (len(MAC_MODES), len(families), len(dtypes), len(seq_lens), len(seeds))
+    err = np.full(shape, np.nan)
+    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
+    for i, n, j, seed in tqdm(work, desc="multiply-add", disable=not progress):
+        q64, k64, v64 = _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device)
+        for d, fmt in enumerate(dtypes):
+            q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
+            gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
+            for f, family in enumerate(families):
+                for a, mode in enumerate(MAC_MODES):
+                    pol = policy_for(family, fmt).with_score_mac(None if mode == "matmul" else mode)
+                    out = kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(q, k, v)[0]
+                    err[a, f, d, i, j] = error_summary(out, gold, fmt)["rel_l2"]
+    coords = {"mac": list(MAC_MODES), "policy": list(families), "mac_dtype": list(dtypes),
+              "mac_seq_len": list(seq_lens), "mac_seed": list(seeds)}
+    ds = xr.Dataset({"mac_rel_l2_err": (tuple(coords), err)}, coords=coords)
+    ds["mac_query_rows"] = query_rows
+    return ds
+
+
+def _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device):
+    """``query_rows`` queries and N keys and values (rows are independent without a mask)."""
+    q64, _, _ = normal_qkv(batch, heads, query_rows, head_dim, seed=seed, device=device)
+    _, k64, v64 = normal_qkv(batch, heads, n, head_dim, seed=seed + 1_000_003, device=device)
+    return q64, k64, v64
+
+
+DENOMINATOR_WINDOWS = ("every_block", "first_90pct", "last_10pct")
+TAIL_FRACTION = 0.1
+
+
+def _row_sum_rounder(fmt: str, n: int, block_k: int, window: str):
+    """A flash-emulator hook that rounds the running row sum to ``fmt`` after the key blocks of
+    ``window`` only (the policy keeps it in fp32 otherwise). Blocks are numbered in the order the
+    FA2 loop calls the hook (no mask: once per key block, in key order)."""
+    from ..kernels.flash import KernelHooks
+
+    n_blocks = math.ceil(n / block_k)
+    tail_start = n - max(1, round(TAIL_FRACTION * n))  # first key of the last 10%
+
+    class RowSumWindow(KernelHooks):
+        def __init__(self):
+            self.block = 0
+
+        def store_row_sum(self, l):
+            b, self.block = self.block, self.block + 1
+            last = (b + 1) * block_k > tail_start  # the block holds keys of the last 10%
+            if window == "every_block" or (window == "last_10pct") == last:
+                return round_to(l, fmt)
+            return l
+
+    hooks = RowSumWindow()
+    hooks.n_blocks = n_blocks
+    return hooks
+
+
+def denominator_tail(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=1, head_dim=64, block_q=128,
+                     block_k=128, device="cpu", golden_chunk=1024, progress=True) -> xr.Dataset:
+    """Seed 000: "at n = 4096 the last 10% of the denominator's terms contribute 62% of the error".
+
+    The flash emulator with every stage in fp32 (inputs in the dtype) except the running row sum
+    (the softmax denominator), which is rounded to the dtype after the key blocks of a window
+    (``DENOMINATOR_WINDOWS``): after every block, only after blocks holding the first 90% of the keys,
+    or only after those holding the last 10%. ``denominator_tail_share`` = error(last 10%) /
+    error(every block): the share of the denominator's error that its last 10% of terms make.
+    """
+    shape = (len(DENOMINATOR_WINDOWS), len(dtypes), len(seq_lens), len(seeds))
+    err = np.full(shape, np.nan)
+    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
+    for i, n, j, seed in tqdm(work, desc="denominator", disable=not progress):
+        q64, k64, v64 = _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device)
+        for d, fmt in enumerate(dtypes):
+            q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
+            gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
+            pol = policy_for("all", "fp32").replace(name=f"fp32_inside_{fmt}", inputs=fmt)
+            for w, window in enumerate(DENOMINATOR_WINDOWS):
+                hooks = _row_sum_rounder(fmt, n, block_k, window)
+                out = kernels.emulator(pol, block_q=block_q, block_k=block_k, fault=hooks).forward(q, k, v)[0]
+                if hooks.block != hooks.n_blocks:
+                    raise RuntimeError(f"row-sum hook called {hooks.block} times for {hooks.n_blocks} key blocks")
+                err[w, d, i, j] = error_summary(out, gold, fmt)["rel_l2"]
+    coords = {"denominator_window": list(DENOMINATOR_WINDOWS), "denominator_dtype": list(dtypes),
+              "denominator_seq_len": list(seq_lens), "denominator_seed": list(seeds)}
+    ds = xr.Dataset({"denominator_rel_l2_err": (tuple(coords), err)}, coords=coords)
+    ds["denominator_tail_share"] = ds["denominator_rel_l2_err"].sel(denominator_window="last_10pct", drop=True) \
+        / ds["denominator_rel_l2_err"].sel(denominator_window="every_block", drop=True)
+    ds["denominator_query_rows"] = query_rows
+    return ds
+
+
+# -- why the fp32 reference grows with N on the GPU: one stage at a time in fp64 --------------------
+
+FP32_STAGES = ("score", "max", "exp", "sum", "normalize", "pv")
+FP32_STAGE_VARIANTS = ("reference", "all_fp32") + tuple(f"fp64_{st}" for st in FP32_STAGES) + (
+    "sum_split", "pv_split")
+REDUCTION_SPLIT = 1024
+
+
+def staged_fp32_attention(q, k, v, *, fp64_stage: str | None = None, split: str | None = None,
+                          chunk: int = REDUCTION_SPLIT) -> torch.Tensor:
+    """Unblocked fp32 attention (``reference_attention`` under the ``fp32`` policy, step by step) with
+    one stage's arithmetic done in fp64 and its result rounded back to fp32 (``fp64_stage``, one of
+    ``FP32_STAGES``), or one long reduction over the N keys split into ``chunk``-key partial results
+    added in fp32 (``split``: ``"sum"`` or ``"pv"``). Without either it is the fp32 reference."""
+    if fp64_stage not in (None,) + FP32_STAGES:
+        raise ValueError(f"fp64_stage must be one of {FP32_STAGES}, got {fp64_stage!r}")
+    if split not in (None, "sum", "pv"):
+        raise ValueError(f"split must be 'sum' or 'pv', got {split!r}")
+    f32, f64 = torch.float32, torch.float64
+
+    def stage(name, fn, *args):
+        if name == fp64_stage:
+            return fn(*(a.to(f64) for a in args)).to(f32)
+        return fn(*args)
+
+    def split_sum(x, dim):  # fp32 partial sums of chunk keys each, then their fp32 sum
+        parts = [x.narrow(dim, a, min(chunk, x.shape[dim] - a)).sum(dim=dim, keepdim=True)
+                 for a in range(0, x.shape[dim], chunk)]
+        return torch.cat(parts, dim=dim).sum(dim=dim, keepdim=True)
+
+    q, k, v = (t.to(f32) for t in (q, k, v))
+    scale = q.shape[-1] ** -0.5
+    s = stage("score", lambda a, b: (a @ b.transpose(-1, -2)) * scale, q, k)
+    row_max = stage("max", lambda x: x.amax(dim=-1, keepdim=True), s)
+    e = stage("exp", lambda x, m: torch.exp(x - m), s, row_max)
+    if split == "sum":
+        row_sum = split_sum(e, -1)
+    else:
+        row_sum = stage("sum", lambda x: x.sum(dim=-1, keepdim=True), e)
+    p = stage("normalize", lambda x, l: x / l, e, row_sum)
+    if split == "pv":
+        parts = [p[..., a:a + chunk] @ v[..., a:a + chunk, :] for a in range(0, p.shape[-1], chunk)]
+        return torch.stack(parts).sum(dim=0)
+    return stage("pv", lambda a, b: a @ b, p, v)
+
+
+def fp32_matmul_settings() -> str:
+    """torch's float32 matmul settings now (TF32 would explain an fp32 error that grows on a GPU)."""
+    cuda_tf32 = torch.backends.cuda.matmul.allow_tf32
+    cudnn_tf32 = torch.backends.cudnn.allow_tf32
+    return (f"float32_matmul_precision={torch.get_float32_matmul_precision()}; "
+            f"cuda.matmul.allow_tf32={cuda_tf32}; cudnn.allow_tf32={cudnn_tf32}")
+
+
+def fp32_reference_stages(seq_lens, seeds, *, query_rows=64, batch=1, heads=1, head_dim=64, device="cpu",
+                          golden_chunk=1024, progress=True) -> xr.Dataset:
+    """Which reduction makes the fp32 unblocked reference's error grow with N (``FP32_STAGE_VARIANTS``)?
+
+    fp32 inputs; ``query_rows`` query rows against all N keys, computed at once (give it the length
+    sweep's ``reference_chunk`` to reproduce the shapes of that sweep's matmuls). Variants: the
+    length sweep's reference kernel itself, its step-by-step copy (``staged_fp32_attention``), that
+    copy with each stage in fp64 in turn, and with the row sum or the P V product split into
+    fp32 partial results of ``REDUCTION_SPLIT`` keys. A stage whose fp64 version removes the growth
+    is the one that causes it.
+    """
+    shape = (len(FP32_STAGE_VARIANTS), len(seq_lens), len(seeds))
+    err = np.full(shape, np.nan)
+    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
+    for i, n, j, seed in tqdm(work, desc="fp32 reference stages", disable=not progress):
+        q, k, v = (t.float() for t in _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device))
+        gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
+        for a, variant in enumerate(FP32_STAGE_VARIANTS):
+            if variant == "reference":
+                out = kernels.reference("fp32").forward(q, k, v)[0]
+            elif variant == "all_fp32":
+                out = staged_fp32_attention(q, k, v)
+            elif variant.endswith("_split"):
+                out = staged_fp32_attention(q, k, v, split=variant.removesuffix("_split"))
+            else:
+                out = staged_fp32_attention(q, k, v, fp64_stage=variant.removeprefix("fp64_"))
+            err[a, i, j] = error_summary(out, gold, "fp32")["rel_l2"]
+            del out
+    coords = {"fp32_stage_variant": list(FP32_STAGE_VARIANTS), "fp32_stage_seq_len": list(seq_lens),
+              "fp32_stage_seed": list(seeds)}
+    ds = xr.Dataset({"fp32_stage_rel_l2_err": (tuple(coords), err)}, coords=coords)
+    ds["fp32_stage_query_rows"] = query_rows
+    ds["fp32_stage_matmul_precision"] = fp32_matmul_settings()
     return ds
 
 
@@ -449,3 +711,279 @@ def best_fidelity(ds: xr.Dataset) -> "pd.DataFrame":
                                  "bitwise equal": float(bits.sel(fidelity_config=best)),
                                  "error corr": float(mean_corr.sel(sel).sel(fidelity_config=best))})
     return pd.DataFrame(rows)
+
+
+# -- what the notebook states, computed from a results dataset ---------------------------------------
+# Each function returns a table and/or sentences built from the numbers of the dataset it is given
+# (this run's, or a committed GPU run's); a variable the dataset lacks gives a sentence saying so.
+
+SEED000_MEAN_REL = {512: 0.0005, 1024: 0.0012, 2048: 0.0035, 4096: 0.012}
+"""Seed 000's mean relative output errors of its MI210 port by N (papers.md section 1)."""
+SEED000_TAIL_SHARE = 0.62
+"""Seed 000: at n = 4096 the last 10% of the denominator's terms contribute 62% of the total error."""
+
+
+def missing(ds: xr.Dataset | None, *names: str) -> str | None:
+    """None when ``ds`` has every variable of ``names``; otherwise a sentence naming what is missing."""
+    if ds is None:
+        return "no dataset (the run is not present in this checkout)"
+    lacking = [n for n in names if n not in ds]
+    if lacking:
+        run = ds.attrs.get("run") or ds.attrs.get("git_commit", "")[:12] or "this run"
+        return f"the run {run} has no {', '.join(lacking)} (it predates the measurement); nothing to report here"
+    return None
+
+
+def growth_table(ds: xr.Dataset, metric: str = "rel_l2") -> "pd.DataFrame":
+    """Per kernel, policy and dtype: median error at the shortest and longest N, their ratio, whether
+    the medians rise monotonically, and the power-law exponent and R^2 of each growth model."""
+    import pandas as pd
+
+    med = ds[f"{metric}_err"].median("seed")
+    n = ds["seq_len"].values
+    rows = []
+    for kernel in ds["kernel"].values:
+        for pol in ds["policy"].values:
+            for fmt in ds["dtype"].values:
+                y = med.sel(kernel=kernel, policy=pol, dtype=fmt).values
+                row = {"kernel": kernel, "policy": f"{pol}_{fmt}", f"err N={n[0]}": y[0], f"err N={n[-1]}": y[-1],
+                       "last/first": y[-1] / y[0], "monotone rise": bool(np.all(np.diff(y) > 0))}
+                if "fit_slope" in ds:
+                    fit = ds.sel(error_metric=metric, kernel=kernel, policy=pol, dtype=fmt)
+                    row["power-law exponent"] = float(fit["fit_slope"].sel(growth_model="power_law"))
+                    for model in ds["growth_model"].values:
+                        row[f"R2 {model}"] = float(fit["fit_r2"].sel(growth_model=model))
+                rows.append(row)
+    return pd.DataFrame(rows).set_index(["kernel", "policy"])
+
+
+def growth_sentences(ds: xr.Dataset) -> list[str]:
+    """The fit discussion's claims, each with its numbers (issue 10 items 2 and 3)."""
+    t = growth_table(ds)
+    n0, n1 = int(ds["seq_len"].values[0]), int(ds["seq_len"].values[-1])
+    out = []
+    for key in (("flash", "all_bf16"), ("flash", "all_fp16")):
+        if key in t.index:
+            r = t.loc[key]
+            out.append(f"{key[0]} `{key[1]}`: error x{r['last/first']:.3g} from N = {n0} to {n1}, power-law "
+                       f"exponent {r['power-law exponent']:.2f} (R² {r['R2 power_law']:.2f}; √N fit R² "
+                       f"{r['R2 sqrt_n']:.2f}, log2 N fit R² {r['R2 log2_n']:.2f})")
+    for fmt in ds["dtype"].values:
+        key = ("flash", f"fa2_{fmt}")
+        if key in t.index:
+            r = t.loc[key]
+            out.append(f"flash `fa2_{fmt}`: error x{r['last/first']:.3g} from N = {n0} to {n1} "
+                       f"({'rising at every step' if r['monotone rise'] else 'not monotone'}; log2 N fit R² "
+                       f"{r['R2 log2_n']:.2f})")
+    key = ("reference", "all_fp32")
+    if key in t.index:
+        r = t.loc[key]
+        out.append(f"reference fp32: error x{r['last/first']:.3g} from N = {n0} to {n1}, power-law exponent "
+                   f"{r['power-law exponent']:.2f} (R² {r['R2 power_law']:.2f})")
+    return out
+
+
+def attribution_table(ds: xr.Dataset, dtype: str = "bf16", kernel: str = "flash") -> "pd.DataFrame":
+    """Issue 10 item 1: per N, the all-low error, the error of the statistics alone and of the output
+    accumulator alone, and the share of the all-low error that promoting the statistics removes."""
+    import pandas as pd
+
+    a = ds["attribution_rel_l2_err"].median("attribution_seed").sel(kernel=kernel, attribution_dtype=dtype)
+    df = pd.DataFrame({v: a.sel(variant=v).values for v in ("all_low", "only_stats", "only_out_acc", "promote_stats",
+                                                            "promote_out_acc")},
+                      index=pd.Index(a["attribution_seq_len"].values, name="N"))
+    df["only_stats / only_out_acc"] = df["only_stats"] / df["only_out_acc"]
+    df["removed by promote_stats"] = 1 - df["promote_stats"] / df["all_low"]
+    df["removed by promote_out_acc"] = 1 - df["promote_out_acc"] / df["all_low"]
+    return df
+
+
+def attribution_sentence(ds: xr.Dataset, dtype: str = "bf16") -> str:
+    df = attribution_table(ds, dtype)
+    parts = [f"N = {n}: statistics alone {r['only_stats']:.2e}, output accumulator alone {r['only_out_acc']:.2e} "
+             f"(ratio {r['only_stats / only_out_acc']:.2g}); promoting the statistics removes "
+             f"{r['removed by promote_stats']:.0%} of the all-{dtype} error, promoting the accumulator "
+             f"{r['removed by promote_out_acc']:.0%}" for n, r in df.iterrows()]
+    dominant = [n for n, r in df.iterrows() if r["only_stats / only_out_acc"] >= 2]
+    tail = (f"The statistics dominate (at least twice the accumulator's error) from N = {dominant[0]} on "
+            f"in this run." if dominant else "The statistics never reach twice the accumulator's error in this run.")
+    return "; ".join(parts) + ". " + tail
+
+
+def reference_comparison(ds: xr.Dataset, family: str = "fa2") -> "pd.DataFrame | str":
+    """Issue 10 item 4: flash against both references, median relative L2 error over seeds: our
+    reference (P rounded to the dtype, policy ``<family>_<dtype>``) and fp32 inside (the math backend)."""
+    import pandas as pd
+
+    note = missing(ds, "fp32_inside_rel_l2_err")
+    if note:
+        return note
+    med = ds["rel_l2_err"].median("seed").sel(policy=family)
+    inside = ds["fp32_inside_rel_l2_err"].median("seed")
+    rows = []
+    for fmt in ds["dtype"].values:
+        for n in ds["seq_len"].values:
+            fl, ref, ins = (float(x.sel(dtype=fmt, seq_len=n)) for x in (med.sel(kernel="flash"),
+                                                                        med.sel(kernel="reference"), inside))
+            rows.append({"dtype": fmt, "N": int(n), "flash": fl, f"reference ({family}, P rounded)": ref,
+                         "reference (fp32 inside)": ins, "flash / reference": fl / ref, "flash / fp32 inside": fl / ins})
+    return pd.DataFrame(rows).set_index(["dtype", "N"])
+
+
+def false_alarm_rate(ds: xr.Dataset, rule: str = "reference_relative", kernel: str = "flash", policy: str = "all",
+                     dtype: str = "bf16", min_len: int = LONG_SEQUENCE_MIN) -> tuple[float, int]:
+    """Issue 10 item 6: the share of (N >= ``min_len``, seed) outputs the rule rejects, and how many."""
+    p = ds["passes"].sel(rule=rule, kernel=kernel, policy=policy, dtype=dtype)
+    p = p.sel(seq_len=[n for n in ds["seq_len"].values if n >= min_len])
+    return float(1 - p.astype(float).mean()), int(p.size)
+
+
+def seed000_metric_table(ds: xr.Dataset, kernel: str = "flash") -> "pd.DataFrame | str":
+    """Item 10 (study 01 part): seed 000's metric (mean elementwise relative error) beside ours
+    (relative L2), median over seeds, for each policy; seed 000's own numbers where it gives them."""
+    import pandas as pd
+
+    note = missing(ds, "mean_rel_err")
+    if note:
+        return note
+    rows = []
+    for pol in ds["policy"].values:
+        for fmt in ds["dtype"].values:
+            sel = dict(kernel=kernel, policy=pol, dtype=fmt)
+            for n in ds["seq_len"].values:
+                rows.append({"policy": f"{pol}_{fmt}", "N": int(n),
+                             "mean rel. error (seed 000's metric)": float(ds["mean_rel_err"].sel(**sel, seq_len=n).median()),
+                             "relative L2 (ours)": float(ds["rel_l2_err"].sel(**sel, seq_len=n).median()),
+                             "seed 000, MI210 port": SEED000_MEAN_REL.get(int(n), np.nan)})
+    return pd.DataFrame(rows).set_index(["policy", "N"])
+
+
+def strata_table(ds: xr.Dataset, prefix: str = "") -> "pd.DataFrame | str":
+    """Median over seeds of the per-stratum mean row error; ``prefix="nomask_"``: without a mask.
+    Adds last/first, the ratio seed 000 describes (largest error in the last 10%)."""
+    var = f"{prefix}strata_rel_l2_err"
+    note = missing(ds, var)
+    if note:
+        return note
+    t = ds[var].median("seed").to_dataframe()[var].unstack("stratum")[list(STRATA)]
+    t["last / first"] = t["last_10pct"] / t["first_10pct"]
+    t["last / middle"] = t["last_10pct"] / t["middle_80pct"]
+    return t
+
+
+def denominator_sentence(ds: xr.Dataset, n: int = 4096) -> str:
+    note = missing(ds, "denominator_tail_share")
+    if note:
+        return note
+    share = ds["denominator_tail_share"].median("denominator_seed")
+    parts = []
+    for fmt in share["denominator_dtype"].values:
+        vals = ", ".join(f"N = {int(m)}: {float(share.sel(denominator_dtype=fmt, denominator_seq_len=m)):.0%}"
+                         for m in share["denominator_seq_len"].values)
+        parts.append(f"{fmt}: {vals}")
+    at = (f" (N = {n} is {'' if n in share['denominator_seq_len'].values else 'not '}among the lengths measured)")
+    return ("error with the row sum rounded only over the last 10% of the keys, as a share of the error with it "
+            "rounded after every key block — " + "; ".join(parts) + at
+            + f". Seed 000: 62% at n = 4096 (its MI210 port, its own error decomposition).")
+
+
+def mac_table(ds: xr.Dataset) -> "pd.DataFrame | str":
+    """Seed 000's two-rounding multiply-add: relative L2 error per mode and N, and two_rounding / fma."""
+    note = missing(ds, "mac_rel_l2_err")
+    if note:
+        return note
+    med = ds["mac_rel_l2_err"].median("mac_seed")
+    t = med.to_dataframe()["mac_rel_l2_err"].unstack("mac")[list(MAC_MODES)]
+    t["two_rounding / fma"] = t["two_rounding"] / t["fma"]
+    return t
+
+
+def fp32_stage_table(ds: xr.Dataset) -> "pd.DataFrame | str":
+    """Item 7: median error of each fp32-reference variant by N, and its growth (longest / shortest N)."""
+    note = missing(ds, "fp32_stage_rel_l2_err")
+    if note:
+        return note
+    t = ds["fp32_stage_rel_l2_err"].median("fp32_stage_seed").to_pandas()
+    t["longest / shortest N"] = t.iloc[:, -1] / t.iloc[:, 0]
+    return t
+
+
+def fp32_stage_sentence(ds: xr.Dataset) -> str:
+    t = fp32_stage_table(ds)
+    if isinstance(t, str):
+        return t
+    g = t["longest / shortest N"]
+    n0, n1 = int(ds["fp32_stage_seq_len"].values[0]), int(ds["fp32_stage_seq_len"].values[-1])
+    flattest = g.drop(["reference", "all_fp32"]).idxmin()
+    return (f"on {ds.attrs.get('device', 'this device')} ({str(ds['fp32_stage_matmul_precision'].values)}), "
+            f"from N = {n0} to {n1} the fp32 reference's error grows x{g['reference']:.2f} "
+            f"(its step-by-step copy x{g['all_fp32']:.2f}); with one stage in fp64: "
+            + ", ".join(f"{v.removeprefix('fp64_')} x{g[v]:.2f}" for v in g.index if v.startswith("fp64_"))
+            + f"; with the reductions split in {REDUCTION_SPLIT}-key parts: row sum x{g['sum_split']:.2f}, "
+            f"P V x{g['pv_split']:.2f}. The variant that grows least: {flattest}.")
+
+
+def real_kernel_sentences(run: xr.Dataset) -> list[str]:
+    """Per real kernel of a run: its best emulator configuration's bitwise-equal share and error
+    correlation (ranges over dtype, head dim, mask), its error range by dtype, and what it could not run."""
+    out = []
+    best = best_fidelity(run)
+    err = run["real_rel_l2_err"]
+    for kernel in run["real_kernel"].values:
+        b = best[best["kernel"] == kernel]
+        status = run["real_status"].sel(real_kernel=kernel)
+        bad = status.where(status != "ok", drop=True) if (status != "ok").any() else None
+        if b.empty:
+            out.append(f"`{kernel}`: no output on this device ({np.unique(status.values)[0][:120]})")
+            continue
+        words = [f"`{kernel}`: best emulator configuration {', '.join(sorted(set(b['best emulator config'])))}; "
+                 f"bitwise equal {b['bitwise equal'].min():.1%}-{b['bitwise equal'].max():.1%}, deviation "
+                 f"correlation {b['error corr'].min():.2f}-{b['error corr'].max():.2f}"]
+        for fmt in run["real_dtype"].values:
+            e = err.sel(real_kernel=kernel, real_dtype=fmt)
+            if np.isfinite(e.values).any():
+                words.append(f"{fmt} error {float(e.min()):.2g}-{float(e.max()):.2g}")
+        if bad is not None:
+            kinds = sorted({str(x).split(":")[0] for x in status.values.flatten() if x != "ok"})
+            lens = sorted({int(n) for n in status["real_seq_len"].values
+                           if (status.sel(real_seq_len=n) != "ok").any()})
+            words.append(f"no output ({', '.join(kinds)}) at N = {', '.join(map(str, lens))}")
+        out.append("; ".join(words))
+    return out
+
+
+def real_false_alarms(run: xr.Dataset, min_len: int = LONG_SEQUENCE_MIN) -> "pd.DataFrame":
+    """False-alarm rate of each rule on each real kernel over the outputs at N >= ``min_len``, with
+    the number of outputs it is taken over (kernels that gave none there are left out)."""
+    import pandas as pd
+
+    p = run["real_passes"].sel(real_seq_len=[n for n in run["real_seq_len"].values if n >= min_len])
+    rows = []
+    for kernel in run["real_kernel"].values:
+        for rule in run["rule"].values:
+            v = p.sel(real_kernel=kernel, rule=rule).values
+            v = v[np.isfinite(v)]
+            if v.size:
+                rows.append({"kernel": kernel, "rule": rule, "false alarms": 1 - v.mean(), "outputs": v.size})
+    if not rows:
+        return pd.DataFrame(columns=["false alarms", "outputs"])
+    return pd.DataFrame(rows).set_index(["kernel", "rule"])
+
+
+def golden_tile_sentence(ds: xr.Dataset) -> str:
+    """The block experiment's Golden et al. tile against the 128x128 tile, where both were measured."""
+    if "golden" not in ds["block_config"].values:
+        return "the block experiment of this run has no 'golden' configuration"
+    import json
+
+    g = ds.sel(block_config="golden")
+    head_dim = json.loads(ds.attrs.get("parameters", "{}")).get("head_dim", "?")
+    words = [f"Golden et al.'s tile for d = {head_dim}: "
+             f"{int(g['tile_q'])}x{int(g['tile_k'])} (block_q x block_k)"]
+    if "128x128" in ds["block_config"].values:
+        ratio = (ds["block_rel_l2_err"].sel(block_config="golden") / ds["block_rel_l2_err"].sel(block_config="128x128"))
+        ratio = ratio.median("block_seed").sel(loop_order=ds["loop_order"].values[0])
+        words.append("its error / the 128x128 tile's (" + str(ds["loop_order"].values[0]) + "): " + ", ".join(
+            f"{p}_{f} {float(ratio.sel(policy=p, block_dtype=f)):.2f}"
+            for p in ratio["policy"].values for f in ratio["block_dtype"].values))
+    return "; ".join(words)
