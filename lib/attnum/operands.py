@@ -1,12 +1,24 @@
 """Seeded attention operands (q, k, v, dO) of the backward studies (04 and 05), and their fp64 values.
 
 ``mechanism_operands``: seed 004's mechanism. N(0, 1) q scaled by a sharpness factor, keys
-shifted by a common vector mu (``|mu|`` = ``mu_norm``; exact attention ignores it, the rounded
-dS does not), rounded to bf16 as a bf16 kernel reads them.
+shifted by a common vector mu (``|mu|`` = ``mu_norm``; exact attention on the unrounded keys ignores
+it, the rounded dS does not), rounded to bf16 as a bf16 kernel reads them. The rounding of k + mu
+makes the exact problem itself depend on mu at large |mu| (see ``key_resolution``).
 
 ``regime_operands``: seed 004's key offset beside Qiu & Yao's tied maxima (arXiv 2510.04212).
 
+``mechanism_operands_in``: the same operands rounded to another format (fp16 for seed 003's checks).
+
+``axis_offset_operands``: operands whose exact problem does not change with mu at all: the same
+q, v, dO, keys with their first component set to 0 and mu = |mu| e_1 rounded to the format, so
+k + mu is exactly representable (no key value is lost at any |mu|) and only each row's scores shift.
+
 ``golden_values``: the fp64 output, gradients, P K and the largest probability per row.
+
+``key_resolution``: what rounding k + mu leaves of the keys (distinct key vectors, distinct values
+per component). The exact problem does depend on mu for these operands: the offset-free part of a
+rounded key is resolved only to the format's spacing at |mu_c|, so at large |mu| each component of
+the keys takes only a few values and the exact dQ changes (issue 10, item 8; study 04 measures it).
 """
 from __future__ import annotations
 
@@ -46,6 +58,49 @@ def mechanism_operands(seq_len: int, head_dim: int, sharpness: float, mu_norm: f
     mu = unit_vector(head_dim, gen).to(device) * mu_norm
     q, k, v, do = (round_to(t.float(), "bf16") for t in (q * sharpness, k + mu, v, do))
     return q, k, v, do, mu
+
+
+def mechanism_operands_in(fmt: str, seq_len: int, head_dim: int, sharpness: float, mu_norm: float, seed: int, *,
+                          heads: int = 1, device="cpu"):
+    """``mechanism_operands`` rounded to ``fmt`` instead of bf16 (same seeded values before rounding;
+    ``fmt="bf16"`` gives exactly ``mechanism_operands``)."""
+    q, k, v = normal_qkv(1, heads, seq_len, head_dim, seed=seed, device=device)
+    gen = generator(seed + 7_000_003)
+    do = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(device)
+    mu = unit_vector(head_dim, gen).to(device) * mu_norm
+    q, k, v, do = (round_to(t.float(), fmt) for t in (q * sharpness, k + mu, v, do))
+    return q, k, v, do, mu
+
+
+def axis_offset_operands(seq_len: int, head_dim: int, sharpness: float, mu_norm: float, seed: int, *,
+                         fmt: str = "bf16", heads: int = 1, device="cpu"):
+    """q, k + mu, v, dO and mu in ``fmt`` with an exact-arithmetic-invariant offset: q, v, dO as in
+    ``mechanism_operands_in``; the keys rounded first, their first component set to 0; mu along the
+    first axis with norm ``mu_norm`` rounded to ``fmt``. Then k_j + mu = (mu_1, k_j2, ..., k_jd) is a
+    value of ``fmt`` for every key, so the rounded operands differ between offsets by mu alone, which
+    shifts row i's scores by q_i1 * mu_1: the exact output and dQ are the same at every |mu| (up to
+    fp64 rounding of the larger scores). ``mu`` returned as carried out (its norm is ``fmt``-rounded)."""
+    q, k, v = normal_qkv(1, heads, seq_len, head_dim, seed=seed, device=device)
+    gen = generator(seed + 7_000_003)
+    do = torch.randn(q.shape, generator=gen, dtype=torch.float64).to(device)
+    k = round_to(k.float(), fmt)
+    k[..., 0] = 0.0
+    mu = torch.zeros(head_dim, dtype=torch.float32, device=device)
+    mu[0] = round_to(torch.tensor(float(mu_norm)), fmt).item()
+    q, v, do = (round_to(t.float(), fmt) for t in (q * sharpness, v, do))
+    k = k + mu
+    if not torch.equal(k, round_to(k, fmt)):
+        raise ValueError(f"|mu| = {mu_norm} is beyond {fmt}'s range for these keys")
+    return q, k, v, do, mu.double()
+
+
+def key_resolution(k: torch.Tensor) -> dict[str, float]:
+    """``distinct_keys``: distinct key vectors (rows of the last two dims, over every leading index);
+    ``distinct_values``: median over components of the number of distinct values a component takes."""
+    rows = k.reshape(-1, k.shape[-1])
+    per_component = torch.tensor([float(torch.unique(rows[:, c]).numel()) for c in range(rows.shape[1])])
+    return {"distinct_keys": float(torch.unique(rows, dim=0).shape[0]),
+            "distinct_values": per_component.median().item()}
 
 
 def regime_operands(regime: str, seq_len: int, head_dim: int, seed: int, *, n_ties: int = 8,

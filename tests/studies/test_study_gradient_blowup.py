@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 import xarray as xr
 
 from attnum import ncio, runner
@@ -23,7 +24,7 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
     assert {"error_vs_offset.png", "row_sums.png", "error_vs_size.png", "training.png", "checkpoint_offsets.png",
             "tied_maxima.png", "real_vs_emulator.png", "real_correlation.png",
-            "real_diagnostics.png"} <= {p.name for p in path.glob("*.png")}
+            "real_diagnostics.png", "exact_problem.png"} <= {p.name for p in path.glob("*.png")}
     ds = ncio.open_results(path / "results.nc")
     params = runner.load_param_set(STUDY, "smoke")
     assert ds["mech_dq_err"].dims == ("variant", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
@@ -34,6 +35,15 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     assert ds["diag_dq_rel_err"].dims == ("checkpoint", "offset_norm", "layer")
     assert ds["checkpoint"].values.tolist() == params["checkpoint_steps"]
     assert ds["qy_dq_err"].dims == ("regime", "variant", "tiling", "seed")
+    # the exact problem: unchanged on the axis-offset operands, moved on the rounded ones at the largest |mu|
+    assert ds["xo_dq_err"].dims == ds["mech_dq_err"].dims
+    assert float(ds["xo_exact_dq_shift"].max()) < 1e-9 < 0.1 < float(ds["mech_exact_dq_shift"].isel(mu_norm=-1).min())
+    assert ds["src_dq_max_abs_err"].dims == ("src_format", "src_mask", "sharpness", "mu_norm", "seed")
+    assert ds["src_format"].values.tolist() == params["src_formats"]
+    for name in ("mech_dq_rel_err", "diag_dq_rel_err", "real_diag_dq_rel_err"):
+        assert "global relative L2" in ds[name].attrs["long_name"], name
+    for name in ("mech_dq_err", "diag_dq_row_rel_err", "real_mech_dq_err", "xo_dq_err"):
+        assert "median" in ds[name].attrs["long_name"], name
     assert ds["live_dq_rel_err"].dims == ("diag_step", "layer")
     assert set(range(0, params["steps"], params["diagnose_every"])) <= set(ds["diag_step"].values.tolist())
     assert ds.attrs["headline_figure"] == "error_vs_offset.png" and ds.attrs["study"] == STUDY
@@ -216,3 +226,94 @@ def test_in_format_feeds_the_kernel_bf16_and_the_recompute_what_it_read():
     low = backward_errors(q, k, v, do, wrapped, causal=True)
     fp32 = backward_errors(q, k, v, do, inner, causal=True)
     assert 1e-4 < low["dq_rel_err"] < 2e-2 and fp32["dq_rel_err"] < 1e-5
+
+
+# -- the exact problem against |mu|; the sources' gradient checks -------------------------------------
+
+def test_rounded_offset_changes_the_exact_problem_and_the_axis_offset_does_not():
+    from attnum.operands import axis_offset_operands, key_resolution, mechanism_operands, mechanism_operands_in
+    from attnum.precision import round_to
+
+    same = mechanism_operands_in("bf16", 64, 16, 4.0, 1000.0, 3)
+    assert all(torch.equal(a, b) for a, b in zip(same, mechanism_operands(64, 16, 4.0, 1000.0, 3)))
+    k0 = mechanism_operands(256, 16, 1.0, 0.0, 0)[1]
+    k4 = mechanism_operands(256, 16, 1.0, 1e4, 0)[1]
+    assert key_resolution(k0)["distinct_values"] > 100 > 8 > key_resolution(k4)["distinct_values"]
+    assert key_resolution(torch.zeros(1, 1, 5, 3))["distinct_keys"] == 1.0
+    q, k, v, do, mu = axis_offset_operands(64, 16, 4.0, 1e4, 3)
+    q0, k0, v0, do0, _ = axis_offset_operands(64, 16, 4.0, 0.0, 3)
+    assert torch.equal(k, round_to(k, "bf16")) and torch.equal(k - mu.float(), k0)
+    assert all(torch.equal(a, b) for a, b in zip((q, v, do), (q0, v0, do0)))
+    assert float(mu[0]) == pytest.approx(1e4, rel=2 ** -8) and float(mu[1:].abs().sum()) == 0
+    ds = study.mechanism_grid([1.0], [0.0, 1e4], [64], [16], [0], variants=["bf16"], block_q=16, block_k=16,
+                              progress=False)
+    xo = study.mechanism_grid([1.0], [0.0, 1e4], [64], [16], [0], variants=["bf16"], block_q=16, block_k=16,
+                              progress=False, operands="axis_offset")
+    assert float(ds["mech_exact_dq_shift"].sel(mu_norm=0.0).max()) == 0.0
+    assert float(ds["mech_exact_dq_shift"].sel(mu_norm=1e4).min()) > 0.5  # measured ~1.5-4 on such grids
+    assert float(xo["xo_exact_dq_shift"].max()) < 1e-9
+    assert float(xo["xo_dq_err"].sel(mu_norm=1e4).min()) > 100 * float(xo["xo_dq_err"].sel(mu_norm=0.0).max())
+    assert set(xo.data_vars) == {f"xo_{m}" for m in study.AXIS_OFFSET_VARS} | {"variant_description"}
+
+
+def test_same_problem_limit():
+    shift = xr.DataArray([[[0.0, 0.01, 0.2, 0.05]], [[0.0, 0.5, 0.01, 0.01]]],
+                         coords={"sharpness": [1.0, 16.0], "seed": [0], "mu_norm": [0.0, 10.0, 100.0, 1000.0]},
+                         dims=("sharpness", "seed", "mu_norm"))
+    limit = study.same_problem_limit(xr.Dataset({"mech_exact_dq_shift": shift}), 0.1)
+    assert limit.sel(sharpness=1.0).item() == 10.0  # 1000 is within again, but 100 is not: the limit stops
+    assert limit.sel(sharpness=16.0).item() == 0.0
+
+
+def test_seed000_check_is_the_binding_angle():
+    cos = xr.DataArray([0.98, 0.995, 0.997, 1.0])
+    # cos 0.995 is 5.7 degrees: above 0.99 but rejected by the angle; 0.997 is 4.4 degrees
+    assert study.seed000_accepts(cos).values.tolist() == [0, 0, 1, 1]
+
+
+def test_seed003_verdicts():
+    ds = xr.Dataset({"src_dq_max_abs_err": ("x", [5e-4, 5e-4, 2e-3, 5e-4]),
+                     "src_dk_max_abs_err": ("x", [5e-4, 5e-4, 5e-4, 5e-4]),
+                     "src_dv_max_abs_err": ("x", [4e-3, 6e-3, 1e-3, 4e-3])})
+    assert study.seed003_verdicts(ds).values.tolist() == [1, 0, 0, 1]
+
+
+def test_source_checks_measure_both_masks_against_their_own_exact_gradients():
+    ds = study.source_checks([1.0], [0.0, 1000.0], 64, 16, [0], formats=["bf16", "fp16"], block_q=16, block_k=16,
+                             progress=False)
+    assert ds["src_dq_err"].dims == ("src_format", "src_mask", "sharpness", "mu_norm", "seed")
+    assert ds["src_kernel"].values.tolist() == ["emulator:fa2_bf16:bk16", "emulator:fa2_fp16:bk16"]
+    plain = ds.sel(mu_norm=0.0)
+    # fp16 has 3 more significand bits: its errors are several times smaller on the same operands
+    assert bool((plain["src_dq_err"].sel(src_format="fp16") * 3 < plain["src_dq_err"].sel(src_format="bf16")).all())
+    assert float(plain["src_dq_err"].max()) < 0.01 and float(plain["src_dq_cos"].min()) > 0.9999
+    # the offset grows dQ in both formats and both masks (against each mask's own fp64 gradients)
+    assert bool((ds["src_dq_err"].sel(mu_norm=1000.0) > 10 * plain["src_dq_err"]).all())
+    # (the causal errors are below 1% only because each is against the causal fp64 gradients)
+
+
+def test_real_kernel_summary_and_sentences(real_grid):
+    summary = study.real_kernel_summary(real_grid)
+    assert bool(summary.loc["sdpa:flash", "grows"]) and not summary.loc["sdpa:math", "grows"]
+    assert summary.loc["sdpa:cudnn", "grows"] is None
+    assert summary.loc["sdpa:cudnn", "status"].startswith("unavailable")
+    assert summary.loc["sdpa:flash", "corr with bf16, median"] > 0.5 > abs(summary.loc["sdpa:math", "corr with bf16, median"])
+    growth = study.dq_growth(real_grid)
+    assert summary.loc["sdpa:flash", "growth max"] == pytest.approx(growth.xs("real: sdpa:flash", level="kernel")["growth"].max())
+    sentences = study.real_kernel_sentences(summary)
+    assert any(s.startswith("`sdpa:cudnn` gave no gradients: unavailable") for s in sentences)
+    assert any(s.startswith("`sdpa:flash` shows") for s in sentences)
+    assert any(s.startswith("`sdpa:math` does not show") for s in sentences)
+
+
+def test_load_gpu_run_reads_only_a_cuda_run(tmp_path, monkeypatch):
+    from attnum import paths
+
+    monkeypatch.setattr(paths, "project_root", lambda: tmp_path)
+    assert study.load_gpu_run() is None
+    folder = tmp_path / "outputs" / "late_training_gradient_blowup" / "gpu"
+    folder.mkdir(parents=True)
+    xr.Dataset({"x": ("a", [1.0])}, attrs={"device": "cpu"}).to_netcdf(folder / "results.nc")
+    assert study.load_gpu_run() is None
+    xr.Dataset({"x": ("a", [1.0])}, attrs={"device": "cuda NVIDIA H200"}).to_netcdf(folder / "results.nc")
+    assert float(study.load_gpu_run()["x"][0]) == 1.0

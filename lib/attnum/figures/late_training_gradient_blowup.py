@@ -7,6 +7,17 @@ import xarray as xr
 from ..plots import offset_axis
 
 
+def metric_label(var: str) -> str:
+    """The axis label of a gradient-error variable, naming which of the two dQ metrics it is:
+    ``*_row_rel_err`` / ``*_err`` of the grids is the median row relative error, ``*_rel_err`` of the
+    diagnostic the global relative L2 error (all rows together). The two are never compared."""
+    grad = next((g for g in ("dq", "dk", "dv") if f"{g}_" in var), "dq")
+    name = f"d{grad[1].upper()}"
+    if var.endswith("_row_rel_err") or (var.endswith("_err") and not var.endswith("_rel_err")):
+        return f"median row rel. err. of {name}"
+    return f"global rel. L2 err. of {name} (all rows)"
+
+
 VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#58d68d", "--"), "fp32_ds_bf16": ("#2874a6", "-"),
                  "bf16_bwd_fp32": ("#7d3c98", "-"), "bf16": ("#c0392b", "-"), "bf16_fused": ("#f1948a", "--"),
                  "reference_bf16": ("#7f8c8d", ":")}
@@ -33,8 +44,8 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
         ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error", "median row rel. err."))
     axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(f"N = {int(ds['seq_len'][-1])}, d = {int(ds['head_dim'][0])}: exact dQ does not depend on |mu|",
-                 fontsize="medium")
+    fig.suptitle(f"N = {int(ds['seq_len'][-1])}, d = {int(ds['head_dim'][0])}: k + mu rounded to bf16 "
+                 "(the exact dQ changes at large |mu|: section 1b)", fontsize="medium")
     return fig
 
 
@@ -112,7 +123,7 @@ def plot_training(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp32")
         axes[1][1].plot(steps, ds["train_entropy"].sel(**sel).values, lw=1, color=color, label=f"layer {layer}")
         live = ds.sel(layer=layer)
         axes[1][2].plot(live["diag_step"].values, live["live_dq_rel_err"].values, lw=1, color=color,
-                        label=f"layer {layer}: dQ rel. error")
+                        label=f"layer {layer}: dQ global rel. L2 err.")
         axes[1][2].plot(live["diag_step"].values, np.abs(live["live_grad_norm_ratio"].values - 1), lw=1, ls="--",
                         color=color, label=f"layer {layer}: |block grad-norm ratio - 1|")
     spikes = ds["diag_step"].values[ds["live_spike"].values == 1]
@@ -150,7 +161,7 @@ def plot_checkpoint_offsets(ds: xr.Dataset, var: str = "diag_dq_rel_err"):
         offset_axis(ax, "common key offset |mu| per head")
         ax.set_yscale("log")
         ax.set_title(f"layer {layer}")
-    axes[0][0].set_ylabel("dQ rel. error vs FP32 recompute")
+    axes[0][0].set_ylabel(f"{metric_label(var)} vs FP32 recompute")
     axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
 
@@ -286,7 +297,45 @@ def plot_real_diagnostics(ds: xr.Dataset, var: str = "dq_rel_err"):
         offset_axis(ax, "common key offset |mu| per head")
         ax.set_yscale("log")
         ax.set_title(f"layer {layer}, step {step}")
-    grad, _, kind = var.partition("_")
-    axes[0][0].set_ylabel(f"d{grad[1:].upper()} {kind.replace('_', ' ')} vs FP32 recompute")
+    axes[0][0].set_ylabel(f"{metric_label(var)} vs FP32 recompute")
     axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_exact_problem(ds: xr.Dataset):
+    """Left: how far the exact (fp64) dQ of the rounded operands moves from its |mu| = 0 value, for the
+    rounded-offset operands (solid) and the axis-offset operands (dashed), per sharpness; middle: distinct
+    values per key component; right: the BF16 kernel's median row dQ error on both operand sets.
+    Largest N, first d, median over seeds."""
+    from ..plots import subplots
+
+    at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][0]))
+    fig, axes = subplots(1, 3, figsize=(14.5, 3.8))
+    x = ds["mu_norm"].values
+    variant = "bf16_fused" if "bf16_fused" in ds["variant"].values else str(ds["variant"].values[-1])
+    for i, s in enumerate(ds["sharpness"].values):
+        color = f"C{i}"
+        for prefix, style, what in (("mech", "-", "k + mu rounded"), ("xo", "--", "axis offset")):
+            if f"{prefix}_exact_dq_shift" not in ds:
+                continue
+            shift = ds[f"{prefix}_exact_dq_shift"].sel(sharpness=s, **at).median("seed").values
+            axes[0][0].plot(x[1:], np.maximum(shift[1:], 1e-17), style, color=color, marker="o", ms=3,
+                            label=f"sharpness {s:g}, {what}")
+            axes[0][2].plot(x, ds[f"{prefix}_dq_err"].sel(variant=variant, sharpness=s, **at).median("seed").values,
+                            style, color=color, marker="o", ms=3, label=f"sharpness {s:g}, {what}")
+    axes[0][1].plot(x, ds["mech_distinct_key_values"].isel(sharpness=0).sel(**at).median("seed").values, "-o",
+                    ms=3, label="k + mu rounded")
+    if "xo_distinct_key_values" in ds:
+        axes[0][1].plot(x, ds["xo_distinct_key_values"].isel(sharpness=0).sel(**at).median("seed").values, "--o",
+                        ms=3, label="axis offset")
+    axes[0][0].set_ylabel("median row ||dQ(|mu|) - dQ(0)|| / ||dQ(0)||, fp64")
+    axes[0][0].set_title("how far the exact problem moved")
+    axes[0][1].set_ylabel(f"distinct values per key component (of N = {at['seq_len']})")
+    axes[0][1].set_title("what rounding leaves of the keys")
+    axes[0][2].set_ylabel("median row rel. err. of dQ")
+    axes[0][2].set_title(f"{variant} on both operand sets")
+    for ax in axes[0]:
+        offset_axis(ax)
+        ax.set_yscale("log")
+        ax.legend(fontsize="x-small")
     return fig

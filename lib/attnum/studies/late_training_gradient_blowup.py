@@ -7,9 +7,24 @@ The experiments, each a function returning an xarray Dataset with CF attributes:
     of norm ``mu_norm`` added to every key. The operands are rounded to bf16 (what
     the kernels read) and every variant's dQ, dK, dV is compared with the fp64
     gradients on those same operands. Adding mu to every key shifts each row's
-    scores by the constant q_i . mu, so the exact output and the exact dQ do not
-    depend on mu: whatever grows with |mu| is kernel error. Variants (``KERNEL_VARIANTS``)
-    switch seed 004's two causes on and off separately.
+    scores by the constant q_i . mu, so on unrounded keys the exact output and dQ
+    would not depend on mu. The kernels read k + mu rounded to bf16, though, whose
+    offset-free part is resolved only to bf16's spacing at |mu_c|: at large |mu| the
+    exact problem changes too. The grid measures by how much (``mech_exact_dq_shift``:
+    the fp64 dQ at |mu| against the fp64 dQ at |mu| = 0, same q, v, dO;
+    ``mech_distinct_*``: what is left of the keys), so that claims can be restricted to
+    the offsets where the problem is still the same. Every error is against the fp64
+    gradients of the operands the kernel read, so it is kernel error at every |mu|.
+    Variants (``KERNEL_VARIANTS``) switch seed 004's two causes on and off separately.
+    Besides the median row errors, the grid records the measures of the sources'
+    acceptance checks: the global cosine of dQ with the exact dQ (seed 000: cosine > 0.99
+    and angle < 5 degrees) and the largest absolute errors of dQ, dK, dV (seed 003).
+
+``source_checks``
+    seed 003's setting (fp16, N = 1024, d = 64 in the source): the FA2-order emulator in
+    bf16 and fp16, with and without the causal mask, on the mechanism operands (each
+    against its own fp64 gradients), for seed 003's gradient thresholds and its claim
+    that the causal backward is an order of magnitude more stable.
 
 ``train_runs`` and ``checkpoint_diagnostics``
     the small GPT trained with the BF16 flash emulator and, from the same
@@ -47,9 +62,10 @@ from ..diagnostics import ATTRS as DIAG_ATTRS
 from ..diagnostics import recompute_backward_fp32
 from ..inputs import generator
 from ..kernels import AttentionImpl
-from ..metrics import ds_row_sums, gradient_errors, output_errors
+from ..metrics import ds_row_sums, gradient_errors, output_errors, row_rel_l2
 from ..model import GPTConfig, add_key_offset
-from ..operands import REGIMES, golden_values, mechanism_operands, regime_operands, unit_vector
+from ..operands import (REGIMES, axis_offset_operands, golden_values, key_resolution, mechanism_operands, mechanism_operands_in,
+                        regime_operands, unit_vector)
 from ..precision import FORMATS, get_policy, round_to
 from ..training import load_checkpoint, record_variables, torch_threads
 
@@ -69,6 +85,9 @@ KERNEL_VARIANTS = {
     "reference_bf16": ("reference", FA2_BF16, False, "unblocked attention under fa2_bf16, autograd backward"),
 }
 TILINGS = ("tiled", "one_block")
+AXIS_OFFSET_VARS = ("dq_err", "dk_err", "dv_err", "dq_rel_err", "dq_err_cos_mu", "exact_dq_shift", "dq_norm",
+                    "distinct_key_values", "max_prob")
+"""The mechanism grid's variables also measured on the axis-offset operands (named ``xo_*``)."""
 
 ATTRS = {
     "mech_dq_err": ("1", "median row relative L2 error of dQ against fp64"),
@@ -81,6 +100,26 @@ ATTRS = {
     "mech_dq_err_cos_mu": ("1", "median over rows of |cos(dQ error, mu)|"),
     "mech_max_prob": ("1", "median over rows of the largest attention probability (fp64)"),
     "mech_dq_norm": ("1", "median over rows of ||dQ_i|| (fp64)"),
+    "mech_dq_rel_err": ("1", "global relative L2 error of dQ against fp64 (all rows together; not the median row error)"),
+    "mech_dq_cos": ("1", "cosine between dQ and the fp64 dQ over all elements (seed 000's gradient check)"),
+    "mech_dq_max_abs_err": ("1", "largest absolute error of an element of dQ against fp64 (seed 003's measure)"),
+    "mech_dk_max_abs_err": ("1", "largest absolute error of an element of dK against fp64 (seed 003's measure)"),
+    "mech_dv_max_abs_err": ("1", "largest absolute error of an element of dV against fp64 (seed 003's measure)"),
+    "mech_exact_dq_shift": ("1", "median over rows of ||dQ_i(|mu|) - dQ_i(0)|| / ||dQ_i(0)||, fp64 dQ of the rounded "
+                                 "operands at this |mu| against those at |mu| = 0 (same q, v, dO): how much the "
+                                 "exact problem changed"),
+    "mech_distinct_keys": ("1", "distinct key vectors after rounding k + mu to bf16"),
+    "mech_distinct_key_values": ("1", "median over components of the number of distinct values of a key "
+                                      "component after rounding k + mu to bf16"),
+    "src_dq_err": ("1", "median row relative L2 error of dQ against fp64"),
+    "src_dk_err": ("1", "median row relative L2 error of dK against fp64"),
+    "src_dv_err": ("1", "median row relative L2 error of dV against fp64"),
+    "src_dq_rel_err": ("1", "global relative L2 error of dQ against fp64 (all rows together)"),
+    "src_dq_max_abs_err": ("1", "largest absolute error of an element of dQ against fp64"),
+    "src_dk_max_abs_err": ("1", "largest absolute error of an element of dK against fp64"),
+    "src_dv_max_abs_err": ("1", "largest absolute error of an element of dV against fp64"),
+    "src_dq_cos": ("1", "cosine between dQ and the fp64 dQ over all elements"),
+    "src_kernel": ("1", "emulator kernel of the source checks (registry name) per format"),
     "variant_description": ("1", "what the variant switches on"),
     "qy_dq_err": ("1", "median row relative L2 error of dQ against fp64"),
     "qy_out_err": ("1", "relative L2 error of the forward output against fp64"),
@@ -105,6 +144,10 @@ ATTRS = {
     "real_diag_status": ("1", "ok, or why the diagnostic could not run with this real kernel as the model's attention"),
     "real_diag_checkpoint": ("1", "optimizer updates before the checkpoint the real-kernel diagnostic ran on"),
 }
+for _name in AXIS_OFFSET_VARS:
+    _units, _long = ATTRS[f"mech_{_name}"]
+    ATTRS[f"xo_{_name}"] = (_units, _long.replace("bf16", "bf16, keys along a zero first component")
+                            + " (axis-offset operands: the exact problem does not change with |mu|)")
 for _name, (_units, _long) in DIAG_ATTRS.items():
     ATTRS[f"real_diag_{_name}"] = (_units, f"{_long} (real kernel as every layer's attention, last checkpoint)")
 
@@ -117,7 +160,9 @@ VARIABLES = {**record_variables(), **ATTRS,
              "real_kernel": ("1", "real kernel (registry name)"),
              "real_variant": ("1", "emulator variant the real kernel is compared with"),
              "real_seq_len": ("1", "sequence length N of the real-kernel grid"),
-             "real_head_dim": ("1", "head dimension d of the real-kernel grid")}
+             "real_head_dim": ("1", "head dimension d of the real-kernel grid"),
+             "src_format": ("1", "number format of the operands and the FA2-order emulator (source checks)"),
+             "src_mask": ("1", "attention mask of the source checks: none or causal")}
 """CF units and long_name of every variable the study writes (applied by ``ncio.write_results``)."""
 
 
@@ -140,39 +185,72 @@ def _median(x: torch.Tensor) -> float:
     return x.median().item() if x.numel() else math.nan
 
 
-def variant_errors(q, k, v, do, kernel, gold, *, mu=None) -> dict[str, float]:
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Cosine between two tensors over all elements (NaN when either is zero)."""
+    a, b = a.double().flatten(), b.double().flatten()
+    den = (torch.linalg.vector_norm(a) * torch.linalg.vector_norm(b)).item()
+    return (a @ b).item() / den if den > 0 else math.nan
+
+
+def max_abs_errors(grads, gold) -> dict[str, float]:
+    """``<g>_max_abs_err``: the largest absolute error of an element of dQ, dK, dV (seed 003's measure)."""
+    return {f"{g}_max_abs_err": (t.double() - gold[g]).abs().max().item() for g, t in zip(("dq", "dk", "dv"), grads)}
+
+
+def variant_errors(q, k, v, do, kernel, gold, *, mu=None, causal: bool = False) -> dict[str, float]:
     """Errors of one kernel's forward and backward against the fp64 values ``gold``
-    (a dict with out, dq, dk, dv, pk) on the operands q, k, v, dO it reads."""
+    (a dict with out, dq, dk, dv, pk) on the operands q, k, v, dO it reads: the median row
+    errors (``<g>_err``), the global relative L2 errors (``<g>_rel_err``; a different metric),
+    the largest absolute errors and the global cosine of dQ with the exact dQ."""
     stats = {}
-    out, lse = kernel.forward(q, k, v)
-    grads = kernel.backward(q, k, v, do, out=out, lse=lse, stats=stats)
+    out, lse = kernel.forward(q, k, v, causal=causal)
+    grads = kernel.backward(q, k, v, do, out=out, lse=lse, stats=stats, causal=causal)
     err = grads[0].double() - gold["dq"]
-    res = {**gradient_errors(grads, gold, quantiles=(0.9,)), **output_errors(out, gold["out"]),
-           **ds_row_sums(stats, keys=("ds_row_sum", "ds_exact_row_sum"))}
+    res = {**gradient_errors(grads, gold, quantiles=(0.9,), global_l2=True), **output_errors(out, gold["out"]),
+           **ds_row_sums(stats, keys=("ds_row_sum", "ds_exact_row_sum")), **max_abs_errors(grads, gold)}
+    res["dq_cos"] = cosine(grads[0], gold["dq"])
     res["dq_err_cos_pk"] = _median(_row_cos(err, gold["pk"]))
     res["dq_err_cos_mu"] = _median(_row_cos(err, mu)) if mu is not None and mu.abs().sum() > 0 else math.nan
     return res
 
 
+OPERAND_BUILDERS = {"rounded_offset": mechanism_operands, "axis_offset": axis_offset_operands}
+"""The mechanism grid's operands: ``rounded_offset`` (k + mu in a random direction, rounded: the exact
+problem changes at large |mu|) or ``axis_offset`` (keys with a zero first component, mu along it: the
+exact problem is the same at every |mu|)."""
 def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=tuple(KERNEL_VARIANTS), heads: int = 1,
                    block_q: int = 64, block_k: int = 64, golden_chunk: int = 1024, device="cpu",
-                   progress: bool = True, threads: int = 1) -> xr.Dataset:
-    """Errors of every variant over sharpness x |mu| x N x d x seed (see the module docstring)."""
+                   progress: bool = True, threads: int = 1, operands: str = "rounded_offset") -> xr.Dataset:
+    """Errors of every variant over sharpness x |mu| x N x d x seed (see the module docstring).
+    ``operands``: a key of ``OPERAND_BUILDERS``; ``axis_offset`` gives variables named ``xo_*``
+    (the subset ``AXIS_OFFSET_VARS``) instead of ``mech_*``."""
+    build = OPERAND_BUILDERS[operands]
     metrics = ("dq_err", "dk_err", "dv_err", "dq_err_p90", "out_err", "ds_row_sum", "ds_exact_row_sum",
-               "dq_err_cos_mu")
+               "dq_err_cos_mu", "dq_rel_err", "dq_cos", "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err")
     shape = (len(variants), len(sharpness), len(mu_norms), len(seq_lens), len(head_dims), len(seeds))
     data = {m: np.full(shape, np.nan) for m in metrics}
-    max_prob = np.full(shape[1:], np.nan)
-    dq_norm = np.full(shape[1:], np.nan)
-    work = [(a, s, b, m, c, n, e, d, f, seed) for a, s in enumerate(sharpness) for b, m in enumerate(mu_norms)
-            for c, n in enumerate(seq_lens) for e, d in enumerate(head_dims) for f, seed in enumerate(seeds)]
+    problem = {m: np.full(shape[1:], np.nan) for m in ("max_prob", "dq_norm", "exact_dq_shift", "distinct_keys",
+                                                      "distinct_key_values")}
+    at_zero = {}  # the fp64 dQ at |mu| = 0 of each (sharpness, N, d, seed): what the exact problem was
+    work = [(a, s, b, m, c, n, e, d, f, seed) for a, s in enumerate(sharpness) for c, n in enumerate(seq_lens)
+            for e, d in enumerate(head_dims) for f, seed in enumerate(seeds) for b, m in enumerate(mu_norms)]
     impls = [variant_kernel(name, block_q, block_k) for name in variants]
     with torch_threads(threads):
         for a, s, b, m, c, n, e, d, f, seed in tqdm(work, desc="mechanism grid", disable=not progress):
-            q, k, v, do, mu = mechanism_operands(n, d, s, m, seed, heads=heads, device=device)
+            q, k, v, do, mu = build(n, d, s, m, seed, heads=heads, device=device)
             gold = golden_values(q, k, v, do, golden_chunk)
-            max_prob[a, b, c, e, f] = gold["max_prob"].median().item()
-            dq_norm[a, b, c, e, f] = torch.linalg.vector_norm(gold["dq"], dim=-1).median().item()
+            key = (a, c, e, f)
+            if key not in at_zero:
+                zero = gold if m == 0 else golden_values(*build(n, d, s, 0.0, seed, heads=heads,
+                                                                device=device)[:4], golden_chunk)
+                at_zero = {key: zero["dq"]}  # |mu| is the innermost loop: keep one point's dQ at a time
+            point = (a, b, c, e, f)
+            problem["max_prob"][point] = gold["max_prob"].median().item()
+            problem["dq_norm"][point] = torch.linalg.vector_norm(gold["dq"], dim=-1).median().item()
+            problem["exact_dq_shift"][point] = _median(row_rel_l2(gold["dq"], at_zero[key]))
+            resolution = key_resolution(k)
+            problem["distinct_keys"][point] = resolution["distinct_keys"]
+            problem["distinct_key_values"][point] = resolution["distinct_values"]
             for i, impl in enumerate(impls):
                 res = variant_errors(q, k, v, do, impl, gold, mu=mu)
                 for metric in metrics:
@@ -182,9 +260,12 @@ def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants=
               "mu_norm": list(map(float, mu_norms)), "seq_len": list(seq_lens), "head_dim": list(head_dims),
               "seed": list(seeds)}
     ds = xr.Dataset({f"mech_{m}": (dims, data[m]) for m in metrics}, coords=coords)
-    ds["mech_max_prob"] = (dims[1:], max_prob)
-    ds["mech_dq_norm"] = (dims[1:], dq_norm)
+    for name, values in problem.items():
+        ds[f"mech_{name}"] = (dims[1:], values)
     ds["variant_description"] = ("variant", [KERNEL_VARIANTS[v][3] for v in variants])
+    if operands == "axis_offset":
+        ds = ds[[f"mech_{m}" for m in AXIS_OFFSET_VARS] + ["variant_description"]]
+        ds = ds.rename({f"mech_{m}": f"xo_{m}" for m in AXIS_OFFSET_VARS})
     return ds
 
 
@@ -217,6 +298,104 @@ def tied_maxima_comparison(seq_len: int, head_dim: int, seeds, *, variants=tuple
     ds = xr.Dataset({f"qy_{m}": (dims, data[m]) for m in metrics}, coords=coords)
     ds["qy_max_prob"] = (("regime", "seed"), max_prob)
     return ds
+
+
+# -- the sources' gradient checks ------------------------------------------------------------------
+
+SOURCE_MASKS = ("none", "causal")
+SEED003_THRESHOLDS = {"dq": 1e-3, "dk": 1e-3, "dv": 5e-3}
+"""Seed 003's gradient thresholds on the largest absolute difference (fp16, N = 1024, d = 64)."""
+SEED000_MIN_COS, SEED000_MAX_ANGLE = 0.99, 5.0
+"""Seed 000's gradient check: cosine similarity above 0.99 and angle below 5 degrees."""
+
+
+def source_kernel(fmt: str, block_q: int, block_k: int) -> kernels.Kernel:
+    """The FA2-order emulator in ``fmt`` (subtract-then-scale, production rounding points)."""
+    return kernels.as_kernel(AttentionImpl("emulator", f"fa2_{fmt}", block_q=block_q, block_k=block_k))
+
+
+def source_checks(sharpness, mu_norms, seq_len: int, head_dim: int, seeds, *, formats=("bf16", "fp16"),
+                  block_q: int = 64, block_k: int = 64, golden_chunk: int = 1024, device="cpu",
+                  progress: bool = True, threads: int = 1) -> xr.Dataset:
+    """The FA2-order emulator in each format of ``formats``, without and with the causal mask, on the
+    mechanism operands rounded to that format (``mechanism_operands_in``), each against the fp64
+    gradients of its own operands and mask: seed 003's thresholds and its causal claim."""
+    metrics = ("dq_err", "dk_err", "dv_err", "dq_rel_err", "dq_max_abs_err", "dk_max_abs_err", "dv_max_abs_err",
+               "dq_cos")
+    shape = (len(formats), len(SOURCE_MASKS), len(sharpness), len(mu_norms), len(seeds))
+    data = {m: np.full(shape, np.nan) for m in metrics}
+    impls = [source_kernel(fmt, block_q, block_k) for fmt in formats]
+    work = [(g, fmt, a, s, b, m, f, seed) for g, fmt in enumerate(formats) for a, s in enumerate(sharpness)
+            for b, m in enumerate(mu_norms) for f, seed in enumerate(seeds)]
+    with torch_threads(threads):
+        for g, fmt, a, s, b, m, f, seed in tqdm(work, desc="source checks", disable=not progress):
+            q, k, v, do, mu = mechanism_operands_in(fmt, seq_len, head_dim, s, m, seed, device=device)
+            for h, mask in enumerate(SOURCE_MASKS):
+                causal = mask == "causal"
+                out = kernels.golden_attention(q, k, v, chunk=golden_chunk, causal=causal)
+                dq, dk, dv = kernels.golden_attention_backward(q, k, v, do, chunk=golden_chunk, causal=causal)
+                gold = {"out": out, "dq": dq, "dk": dk, "dv": dv, "pk": torch.zeros_like(dq)}
+                res = variant_errors(q, k, v, do, impls[g], gold, causal=causal)
+                for metric in metrics:
+                    data[metric][g, h, a, b, f] = res[metric]
+    dims = ("src_format", "src_mask", "sharpness", "mu_norm", "seed")
+    coords = {"src_format": list(formats), "src_mask": list(SOURCE_MASKS), "sharpness": list(map(float, sharpness)),
+              "mu_norm": list(map(float, mu_norms)), "seed": list(seeds)}
+    ds = xr.Dataset({f"src_{m}": (dims, data[m]) for m in metrics}, coords=coords)
+    ds["src_kernel"] = ("src_format", [k.name for k in impls])
+    return ds
+
+
+def seed003_verdicts(ds: xr.Dataset, prefix: str = "src") -> xr.DataArray:
+    """1 where dQ, dK and dV all pass seed 003's thresholds on the largest absolute error, else 0."""
+    ok = xr.ones_like(ds[f"{prefix}_dq_max_abs_err"], dtype=bool)
+    for g, limit in SEED003_THRESHOLDS.items():
+        ok = ok & (ds[f"{prefix}_{g}_max_abs_err"] < limit)
+    return ok.astype(np.int8)
+
+
+def seed000_accepts(cos: xr.DataArray) -> xr.DataArray:
+    """1 where seed 000's gradient check (cosine > 0.99 and angle < 5 degrees) accepts, else 0."""
+    angle = np.degrees(np.arccos(np.clip(cos, -1.0, 1.0)))
+    return ((cos > SEED000_MIN_COS) & (angle < SEED000_MAX_ANGLE)).astype(np.int8)
+
+
+def seed000_table(ds: xr.Dataset, bad: float = 0.5):
+    """Per variant, over the mechanism grid: the points whose median row dQ error is at least ``bad``
+    (a badly wrong dQ by seed 004's metric), how many of them seed 000's check accepts, and the largest
+    median row dQ error it accepts (with that point's cosine, angle and global relative L2 error)."""
+    import pandas as pd
+
+    rows = []
+    accepted = seed000_accepts(ds["mech_dq_cos"])
+    for variant in ds["variant"].values:
+        err = ds["mech_dq_err"].sel(variant=variant).values.ravel()
+        acc = accepted.sel(variant=variant).values.ravel().astype(bool)
+        cos = ds["mech_dq_cos"].sel(variant=variant).values.ravel()
+        glob = ds["mech_dq_rel_err"].sel(variant=variant).values.ravel()
+        wrong = np.isfinite(err) & (err >= bad)
+        worst = np.where(acc & np.isfinite(err), err, -np.inf)
+        i = int(np.argmax(worst))
+        has = np.isfinite(worst[i])
+        rows.append({"variant": str(variant), f"points with median-row dQ err >= {bad:g}": int(wrong.sum()),
+                     "of them accepted by seed 000's check": int((wrong & acc).sum()),
+                     "largest accepted median-row dQ err": err[i] if has else math.nan,
+                     "its cosine": cos[i] if has else math.nan,
+                     "its angle (deg)": float(np.degrees(np.arccos(min(1.0, cos[i])))) if has else math.nan,
+                     "its global rel. L2 dQ err": glob[i] if has else math.nan})
+    return pd.DataFrame(rows).set_index("variant")
+
+
+def same_problem_limit(ds: xr.Dataset, tolerance: float = 0.1) -> xr.DataArray:
+    """Per (sharpness, N, d): the largest |mu| of the grid up to which the exact problem has not moved
+    (median over seeds of ``mech_exact_dq_shift`` at most ``tolerance`` at that |mu| and every smaller one)."""
+    shift = ds["mech_exact_dq_shift"].median("seed")
+    within = (shift <= tolerance).cumprod("mu_norm").astype(bool)  # every |mu| up to here within
+    mus = xr.broadcast(ds["mu_norm"], within)[0]
+    out = mus.where(within).max("mu_norm")
+    out.attrs.update(units="1", long_name=f"largest |mu| at which the exact dQ has moved by at most {tolerance:g} "
+                                          "(median row) from |mu| = 0")
+    return out
 
 
 # -- real kernels on the mechanism grid ------------------------------------------------------------
@@ -344,6 +523,102 @@ def dq_growth(ds: xr.Dataset, *, seq_len: int | None = None, head_dim: int | Non
                 rows.append({"kernel": f"{kind}: {name}", "sharpness": float(s), f"dQ err at |mu|={low:g}": zero,
                              f"dQ err at |mu|={top:g}": big, "growth": big / zero if zero > 0 else math.nan})
     return pd.DataFrame(rows).set_index(["kernel", "sharpness"])
+
+
+def load_gpu_run(name: str = "gpu") -> xr.Dataset | None:
+    """The committed CUDA run ``outputs/late_training_gradient_blowup/<name>/results.nc`` of this
+    checkout, if present (None otherwise, or when it did not run on a CUDA device)."""
+    from ..ncio import open_results
+    from ..paths import project_root
+
+    path = project_root() / "outputs" / "late_training_gradient_blowup" / name / "results.nc"
+    if not path.exists():
+        return None
+    ds = open_results(path, squeeze_sweep_dims=True)
+    return ds if "cuda" in str(ds.attrs.get("device", "")) else None
+
+
+def real_kernel_summary(ds: xr.Dataset, *, emulator: str = "bf16", growth_at_least: float = 10.0):
+    """One row per real kernel, from the real-kernel grid and the real-kernel diagnostic of a run:
+    its status; its median row dQ error at the smallest and the largest |mu| (largest N, first d, the
+    range over sharpness), its growth factor beside the emulator variant's on the same operands, whether
+    it grows by at least ``growth_at_least`` at every sharpness; the median and the range over
+    (sharpness, |mu| > 0, seed) of the correlation of its dQ error with the emulator's; and the FP32
+    recompute diagnostic with it as the model's attention: its global relative L2 dQ error (largest over
+    layers) without an offset and at the largest offset, the layers flagged without an offset, and the
+    query/key projection gradient-norm ratio (largest over layers) without an offset."""
+    import pandas as pd
+
+    growth = dq_growth(ds)
+    low, top = float(ds["mu_norm"].min()), float(ds["mu_norm"].max())
+    at = dict(real_seq_len=int(ds["real_seq_len"][-1]), real_head_dim=int(ds["real_head_dim"][0]))
+    rows = []
+    for kernel in ds["real_kernel"].values:
+        kernel = str(kernel)
+        status = ds["real_mech_status"].sel(real_kernel=kernel).values.ravel()
+        bad = [str(x) for x in status if str(x) != "ok"]
+        g = growth.xs(f"real: {kernel}", level="kernel")
+        e = growth.xs(f"emulator: {emulator}", level="kernel") if f"emulator: {emulator}" in growth.index.get_level_values(0) else None
+        corr = ds["real_mech_dq_err_corr"].sel(real_kernel=kernel, real_variant=emulator, **at)
+        corr = corr.where(corr["mu_norm"] > 0).values.ravel()
+        corr = corr[np.isfinite(corr)]
+        row = {"kernel": kernel, "status": "ok" if not bad else bad[0][:80],
+               f"dQ err at |mu|={low:g}, min": g[f"dQ err at |mu|={low:g}"].min(),
+               f"dQ err at |mu|={top:g}, max": g[f"dQ err at |mu|={top:g}"].max(),
+               "growth min": g["growth"].min(), "growth max": g["growth"].max(),
+               f"emulator {emulator} growth min": e["growth"].min() if e is not None else math.nan,
+               f"emulator {emulator} growth max": e["growth"].max() if e is not None else math.nan,
+               "grows": bool((g["growth"] >= growth_at_least).all()) if np.isfinite(g["growth"]).all() else None,
+               f"corr with {emulator}, median": float(np.median(corr)) if corr.size else math.nan,
+               f"corr with {emulator}, min": float(corr.min()) if corr.size else math.nan,
+               f"corr with {emulator}, max": float(corr.max()) if corr.size else math.nan}
+        if "real_diag_dq_rel_err" in ds:
+            diag = ds["real_diag_dq_rel_err"].sel(real_kernel=kernel)
+            offsets = ds["offset_norm"].values
+            row.update({
+                "diag status": str(ds["real_diag_status"].sel(real_kernel=kernel).values)[:80],
+                "diag global rel. L2 dQ err, no offset (max layer)": float(diag.sel(offset_norm=0.0).max()),
+                f"diag global rel. L2 dQ err, offset {offsets.max():g} (max layer)":
+                    float(diag.sel(offset_norm=offsets.max()).max()),
+                "diag layers flagged, no offset": int(ds["real_diag_flagged"].sel(real_kernel=kernel,
+                                                                                  offset_norm=0.0).sum()),
+                "diag q/k grad-norm ratio, no offset (max layer)":
+                    float(ds["real_diag_grad_norm_qk_ratio"].sel(real_kernel=kernel, offset_norm=0.0).max()),
+            })
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("kernel")
+
+
+def real_kernel_sentences(summary, *, emulator: str = "bf16") -> list[str]:
+    """One sentence per real kernel built from ``real_kernel_summary``: does it show the dQ growth the
+    emulator predicts, how its dQ error correlates with the emulator's, and what the diagnostic finds."""
+    out = []
+    cols = list(summary.columns)
+    low_col = next(c for c in cols if c.startswith("dQ err at") and c.endswith("min"))
+    top_col = next(c for c in cols if c.startswith("dQ err at") and c.endswith("max"))
+    top_mu = top_col.split("=")[1].split(",")[0]
+    for kernel, r in summary.iterrows():
+        if r["status"] != "ok" and not np.isfinite(r["growth min"]):
+            out.append(f"`{kernel}` gave no gradients: {r['status']}.")
+            continue
+        verdict = "shows" if r["grows"] else "does not show"
+        text = (f"`{kernel}` {verdict} the dQ growth: its median row dQ error goes from {r[low_col]:.2g} (smallest "
+                f"over sharpness) at |mu| = 0 to {r[top_col]:.3g} (largest) at |mu| = {top_mu}, a growth of "
+                f"{r['growth min']:.3g}x to {r['growth max']:.3g}x over sharpness (emulator `{emulator}`: "
+                f"{r[f'emulator {emulator} growth min']:.3g}x to {r[f'emulator {emulator} growth max']:.3g}x); its dQ "
+                f"error correlates with the emulator's at a median {r[f'corr with {emulator}, median']:.2f} "
+                f"(range {r[f'corr with {emulator}, min']:.2f} to {r[f'corr with {emulator}, max']:.2f}, |mu| > 0).")
+        if "diag status" in r and r["diag status"] == "ok":
+            off_col = next(c for c in cols if c.startswith("diag global rel. L2 dQ err, offset"))
+            text += (f" As the model's attention, the diagnostic finds a global relative L2 dQ error of "
+                     f"{r['diag global rel. L2 dQ err, no offset (max layer)']:.3g} without an offset "
+                     f"({int(r['diag layers flagged, no offset'])} layer(s) flagged; query/key gradient-norm ratio "
+                     f"up to {r['diag q/k grad-norm ratio, no offset (max layer)']:.3g}) and "
+                     f"{r[off_col]:.3g} at the largest offset.")
+        elif "diag status" in r:
+            text += f" The diagnostic could not run with it: {r['diag status']}."
+        out.append(text)
+    return out
 
 
 class InFormat(kernels.Kernel):
