@@ -1,0 +1,65 @@
+"""GPU-scale training on real text (issue 13) and the training-step cost of each attention (issue 15).
+
+A byte-level GPT-2-style language model on the Python standard library's own source, trained on
+one GPU in one command, attention chosen per run from the kernel registry; every run writes one
+compact NetCDF record that the studies' ``gpu_training`` tiers gather.
+
+Modules
+    corpus   the stdlib corpus (fixed order, hash-based train/validation split by file, facts and
+             sha256 recorded) and the device-side batch sampler (data order fixed by ``data_seed``)
+    gpt      the model (``attnum.model.GPT``'s architecture and tensor names, bf16 autocast for the
+             matmuls, attention ``AttentionChoice`` = registry name [@dtype] called outside autocast)
+    diag     per-layer statistics (common key offset, sharpness), the FP32-recompute diagnostic's
+             dQ/dK/dV errors, gradient norms, attention timing, weight sketches and exact pair drift
+    train    ``TrainConfig`` and ``train``: one run or a lockstep pair within a wall-clock budget
+    record   the record's layout, ``gather`` (a folder of records -> one Dataset), ``sketch_drift``
+    bench    issue 15's step-time benchmark of every attention choice
+
+Command line (``PYTHONPATH=lib``; every ``TrainConfig`` field is a flag)::
+
+    python -m attnum.lm train --kernel sdpa:flash --lr 1e-3 --budget-s 540 --out DIR
+    python -m attnum.lm train --kernel sdpa:flash --pair --pair-kernel sdpa:math --out DIR   # study 03 pair
+    python -m attnum.lm bench --out DIR/bench.json
+    python -m attnum.lm gather DIR --out gathered.nc
+    python -m attnum.lm corpus            # this machine's corpus facts (size, files, sha256)
+
+Attention choices: ``sdpa:flash`` (bf16, PyTorch's FlashAttention-2), ``sdpa:math`` (fp32 by
+default: the baseline, attention computed in fp32 from the bf16-computed projections, TF32 off),
+``triton:fa2``, ``triton:fa2:gproj_dq``, ``triton:fa2:gproj_dq_dk``, ``triton:fa2:fp32_bwd`` (our
+Triton kernel; on a CPU it is reported unavailable, not run), any other registry name, with
+``@bf16``/``@fp16``/``@fp32`` to force the operands' dtype.
+
+Choice of scale for one H200 in one command (9.5 minutes, start-up included). All numbers in this
+paragraph are estimates made before any GPU run, to be replaced by the pilot run's measured
+throughput (the record's ``tokens_per_s``):
+
+* Model: GPT-2 small's geometry, 12 layers, d_model 768, 12 heads of 64, context 1024 (Qiu & Yao's
+  model, arXiv 2510.04212), byte vocabulary (256), so 85 M parameters in the blocks and about 86 M
+  in all. Batch 16 x 1024 = 16 k tokens a step, AdamW, no torch.compile. At an estimated
+  250-450 k tokens/s in eager bf16 on an H200 (30-50% of the dense bf16 peak; not measured yet),
+  about 510 s of training gives roughly 130-230 M tokens, 8 k-14 k steps.
+* Corpus: 3.11's stdlib without tests is 12.1 MB (734 files; the device's Python may differ, the
+  record says which); 130-230 M tokens are 10-20 passes over it, so late in a run the model
+  memorises, and validation loss rises. We keep it (real text, no download) and record the
+  validation loss; ``--corpus stdlib,stdlib_tests`` adds the test suite (31.5 MB in 1790 files in
+  all on 3.11.7 here) where the installed Python has one.
+* A pair (study 03) trains two models in lockstep: half the tokens per model in the same time.
+
+What this costs the question. Qiu & Yao's loss explosion came after tens of billions of tokens
+(their reproduction resumes from a checkpoint at step 70000, ~0.33 M tokens a step; see
+``shared/research/papers.md`` section 5); one command reaches ~0.1-0.2 B tokens, 100-200 times
+fewer, and a campaign of a few commands does not change the order of magnitude. So a run that does
+not diverge bounds the phenomenon rather than refuting it: the record gives the tokens reached, the
+common key offset (``key_mean_norm``, ``offset_logit``), the sharpness (``max_prob``, ``entropy``)
+and the dQ error reached, to set against the mechanism grid of study 04. Harsher settings that
+reach the sharp regime sooner are parameters (higher ``--lr``, ``--clip 0``, ``--warmup 0``, a
+smaller model with more steps), and each is a departure from the sources' setting to be stated.
+
+Bench (issue 15): the same model at contexts 1024 and 4096 with 8192 tokens a step; attention's
+FLOPs relative to the linear layers' are ~N / (12 d_model): 0.11 at 1024, 0.44 at 4096, so at 4096
+attention is a real share of the step. Estimated run time on one H200: about 1-2 minutes
+(seven choices x two contexts x 27 steps, plus Triton compilation; fp32 attention is the slowest).
+"""
+from __future__ import annotations
+
+__all__ = ["bench", "corpus", "diag", "gpt", "record", "train"]

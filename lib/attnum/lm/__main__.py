@@ -1,0 +1,113 @@
+"""``python -m attnum.lm train|bench|gather|corpus``: see ``attnum.lm``'s docstring."""
+from __future__ import annotations
+
+import time
+
+_T_IMPORT = time.monotonic()
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+
+
+def process_start() -> float:
+    """``time.monotonic()`` at the moment this process started (Linux: from /proc), so that a
+    budget counts the interpreter's and torch's start-up too; else the import time of this module."""
+    try:
+        ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        uptime = float(open("/proc/uptime").read().split()[0])
+        age = uptime - ticks / os.sysconf("SC_CLK_TCK")
+        now = time.monotonic()
+        return now - age if 0 <= age < 3600 else _T_IMPORT
+    except (OSError, ValueError, IndexError):
+        return _T_IMPORT
+
+
+def _train_parser(sub):
+    from .train import TrainConfig
+
+    p = sub.add_parser("train", help="one training run (or a lockstep pair) within a wall-clock budget")
+    p.add_argument("--out", required=True, help="folder for the record")
+    for field in dataclasses.fields(TrainConfig):
+        flag = "--" + field.name.replace("_", "-")
+        default = field.default
+        if isinstance(default, bool):
+            p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif default is None:
+            kind = int if field.name == "pair_seed" else str
+            p.add_argument(flag, type=kind, default=None)
+        else:
+            p.add_argument(flag, type=type(default), default=default)
+    return p
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m attnum.lm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _train_parser(sub)
+    b = sub.add_parser("bench", help="issue 15: training-step cost of each attention choice")
+    b.add_argument("--kernels", default=None, help="comma-separated attention choices (default: bench.DEFAULT_KERNELS)")
+    b.add_argument("--n-layer", type=int, default=12)
+    b.add_argument("--n-head", type=int, default=12)
+    b.add_argument("--d-model", type=int, default=768)
+    b.add_argument("--contexts", default="1024,4096")
+    b.add_argument("--tokens-per-step", type=int, default=8192)
+    b.add_argument("--warmup", type=int, default=3)
+    b.add_argument("--steps", type=int, default=8, help="timed steps per round")
+    b.add_argument("--rounds", type=int, default=3)
+    b.add_argument("--device", default="cuda")
+    b.add_argument("--out", required=True, help="JSON file to write")
+    g = sub.add_parser("gather", help="every record under a folder into one NetCDF file")
+    g.add_argument("folder")
+    g.add_argument("--out", required=True)
+    c = sub.add_parser("corpus", help="the corpus' facts (size, files, sha256) on this machine")
+    c.add_argument("--parts", default="stdlib")
+    args = parser.parse_args(argv)
+
+    if args.command == "train":
+        from .train import TrainConfig, train
+
+        fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+        try:
+            cfg.check()
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        train(cfg, args.out, t_start=process_start(), progress=lambda s: print(s, flush=True))
+        return 0
+    if args.command == "bench":
+        from . import bench
+
+        kernels = tuple(k for k in args.kernels.split(",") if k) if args.kernels else bench.DEFAULT_KERNELS
+        contexts = tuple(int(n) for n in args.contexts.split(",") if n)
+        try:
+            result = bench.bench(kernels, n_layer=args.n_layer, n_head=args.n_head, d_model=args.d_model,
+                                 contexts=contexts, tokens_per_step=args.tokens_per_step, warmup=args.warmup,
+                                 steps=args.steps, rounds=args.rounds, device=args.device,
+                                 progress=lambda s: print(s, flush=True))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        print(f"[bench] wrote {bench.write(result, args.out)} ({result['wall_s']:.0f} s)")
+        return 0
+    if args.command == "gather":
+        from .. import ncio
+        from .record import gather
+
+        ds = gather(args.folder)
+        ds.to_netcdf(args.out, engine=ncio.ENGINE)
+        print(f"gathered {ds.sizes['run']} runs into {args.out}")
+        return 0
+    if args.command == "corpus":
+        from .corpus import Corpus
+
+        print(json.dumps(Corpus.build(tuple(args.parts.split(","))).facts, indent=1))
+        return 0
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""One compact NetCDF record per training command, and ``gather`` for a folder of them.
+
+A record (``lm_<tag or kernels>_s<seed>_d<data seed>.nc``, written by ``attnum.ncio.write_results``:
+atomic, checksummed, with provenance) holds
+
+    dims      member (a, or a and b of a pair), step (the logged steps, 0 first), layer,
+              snapshot (steps of the weight sketches), tensor, sketch (run index of a sketch)
+    (member, step)            loss (mean training loss since the previous row), val_loss (NaN where
+                              not evaluated), grad_norm (whole model, before clipping)
+    (step)                    lr, step_time_s (mean over the interval, every member's step included),
+                              tokens_per_s, elapsed_s (wall clock since the process started)
+    (member, step, layer)     grad_norm_layer, grad_norm_qk and every ``diag.LAYER_STATS`` and
+                              ``diag.DIAG_ERRORS`` on the fixed diagnostic batch
+    (member, snapshot, tensor, sketch)   weight_sketch (``diag.weight_sketches``)
+    (snapshot, tensor)        pair_w1, pair_max_abs, pair_rel_l2: exact drift b vs a (pairs only)
+    (member)                  attn_fwd_s, attn_fwd_bwd_s (attention alone, median), nonfinite_step
+    scalars                   attention_share (layers x attention fwd+bwd / median step time),
+                              steps_done, tokens_done, wall_s
+    attributes                the parameters (JSON, by the writer), corpus facts (``corpus_*``),
+                              data_order_sha256, versions (torch, CUDA, cuDNN, Triton, GPU name), stop_reason
+
+``gather(folder)`` opens every record below a folder and concatenates them along a new ``run``
+dimension (outer join on steps, snapshots and members), with each run's parameters, kernels,
+corpus hash and stop reason as ``run`` coordinates: the input of a study's ``gpu_training`` tier.
+``sketch_drift(ds, a, b)`` gives the sketch lower bound of the per-tensor W1 between two runs'
+members at their common snapshots.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from .. import ncio
+from ..drift import tensor_kind, tensor_layer
+from . import diag
+
+STUDY = "lm_training"
+
+VARIABLES = {
+    "loss": ("1", "mean training cross-entropy over the steps since the previous row (nats per byte)"),
+    "val_loss": ("1", "validation cross-entropy on the fixed validation windows (nats per byte)"),
+    "grad_norm": ("1", "gradient norm of the whole model before clipping, at the logged step"),
+    "lr": ("1", "learning rate of the logged step"),
+    "step_time_s": ("s", "mean wall time of one optimiser step over the interval (all members)"),
+    "tokens_per_s": ("1/s", "bytes (tokens) trained per second over the interval, all members"),
+    "elapsed_s": ("s", "wall clock since the process started"),
+    "grad_norm_layer": ("1", "gradient norm of the block's parameters before clipping"),
+    "grad_norm_qk": ("1", "gradient norm of the block's query and key projection rows"),
+    "key_mean_norm": ("1", "norm of the mean key (common key offset), mean over sequences and heads"),
+    "key_norm": ("1", "mean key norm"),
+    "key_mean_ratio": ("1", "norm of the mean key / mean key norm"),
+    "offset_logit": ("1", "mean |q_i . mean key| * scale: the score shift of the common key offset"),
+    "max_logit": ("1", "largest scaled causal attention score on the diagnostic batch"),
+    "entropy": ("1", "mean attention row entropy (nats)"),
+    "max_prob": ("1", "mean over rows of the largest attention probability"),
+    "dq_rel_err": ("1", "relative L2 error of the kernel's dQ against the FP32 recompute on the same operands"),
+    "dq_row_rel_err": ("1", "median row relative error of the kernel's dQ against the FP32 recompute"),
+    "dk_rel_err": ("1", "relative L2 error of the kernel's dK against the FP32 recompute"),
+    "dk_row_rel_err": ("1", "median row relative error of the kernel's dK against the FP32 recompute"),
+    "dv_rel_err": ("1", "relative L2 error of the kernel's dV against the FP32 recompute"),
+    "dv_row_rel_err": ("1", "median row relative error of the kernel's dV against the FP32 recompute"),
+    "grad_norm_ratio": ("1", "norm of the kernel's (dQ, dK, dV) / norm of the FP32 recompute's"),
+    "weight_sketch": ("1", "means of equal runs of the tensor's sorted values (NaN: padding)"),
+    "pair_w1": ("1", "exact Wasserstein-1 distance between member b's and member a's values of the tensor"),
+    "pair_max_abs": ("1", "largest |b - a| over the tensor's elements"),
+    "pair_rel_l2": ("1", "||b - a|| / ||a|| over the tensor's elements"),
+    "attn_fwd_s": ("s", "median time of one attention forward alone at the training shape"),
+    "attn_fwd_bwd_s": ("s", "median time of one attention forward and backward alone at the training shape"),
+    "nonfinite_step": ("1", "first logged step with a non-finite training loss (-1: none)"),
+    "attention_share": ("1", "estimated share of the step in attention: layers x attention fwd+bwd / median step time"),
+    "steps_done": ("1", "optimiser steps done"),
+    "tokens_done": ("1", "bytes (tokens) trained per member"),
+    "wall_s": ("s", "wall clock of the whole command from process start"),
+    "step": ("1", "optimiser steps done"),
+    "snapshot": ("1", "optimiser steps done at the weight snapshot"),
+}
+
+
+@dataclasses.dataclass
+class RunState:
+    """What a run has logged so far (``train`` fills it; ``to_dataset`` turns it into a record)."""
+
+    cfg: object
+    lm_cfg: object
+    corpus_facts: dict
+    order_sha256: str
+    members: list
+    tensor_names: list
+    tensor_numel: list
+    versions: dict
+    steps: list = dataclasses.field(default_factory=list)
+    elapsed_s: list = dataclasses.field(default_factory=list)
+    lr: list = dataclasses.field(default_factory=list)
+    step_time_s: list = dataclasses.field(default_factory=list)
+    grad_norms: list = dataclasses.field(default_factory=list)  # per row: {member: (per layer, per layer qk, total)}
+    member_rows: dict = dataclasses.field(default_factory=dict)  # member -> {loss: [...], val_loss: [...]}
+    member_layers: dict = dataclasses.field(default_factory=dict)  # member -> {stat: [[per layer] per row]}
+    nonfinite_step: dict = dataclasses.field(default_factory=dict)
+    attention_timing: dict = dataclasses.field(default_factory=dict)
+    snapshot_steps: list = dataclasses.field(default_factory=list)
+    sketches: list = dataclasses.field(default_factory=list)  # per snapshot: [per member (tensor, K)]
+    pair_drift: list = dataclasses.field(default_factory=list)  # per snapshot: {w1, max_abs, rel_l2}
+    stop_reason: str = "running"
+    wall_s: float = math.nan
+
+
+def record_name(cfg) -> str:
+    tag = cfg.tag or "_".join(m["kernel"] for m in cfg.members())
+    tag = re.sub(r"[^A-Za-z0-9_.-]+", "-", tag).strip("-")
+    return f"lm_{tag}_s{cfg.seed}_d{cfg.data_seed}.nc"
+
+
+def to_dataset(state: RunState) -> xr.Dataset:
+    cfg = state.cfg
+    labels = [m["member"] for m in state.members]
+    n_rows = len(state.steps)
+    ds = xr.Dataset(coords={
+        "member": labels, "step": np.array(state.steps, dtype=np.int64), "layer": np.arange(cfg.n_layer),
+        "snapshot": np.array(state.snapshot_steps, dtype=np.int64),
+        "tensor": list(state.tensor_names), "sketch": np.arange(cfg.sketch_size),
+        "member_attention": ("member", [m["attention"] for m in state.members]),
+        "member_amp": ("member", [m["amp"] for m in state.members]),
+        "member_seed": ("member", np.array([m["seed"] for m in state.members], dtype=np.int64)),
+        "tensor_kind": ("tensor", [tensor_kind(n) for n in state.tensor_names]),
+        "tensor_layer": ("tensor", np.array([tensor_layer(n) for n in state.tensor_names], dtype=np.int64)),
+        "tensor_numel": ("tensor", np.array(state.tensor_numel, dtype=np.int64)),
+    })
+    ds["lr"] = ("step", np.array(state.lr, dtype=np.float64))
+    ds["step_time_s"] = ("step", np.array(state.step_time_s, dtype=np.float64))
+    tokens = cfg.batch_size * cfg.context * len(labels)
+    ds["tokens_per_s"] = tokens / ds["step_time_s"]
+    ds["elapsed_s"] = ("step", np.array(state.elapsed_s, dtype=np.float64))
+    for key in ("loss", "val_loss"):
+        ds[key] = (("member", "step"), np.array([state.member_rows[m][key][:n_rows] for m in labels], dtype=np.float64))
+    ds["grad_norm"] = (("member", "step"), np.array([[row[m][2] for row in state.grad_norms[:n_rows]]
+                                                      for m in labels], dtype=np.float64))
+    ds["grad_norm_layer"] = (("member", "step", "layer"), np.array(
+        [[row[m][0] for row in state.grad_norms[:n_rows]] for m in labels], dtype=np.float64))
+    ds["grad_norm_qk"] = (("member", "step", "layer"), np.array(
+        [[row[m][1] for row in state.grad_norms[:n_rows]] for m in labels], dtype=np.float64))
+    for key in diag.LAYER_STATS + diag.DIAG_ERRORS:
+        ds[key] = (("member", "step", "layer"),
+                   np.array([state.member_layers[m][key][:n_rows] for m in labels], dtype=np.float64))
+    ds["weight_sketch"] = (("member", "snapshot", "tensor", "sketch"),
+                           np.stack([np.stack(snap, axis=0) for snap in state.sketches], axis=1).astype(np.float32))
+    if len(labels) == 2:
+        for key in ("w1", "max_abs", "rel_l2"):
+            ds[f"pair_{key}"] = (("snapshot", "tensor"), np.array([d[key] for d in state.pair_drift], dtype=np.float64))
+    timing = [state.attention_timing.get(m, {}) for m in labels]
+    ds["attn_fwd_s"] = ("member", np.array([t.get("fwd_s", math.nan) for t in timing], dtype=np.float64))
+    ds["attn_fwd_bwd_s"] = ("member", np.array([t.get("fwd_bwd_s", math.nan) for t in timing], dtype=np.float64))
+    ds["nonfinite_step"] = ("member", np.array([state.nonfinite_step.get(m, -1) for m in labels], dtype=np.int64))
+    step_times = np.array(state.step_time_s[1:], dtype=np.float64)
+    step_times = step_times[np.isfinite(step_times)]
+    median_step = float(np.median(step_times)) if step_times.size else math.nan
+    ds["attention_share"] = float(cfg.n_layer * np.nansum(ds["attn_fwd_bwd_s"].values) / median_step) \
+        if math.isfinite(median_step) and np.isfinite(ds["attn_fwd_bwd_s"].values).any() else math.nan
+    ds["steps_done"] = np.int64(state.steps[-1] if state.steps else 0)
+    ds["tokens_done"] = np.int64(ds["steps_done"].item() * cfg.batch_size * cfg.context)
+    ds["wall_s"] = float(state.wall_s)
+    ds.attrs.update({key: (json.dumps(value) if not isinstance(value, (str, int, float)) else value)
+                     for key, value in state.corpus_facts.items()})
+    ds.attrs["data_order_sha256"] = state.order_sha256
+    ds.attrs["attention_timing"] = json.dumps(state.attention_timing, sort_keys=True)
+    for key, value in state.versions.items():
+        ds.attrs[f"version_{key}"] = value
+    ds.attrs["stop_reason"] = state.stop_reason
+    ds.attrs["n_params"] = int(state.lm_cfg.n_params())
+    return ds
+
+
+def write(state: RunState, path) -> Path:
+    device = str(state.cfg.device)
+    return ncio.write_results(to_dataset(state), path, study=STUDY, params=state.cfg.params(), device=device,
+                              title="attnum byte-level LM training run (issue 13)", variables=VARIABLES)
+
+
+def open_record(path) -> xr.Dataset:
+    with xr.open_dataset(path, engine=ncio.ENGINE) as ds:
+        return ds.load()
+
+
+def gather(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
+    """Every record under ``folder`` (recursively) along a new ``run`` dimension, named by file stem.
+
+    ``run`` coordinates: ``run_kernels`` (member attentions, '|'-joined), ``run_lr``, ``run_seed``,
+    ``run_data_seed``, ``run_pair``, ``run_stop_reason``, ``run_corpus_sha256``, ``run_gpu``,
+    ``run_parameters`` (JSON) and ``run_git_commit``.
+    """
+    paths = sorted(Path(folder).rglob(pattern))
+    if not paths:
+        raise FileNotFoundError(f"no training records ({pattern}) under {folder}")
+    runs, names = [], []
+    for path in paths:
+        ds = open_record(path)
+        params = json.loads(ds.attrs["parameters"])
+        coords = {"run_kernels": "|".join(str(a) for a in ds["member_attention"].values),
+                  "run_lr": float(params["lr"]), "run_seed": int(params["seed"]),
+                  "run_data_seed": int(params["data_seed"]), "run_pair": int(bool(params.get("pair"))),
+                  "run_stop_reason": ds.attrs.get("stop_reason", ""),
+                  "run_corpus_sha256": ds.attrs.get("corpus_sha256", ""),
+                  "run_gpu": ds.attrs.get("version_gpu", ""), "run_parameters": ds.attrs["parameters"],
+                  "run_git_commit": ds.attrs.get("git_commit", "unknown")}
+        ds.attrs = {}
+        runs.append(ds.expand_dims(run=[path.stem]).assign_coords({k: ("run", [v]) for k, v in coords.items()}))
+        names.append(path.stem)
+    if len(set(names)) != len(names):
+        raise ValueError(f"two records share a file name under {folder}: {sorted(names)}")
+    tensors = {tuple(ds["tensor"].values) for ds in runs}
+    if len(tensors) > 1:
+        # different model sizes: keep what every run has (the series), drop the per-tensor variables
+        runs = [ds.drop_dims(["tensor", "sketch"], errors="ignore") for ds in runs]
+    out = xr.concat(runs, dim="run", join="outer", coords="different", compat="equals",
+                    data_vars="all", fill_value=np.nan)
+    out.attrs["gathered_from"] = json.dumps([str(p) for p in paths])
+    return out
+
+
+def sketch_drift(ds: xr.Dataset, a: tuple, b: tuple) -> xr.DataArray:
+    """Sketch lower bound of the per-tensor W1 between ``a = (run, member)`` and ``b = (run, member)``
+    of a gathered dataset, at their common snapshots (dims snapshot, tensor)."""
+    sa = ds["weight_sketch"].sel(run=a[0], member=a[1])
+    sb = ds["weight_sketch"].sel(run=b[0], member=b[1])
+    common = np.intersect1d(sa["snapshot"].values[np.isfinite(sa.isel(tensor=0, sketch=0).values)],
+                            sb["snapshot"].values[np.isfinite(sb.isel(tensor=0, sketch=0).values)])
+    sa, sb = sa.sel(snapshot=common), sb.sel(snapshot=common)
+    values = diag.sketch_wasserstein(sa.values, sb.values)
+    return xr.DataArray(values, dims=("snapshot", "tensor"), coords={"snapshot": common, "tensor": sa["tensor"]},
+                        name="sketch_w1", attrs={"units": "1", "long_name": "lower bound of the per-tensor "
+                                                 "Wasserstein-1 distance from the weight sketches"})

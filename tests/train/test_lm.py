@@ -1,0 +1,227 @@
+"""attnum.lm: the stdlib corpus, the GPU-scale LM and trainer at tiny size on the CPU, records,
+gather, the step-cost bench; a GPU test for the real kernels (skipped without CUDA)."""
+import hashlib
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnum.lm import bench, corpus, diag, record
+from attnum.lm.__main__ import main
+from attnum.lm.gpt import LM, AttentionChoice, LMConfig
+from attnum.lm.train import TrainConfig, learning_rate, train
+
+MAX_BYTES = 2_000_000  # a truncated corpus keeps the tests small
+
+
+def _tiny(**kw):
+    base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=60, log_every=10, eval_every=20,
+                snapshot_every=20, corpus_max_bytes=MAX_BYTES, val_windows=8, diag_batch=2, warmup=5, lr=3e-3,
+                sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def small_corpus():
+    return corpus.Corpus.build(("stdlib",), max_bytes=MAX_BYTES)
+
+
+# -- corpus ----------------------------------------------------------------------------------------
+
+def test_corpus_hash_is_stable_and_matches_the_concatenated_files(small_corpus):
+    again = corpus.Corpus.build(("stdlib",), max_bytes=MAX_BYTES)
+    assert again.facts == small_corpus.facts
+    files = corpus.source_files(("stdlib",))[:small_corpus.facts["corpus_files"]]
+    digest = hashlib.sha256(b"".join(p.read_bytes() + corpus.SEPARATOR for _, p in files)).hexdigest()
+    assert small_corpus.facts["corpus_sha256"] == digest
+    f = small_corpus.facts
+    assert f["corpus_train_bytes"] + f["corpus_val_bytes"] == f["corpus_bytes"] <= MAX_BYTES
+    assert 0 < f["corpus_val_files"] < f["corpus_files"]
+
+
+def test_corpus_leaves_out_tests_and_installed_packages_in_sorted_order():
+    labels = [label for label, _ in corpus.source_files(("stdlib",))]
+    assert labels == sorted(labels) and len(labels) == len(set(labels))
+    parts = [set(label.split("/")[1:-1]) for label in labels]
+    assert not any(p & (corpus.TEST_DIRS | corpus.INSTALLED_DIRS) for p in parts)
+    assert "stdlib/os.py" in labels
+    with pytest.raises(ValueError, match="corpus parts"):
+        corpus.source_files(("stdlib", "nope"))
+
+
+def test_data_order_depends_on_data_seed_only(small_corpus):
+    a = corpus.BatchSampler(small_corpus, context=16, batch_size=4, steps=10, data_seed=7)
+    b = corpus.BatchSampler(small_corpus, context=16, batch_size=4, steps=10, data_seed=7)
+    c = corpus.BatchSampler(small_corpus, context=16, batch_size=4, steps=10, data_seed=8)
+    assert a.order_sha256 == b.order_sha256 != c.order_sha256
+    x, y = a.batch(3)
+    assert torch.equal(x, b.batch(3)[0]) and not torch.equal(x, c.batch(3)[0])
+    assert x.shape == y.shape == (4, 16) and torch.equal(x[:, 1:], y[:, :-1])  # targets are the next byte
+    start = int(a.offsets[3, 0])
+    assert bytes(x[0].tolist()) == small_corpus.train[start:start + 16].tobytes()
+
+
+# -- model -----------------------------------------------------------------------------------------
+
+def test_attention_choice_names_and_dtypes():
+    assert AttentionChoice.parse("sdpa:math").label == "sdpa:math@fp32"
+    assert AttentionChoice.parse("sdpa:flash").label == "sdpa:flash@bf16"
+    assert AttentionChoice.parse("triton:fa2:gproj_dq").dtype == "bf16"
+    assert AttentionChoice.parse("sdpa:math@bf16").dtype == "bf16"
+    for bad in ("", "sdpa:flash@fp8", "sdpa:nope", "nofamily"):
+        with pytest.raises(ValueError):
+            AttentionChoice.parse(bad)
+
+
+def test_model_is_seeded_on_the_cpu_and_feeds_the_kernel_its_dtype():
+    cfg = LMConfig(n_layer=2, n_head=2, d_model=16, context=8)
+    a, b = (LM(cfg, AttentionChoice.parse("sdpa:math"), seed=3) for _ in range(2))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    assert sum(p.numel() for p in a.parameters()) == cfg.n_params()
+    attn = a.attention_modules()[0]
+    attn.capture = {}
+    x = torch.randint(0, 256, (2, 8))
+    _, loss = a(x, x)
+    loss.backward()
+    assert attn.capture["q"].dtype == torch.float32 and attn.capture["grad_out"].shape == attn.capture["q"].shape
+    a.set_attention(AttentionChoice.parse("sdpa:flash"))
+    attn.capture = {}
+    a(x, x)[1].backward()
+    assert attn.capture["q"].dtype == torch.bfloat16
+
+
+# -- diagnostics -----------------------------------------------------------------------------------
+
+def test_recompute_error_is_zero_for_fp32_attention_and_not_for_bf16():
+    gen = torch.Generator().manual_seed(0)
+    q, k, v, do = (torch.randn(1, 2, 32, 16, generator=gen) for _ in range(4))
+    fp32 = AttentionChoice.parse("sdpa:math").kernel()
+    cap32 = dict(q=q, k=k, v=v, grad_out=do)
+    assert diag.recompute_errors(cap32, fp32)["dq_rel_err"] < 1e-6
+    cap16 = {key: t.bfloat16() for key, t in cap32.items()}
+    err = diag.recompute_errors(cap16, AttentionChoice.parse("sdpa:flash").kernel())["dq_rel_err"]
+    assert 1e-4 < err < 0.1
+
+
+def test_key_offset_shows_in_the_statistics():
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 32, 16, generator=gen) for _ in range(2))
+    plain = diag.attention_stats(q, k)
+    shifted = diag.attention_stats(q, k + 10.0)
+    assert shifted["key_mean_norm"] > 30 * plain["key_mean_norm"]
+    assert shifted["key_mean_ratio"] > 0.95 > plain["key_mean_ratio"]
+    assert shifted["entropy"] == pytest.approx(plain["entropy"], rel=1e-3)  # softmax ignores a common shift
+    assert 0 < plain["max_prob"] <= 1
+
+
+def test_sketch_bounds_the_exact_wasserstein_from_below():
+    cfg = LMConfig(n_layer=1, n_head=2, d_model=16, context=8)
+    a = LM(cfg, AttentionChoice.parse("sdpa:math"), seed=0)
+    b = LM(cfg, AttentionChoice.parse("sdpa:math"), seed=1)
+    exact = diag.exact_drift(a, b)["w1"]
+    bound = diag.sketch_wasserstein(diag.weight_sketches(a, 8), diag.weight_sketches(b, 8))
+    assert np.all(bound <= exact + 1e-7) and bound.max() > 0.3 * exact.max()
+    full = diag.sketch_wasserstein(diag.weight_sketches(a, 10 ** 6), diag.weight_sketches(b, 10 ** 6))
+    assert np.allclose(full, exact, rtol=1e-5, atol=1e-9)  # one run per value: the sketch is exact
+    assert np.all(diag.exact_drift(a, a)["w1"] == 0)
+
+
+# -- trainer and record ----------------------------------------------------------------------------
+
+def test_learning_rate_schedule():
+    cfg = _tiny(steps=100, warmup=10, schedule="cosine", lr=1e-3, min_lr=1e-5)
+    assert learning_rate(cfg, 0) == pytest.approx(1e-4)
+    assert learning_rate(cfg, 9) == pytest.approx(1e-3)
+    assert learning_rate(cfg, 100) == pytest.approx(1e-5)
+    assert 1e-5 < learning_rate(cfg, 99) < 2e-5
+    assert learning_rate(_tiny(warmup=0), 50) == 3e-3
+
+
+def test_bad_parameters_are_all_named_before_any_work():
+    with pytest.raises(ValueError) as err:
+        _tiny(lr=-1, eval_every=15, kernel="sdpa:nope", schedule="linear", amp="fp16").check()
+    text = str(err.value)
+    for word in ("lr must be positive", "eval_every", "sdpa:nope", "schedule", "amp"):
+        assert word in text
+
+
+def test_training_learns_and_writes_a_complete_record(tmp_path):
+    path = train(_tiny(), tmp_path, progress=lambda s: None)
+    ds = record.open_record(path)
+    assert list(ds["step"].values) == [0, 10, 20, 30, 40, 50, 60]
+    assert list(ds["snapshot"].values) == [0, 20, 40, 60]
+    val = ds["val_loss"].sel(member="a").values
+    assert val[0] == pytest.approx(math.log(256), abs=0.1) and val[-1] < val[0] - 1.0  # it learns
+    loss = ds["loss"].sel(member="a").values
+    assert np.isnan(loss[0]) and loss[-1] < loss[1]
+    for name in diag.LAYER_STATS + diag.DIAG_ERRORS + ("grad_norm_layer",):
+        assert ds[name].dims == ("member", "step", "layer")
+        assert np.isfinite(ds[name].values[:, 1:]).all(), name
+    assert (ds["dq_rel_err"].values[:, 1:] > 0).all()  # bf16 flash against its FP32 recompute
+    assert ds.attrs["corpus_sha256"] == corpus.Corpus.build(("stdlib",), max_bytes=MAX_BYTES).facts["corpus_sha256"]
+    assert json.loads(ds.attrs["parameters"])["kernel"] == "sdpa:flash"
+    assert ds.attrs["stop_reason"] == "steps" and int(ds["steps_done"]) == 60
+    assert "git_commit" in ds.attrs and ds.attrs["version_torch"] == torch.__version__
+    assert "pair_w1" not in ds and ds["weight_sketch"].shape == (1, 4, len(ds["tensor"]), 16)
+
+
+def test_pair_same_kernel_on_cpu_is_bitwise_repeatable_and_fp32_pair_drifts(tmp_path):
+    same = record.open_record(train(_tiny(steps=20, pair=True, tag="same"), tmp_path, progress=lambda s: None))
+    assert float(same["pair_w1"].max()) == 0.0 and float(same["pair_max_abs"].max()) == 0.0
+    assert np.array_equal(same["loss"].sel(member="a").values[1:], same["loss"].sel(member="b").values[1:])
+    diff = record.open_record(train(_tiny(steps=20, pair=True, pair_kernel="sdpa:math", tag="fp32"), tmp_path,
+                                    progress=lambda s: None))
+    assert list(diff["member_attention"].values) == ["sdpa:flash@bf16", "sdpa:math@fp32"]
+    assert float(diff["pair_w1"].isel(snapshot=0).max()) == 0.0  # same init
+    assert float(diff["pair_w1"].isel(snapshot=-1).max()) > 0.0
+    assert (diff["dq_rel_err"].sel(member="b").values[1:] < 1e-5).all()  # fp32 attention: its own recompute
+    ds = record.gather(tmp_path)
+    assert set(ds["run"].values) == {"lm_same_s0_d0", "lm_fp32_s0_d0"}
+    bound = record.sketch_drift(ds, ("lm_fp32_s0_d0", "a"), ("lm_fp32_s0_d0", "b"))
+    exact = ds["pair_w1"].sel(run="lm_fp32_s0_d0").sel(snapshot=bound["snapshot"])
+    assert (bound.values <= exact.values + 1e-7).all()
+
+
+def test_budget_stops_cleanly_with_a_final_record(tmp_path):
+    path = train(_tiny(steps=100000, budget_s=1.0, log_every=5, eval_every=5, snapshot_every=5),
+                 tmp_path, t_start=__import__("time").monotonic() - 0.5, progress=lambda s: None)
+    ds = record.open_record(path)
+    assert ds.attrs["stop_reason"] == "budget"
+    assert int(ds["steps_done"]) < 100000 and np.isfinite(ds["val_loss"].values[0, -1])
+    assert int(ds["snapshot"].values[-1]) == int(ds["step"].values[-1])
+
+
+def test_cli_train_and_bench_on_cpu(tmp_path, capsys):
+    args = ["train", "--device", "cpu", "--out", str(tmp_path / "run"), "--n-layer", "1", "--n-head", "2",
+            "--d-model", "16", "--context", "16", "--batch-size", "4", "--steps", "10", "--log-every", "5",
+            "--eval-every", "5", "--snapshot-every", "5", "--corpus-max-bytes", str(MAX_BYTES),
+            "--val-windows", "4", "--diag-batch", "2", "--no-time-attention", "--tag", "cli"]
+    assert main(args) == 0
+    assert (tmp_path / "run" / "lm_cli_s0_d0.nc").exists()
+    assert main(["train", "--device", "cpu", "--out", str(tmp_path), "--kernel", "sdpa:nope"]) == 2
+    assert "sdpa:nope" in capsys.readouterr().err
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--device", "cpu", "--kernels", "sdpa:flash,sdpa:math,triton:fa2", "--n-layer", "1",
+                 "--n-head", "2", "--d-model", "16", "--contexts", "16", "--tokens-per-step", "64",
+                 "--warmup", "1", "--steps", "2", "--rounds", "1", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    by = {r["attention"]: r for r in result["results"]}
+    assert by["sdpa:flash@bf16"]["status"] == "ok" and by["sdpa:flash@bf16"]["timed_steps"] == 2
+    assert by["sdpa:math@fp32"]["overhead_vs_sdpa_flash"] == pytest.approx(
+        by["sdpa:math@fp32"]["step_s_median"] / by["sdpa:flash@bf16"]["step_s_median"] - 1)
+    if not torch.cuda.is_available():
+        assert by["triton:fa2@bf16"]["status"].startswith("unavailable")
+
+
+@pytest.mark.gpu
+def test_every_training_attention_runs_a_few_steps_on_the_gpu(tmp_path):
+    for kernel in ("sdpa:flash", "sdpa:math", "triton:fa2", "triton:fa2:gproj_dq"):
+        cfg = _tiny(device="cuda", kernel=kernel, n_head=2, d_model=128, context=128, steps=20, tag=kernel,
+                    time_attention=True)
+        ds = record.open_record(train(cfg, tmp_path, progress=lambda s: None))
+        assert np.isfinite(ds["loss"].values[0, 1:]).all(), kernel
+        assert np.isfinite(ds["dq_rel_err"].values[0, 1:]).all(), kernel
+        assert float(ds["attn_fwd_bwd_s"].values[0]) > 0
