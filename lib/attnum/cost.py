@@ -199,3 +199,81 @@ def cost_table(fixes, seq_len: int, head_dim: int, *, block_q: int = 128, block_
     ds.attrs.update(cost_seq_len=seq_len, cost_head_dim=head_dim, cost_block_q=block_q, cost_block_k=block_k,
                     cost_causal=int(causal))
     return ds
+
+
+# -- our Triton kernel's own structure (``attnum.kernels.triton_fa2``) --------------------------------
+
+H200_SXM = {
+    # NVIDIA H200 SXM datasheet: the same dense BF16 tensor-core (989 TFLOP/s) and FP32 (67 TFLOP/s) peaks
+    # as the H100 SXM, HBM3e at 4.8 TB/s; the exponential rate as for the H100 (same SM).
+    **H100_SXM,
+    "hbm_bytes_per_s": 4.8e12,
+}
+
+TRITON_VARIANTS = {
+    # variant: (GProj mode, FP32 backward, fp32 inputs) of ``triton_fa2``; named by the fix it implements
+    "none": ("off", False, False),
+    "gproj_dq": ("dq", False, False),
+    "gproj_dq_dk": ("dq_dk", False, False),
+    "fp32_backward": ("off", True, False),
+    "fp32_attention": ("off", False, True),
+}
+
+
+def triton_fa2_cost(variant: str, seq_len: int, head_dim: int, *, causal: bool = False,
+                    tiles: dict | None = None) -> dict[str, dict[str, float]]:
+    """``{pass: {quantity: count}}`` (GEMM FLOPs by operand format, exponentials, other elementwise
+    operations) for one head of our Triton kernel, counted from its code rather than from the generic
+    design of ``kernel_cost``: forward 2 GEMMs per tile; backward as two kernels, dQ (query blocks
+    outer: S, dP, dS~ K; 3 GEMMs per tile, +1 for GProj's P~ K) and dK/dV (key blocks outer: S^T,
+    dP^T, P~^T dO, dS~^T Q; 4 per tile, +1 for GProj dq_dk's (r P~)^T Q), so 7 backward GEMMs where
+    the atomic design has 5. ``fp32_backward``: the dV, dQ and dK GEMMs take fp32 operands (3 of 7);
+    ``fp32_attention`` (the kernel fed fp32 tensors): every GEMM. ``tiles``: the kernel's tile sizes
+    (``fwd_m``, ``fwd_n``, ``dq_m``, ``dq_n``, ``kv_m``, ``kv_n``); by default ``triton_fa2``'s H200
+    choice (128 x 64; halved in the backward under ``fp32_backward`` and, here, for fp32 inputs)."""
+    if variant not in TRITON_VARIANTS:
+        raise ValueError(f"unknown Triton variant {variant!r}; allowed: {list(TRITON_VARIANTS)}")
+    gproj, fp32_bwd, fp32_in = TRITON_VARIANTS[variant]
+    halved = fp32_bwd or fp32_in
+    t = dict(fwd_m=128, fwd_n=64, dq_m=64 if halved else 128, dq_n=32 if halved else 64,
+             kv_m=32 if halved else 64, kv_n=64 if halved else 128)
+    t.update(tiles or {})
+    n, d = seq_len, head_dim
+
+    def score_elems(block_q, block_k):
+        return visited_tiles(n, block_q, block_k, causal) * block_q * block_k
+
+    e_fwd, e_dq, e_kv = score_elems(t["fwd_m"], t["fwd_n"]), score_elems(t["dq_m"], t["dq_n"]), \
+        score_elems(t["kv_m"], t["kv_n"])
+    low = "gemm_flops_fp32" if fp32_in else "gemm_flops_low"  # the format of the S and dP GEMMs' operands
+    fwd = dict.fromkeys(("gemm_flops_low", "gemm_flops_fp32", "exp_ops", "pointwise_ops"), 0.0)
+    bwd = dict(fwd)
+    fwd[low] += 2 * 2.0 * e_fwd * d
+    fwd["exp_ops"] += e_fwd
+    fwd["pointwise_ops"] += 3 * e_fwd
+    # dQ kernel: S and dP (low unless fp32 inputs), dS~ K (fp32 under the FP32 backward), GProj's P~ K
+    bwd[low] += 2 * 2.0 * e_dq * d
+    bwd["gemm_flops_fp32" if fp32_bwd else low] += 2.0 * e_dq * d
+    bwd["exp_ops"] += e_dq
+    bwd["pointwise_ops"] += 4 * e_dq + 2 * n * d
+    if gproj != "off":
+        bwd[low] += 2.0 * e_dq * d
+        bwd["pointwise_ops"] += e_dq
+    # dK/dV kernel: S^T, dP^T (low), P~^T dO and dS~^T Q (fp32 under the FP32 backward), GProj dq_dk's (r P~)^T Q
+    bwd[low] += 2 * 2.0 * e_kv * d
+    bwd["gemm_flops_fp32" if fp32_bwd else low] += 2 * 2.0 * e_kv * d
+    bwd["exp_ops"] += e_kv
+    bwd["pointwise_ops"] += 4 * e_kv
+    if gproj == "dq_dk":
+        bwd[low] += 2.0 * e_kv * d
+        bwd["pointwise_ops"] += e_kv
+    return {"forward": fwd, "backward": bwd}
+
+
+def triton_fa2_seconds(variant: str, seq_len: int, head_dim: int, *, causal: bool = False,
+                       heads: int = 1, peaks: dict = H200_SXM) -> dict[str, float]:
+    """Arithmetic time (``compute_seconds``, datasheet peaks, memory ignored) of ``heads`` heads of
+    our Triton kernel: ``{"forward", "backward", "fwd_bwd"}`` in seconds (analytic, not measured)."""
+    cost = triton_fa2_cost(variant, seq_len, head_dim, causal=causal)
+    fwd, bwd = (heads * compute_seconds(cost[p], peaks) for p in PASSES)
+    return {"forward": fwd, "backward": bwd, "fwd_bwd": fwd + bwd}

@@ -42,8 +42,8 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "grid_dq_err"):
     axes[0][0].set_ylabel(ds[var].attrs.get("long_name", var).replace("median row relative L2 error",
                                                                       "median row rel. err."), fontsize="small")
     axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    fig.suptitle(f"N = {int(ds['seq_len'][-1])}, d = {int(ds['head_dim'][0])}: the exact gradient does not "
-                 f"depend on |mu|", fontsize="medium")
+    fig.suptitle(f"N = {int(ds['seq_len'][-1])}, d = {int(ds['head_dim'][0])}: exact attention ignores mu, but the "
+                 f"keys are k + mu rounded to bf16 (section 1b)", fontsize="medium")
     return fig
 
 
@@ -188,4 +188,74 @@ def plot_fix_training(ds: xr.Dataset, baseline: str = "fp32", window: int = 5):
             ax.set_xlabel("step")
     for ax in list(axes[0][3:]) + list(axes[1][len(layers) + 1:]):
         ax.set_visible(False)
+    return fig
+
+
+REAL_COLORS = {"triton:fa2": "#c0392b", "triton:fa2:gproj_dq": "#17a589", "triton:fa2:gproj_dq_dk": "#117a65",
+               "triton:fa2:fp32_bwd": "#2874a6", "sdpa:flash": "#d68910", "sdpa:efficient": "#7d3c98",
+               "sdpa:cudnn": "#f1948a", "sdpa:math": "#000000"}
+
+
+def plot_real_kernels(ds: xr.Dataset, var: str = "real_dq_err"):
+    """One panel per sharpness: each real kernel's median row dQ error vs |mu| (solid) beside its
+    emulated equivalent's on the same operands (dashed), at the largest N and d of the grid; the
+    shaded band marks offsets beyond the trusted one (the rounded keys changed the exact problem)."""
+    from ..plots import subplots
+    from ..studies.gproj_fix import trusted_offset
+
+    at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][-1]))
+    sharp = ds["sharpness"].values
+    fig, axes = subplots(1, len(sharp), sharey=True, figsize=(3.6 * len(sharp) + 2.2, 3.6))
+    x = ds["mu_norm"].values
+    trusted = trusted_offset(ds)
+    for ax, s in zip(axes[0], sharp):
+        for name in ds["real_kernel"].values:
+            if str(ds["real_status"].sel(real_kernel=name, **at).item()) != "ok":
+                continue
+            color = REAL_COLORS.get(str(name), "grey")
+            sel = dict(real_kernel=name, sharpness=s, **at)
+            ax.plot(x, ds[var].sel(sel).median("seed").values, "-", color=color, marker="o", ms=3, label=str(name))
+            emul = ds[var.replace("real_", "real_emul_")].sel(sel).median("seed").values
+            if np.isfinite(emul).any():
+                ax.plot(x, emul, "--", color=color, lw=0.9)
+        if trusted < x[-1]:
+            ax.axvspan(trusted, x[-1], color="0.9", zorder=0)
+        ax.set_title(f"sharpness {s:g}")
+        offset_axis(ax)
+        ax.set_yscale("log")
+    axes[0][0].set_ylabel("median row rel. err. of dQ")
+    axes[0][-1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.suptitle(f"real kernels (solid) and their emulated equivalents (dashed), N = {at['seq_len']}, "
+                 f"d = {at['head_dim']}; shaded: |mu| beyond {trusted:g} (exact problem changed)", fontsize="medium")
+    return fig
+
+
+def plot_exact_problem(ds: xr.Dataset):
+    """Left: the relative perturbation rounding puts on the keys (solid) and the distinct values per
+    key component / N (dashed) vs |mu|; right: the exact dQ's relative change from |mu| = 0 (solid)
+    and its median row norm relative to |mu| = 0 (dashed); one colour per sharpness (largest N,
+    first d, median over seeds)."""
+    from ..plots import subplots
+
+    sub = ds[["grid_key_perturbation", "grid_distinct_key_values", "grid_exact_dq_change", "grid_exact_dq_norm"]]
+    sub = sub.isel(seq_len=-1, head_dim=0).median("seed")
+    fig, axes = subplots(1, 2, figsize=(10, 3.6))
+    x = ds["mu_norm"].values
+    for i, s in enumerate(ds["sharpness"].values):
+        color = f"C{i}"
+        axes[0][0].plot(x, np.maximum(sub["grid_key_perturbation"].sel(sharpness=s).values, 1e-9), "-o", ms=3,
+                        color=color, label=f"sharpness {s:g}")
+        axes[0][0].plot(x, sub["grid_distinct_key_values"].sel(sharpness=s).values, "--x", ms=3, color=color)
+        axes[0][1].plot(x, np.maximum(sub["grid_exact_dq_change"].sel(sharpness=s).values, 1e-9), "-o", ms=3,
+                        color=color, label=f"sharpness {s:g}")
+        norm = sub["grid_exact_dq_norm"].sel(sharpness=s)
+        axes[0][1].plot(x, (norm / norm.isel(mu_norm=0)).values, "--x", ms=3, color=color)
+    axes[0][0].set_ylabel("keys: perturbation (solid), distinct values / N (dashed)", fontsize="small")
+    axes[0][1].set_ylabel("exact dQ: rel. change (solid), row norm / at 0 (dashed)", fontsize="small")
+    for ax in axes[0]:
+        offset_axis(ax)
+        ax.set_yscale("log")
+    axes[0][0].legend(fontsize="x-small")
+    fig.suptitle(f"what rounding k + mu to bf16 does to the exact problem (N = {int(ds['seq_len'][-1])}, "
+                 f"d = {int(ds['head_dim'][0])})", fontsize="medium")
     return fig
