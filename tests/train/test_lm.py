@@ -3,6 +3,7 @@ gather, the step-cost bench; a GPU test for the real kernels (skipped without CU
 import hashlib
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,6 +215,39 @@ def test_cli_train_and_bench_on_cpu(tmp_path, capsys):
         by["sdpa:math@fp32"]["step_s_median"] / by["sdpa:flash@bf16"]["step_s_median"] - 1)
     if not torch.cuda.is_available():
         assert by["triton:fa2@bf16"]["status"].startswith("unavailable")
+
+
+def test_every_campaign_run_is_a_valid_configuration():
+    import yaml
+
+    from attnum.lm.__main__ import load_plan
+
+    plans = yaml.safe_load(open(Path(__file__).parents[2] / "params" / "lm" / "campaign.yaml"))
+    assert {"pilot", "s04_flash_lr1e-3", "s04_fp32_lr1e-3", "s04_gproj_lr1e-3", "s03_flash_vs_fp32_s0",
+            "s03_noise_floor_s0", "s03_repeat_s0", "s03_lowprec_s0"} <= set(plans)
+    for name in plans:
+        plan = load_plan(name)
+        assert plan["tag"] == name
+        cfg = TrainConfig(**{**plan, "device": "cpu"})
+        try:
+            cfg.check()
+        except ValueError as exc:  # only the Triton kernels may fail here, and only for want of a GPU
+            assert "triton" in str(exc) and "bad training parameters:\n  member a: kernel 'triton" in str(exc), name
+            assert str(exc).count("\n") == 1, name
+    with pytest.raises(ValueError, match="no run 'nope'"):
+        load_plan("nope")
+
+
+def test_cli_plan_with_overrides(tmp_path):
+    args = ["train", "--plan", "s03_repeat_s0", "--device", "cpu", "--out", str(tmp_path), "--n-layer", "1",
+            "--n-head", "2", "--d-model", "16", "--context", "16", "--batch-size", "4", "--steps", "10",
+            "--log-every", "5", "--eval-every", "5", "--snapshot-every", "5", "--corpus-max-bytes", str(MAX_BYTES),
+            "--val-windows", "4", "--diag-batch", "2", "--no-time-attention"]
+    assert main(args) == 0
+    ds = record.open_record(tmp_path / "lm_s03_repeat_s0_s0_d0.nc")
+    params = json.loads(ds.attrs["parameters"])
+    assert params["pair"] is True and params["lr"] == 3e-4 and params["steps"] == 10  # plan, then the flags
+    assert ds.sizes["member"] == 2
 
 
 @pytest.mark.gpu

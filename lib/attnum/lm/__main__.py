@@ -25,11 +25,41 @@ def process_start() -> float:
         return _T_IMPORT
 
 
+CAMPAIGN = "params/lm/campaign.yaml"
+
+
+def load_plan(name: str, path: str | None = None) -> dict:
+    """The named run of the campaign file (relative to the project root, else to the working
+    folder), with ``tag`` set to its name; a clear error for an unknown name or field."""
+    import yaml
+
+    from .train import TrainConfig
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidates = [path] if path else [os.path.join(here, "..", "..", "..", CAMPAIGN), CAMPAIGN]
+    for candidate in candidates:
+        if candidate and os.path.exists(candidate):
+            with open(candidate) as fh:
+                plans = yaml.safe_load(fh) or {}
+            break
+    else:
+        raise ValueError(f"no campaign file at {candidates}")
+    if name not in plans:
+        raise ValueError(f"no run {name!r} in {candidate}; runs: {sorted(plans)}")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    unknown = sorted(set(plans[name]) - fields)
+    if unknown:
+        raise ValueError(f"run {name!r} of {candidate} sets unknown fields {unknown}")
+    return {"tag": name, **plans[name]}
+
+
 def _train_parser(sub):
     from .train import TrainConfig
 
     p = sub.add_parser("train", help="one training run (or a lockstep pair) within a wall-clock budget")
     p.add_argument("--out", required=True, help="folder for the record")
+    p.add_argument("--plan", default=None, help=f"a run of the campaign file ({CAMPAIGN}); flags override it")
+    p.add_argument("--campaign", default=None, help=f"another campaign file than {CAMPAIGN}")
     for field in dataclasses.fields(TrainConfig):
         flag = "--" + field.name.replace("_", "-")
         default = field.default
@@ -64,6 +94,16 @@ def main(argv=None) -> int:
     g.add_argument("--out", required=True)
     c = sub.add_parser("corpus", help="the corpus' facts (size, files, sha256) on this machine")
     c.add_argument("--parts", default="stdlib")
+    pl = sub.add_parser("plan", help="the campaign's runs and their settings")
+    pl.add_argument("--campaign", default=None)
+    args, _ = parser.parse_known_args(argv)
+    if args.command == "train" and args.plan:
+        try:
+            plan = load_plan(args.plan, args.campaign)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        sub.choices["train"].set_defaults(**plan)
     args = parser.parse_args(argv)
 
     if args.command == "train":
@@ -100,6 +140,13 @@ def main(argv=None) -> int:
         ds = gather(args.folder)
         ds.to_netcdf(args.out, engine=ncio.ENGINE)
         print(f"gathered {ds.sizes['run']} runs into {args.out}")
+        return 0
+    if args.command == "plan":
+        import yaml
+
+        path = args.campaign or os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", CAMPAIGN)
+        for name, settings in (yaml.safe_load(open(path)) or {}).items():
+            print(f"{name}: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items()))
         return 0
     if args.command == "corpus":
         from .corpus import Corpus

@@ -125,6 +125,8 @@ def bench(kernels=DEFAULT_KERNELS, *, n_layer=12, n_head=12, d_model=768, contex
                     rec["loss_last"] = float(loss)
                 except torch.OutOfMemoryError:
                     rec["status"] = "out of memory"
+                except Exception as exc:
+                    rec["status"] = f"failed: {type(exc).__name__}: {str(exc)[:300]}"
         for rec, model, opt in runs:
             times = np.array(rec.pop("step_s"), dtype=np.float64)
             if rec["status"] == "ok" and times.size:

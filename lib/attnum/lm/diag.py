@@ -148,6 +148,9 @@ def time_attention(choice, shape, device, repeats: int = 10, warmup: int = 3) ->
                 both.append(timer.seconds(t1, t2))
     except torch.OutOfMemoryError:
         return {"status": "out of memory", "fwd_s": math.nan, "fwd_bwd_s": math.nan}
+    except Exception as exc:  # a refusal or a compile failure: data, not a crash of the run
+        return {"status": f"failed: {type(exc).__name__}: {str(exc)[:300]}", "fwd_s": math.nan,
+                "fwd_bwd_s": math.nan}
     return {"status": "ok", "fwd_s": statistics.median(fwd), "fwd_bwd_s": statistics.median(both)}
 
 
