@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from attnum import ncio, runner
+from attnum import kernels, ncio, runner
 from attnum.kernels import FIXES
 from attnum.model import GPTConfig
 from attnum.studies import gproj_fix as study
@@ -26,7 +26,7 @@ def test_smoke_run_writes_one_entry_per_fix(smoke_run):
     path = smoke_run
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
     assert {"error_vs_offset.png", "delta_path.png", "dk_dv.png", "regimes.png", "costs.png",
-            "training.png"} <= {p.name for p in path.glob("*.png")}
+            "training.png", "exact_problem.png", "real_kernels.png"} <= {p.name for p in path.glob("*.png")}
     ds = ncio.open_results(path / "results.nc")
     params = runner.load_param_set(STUDY, "smoke")
     assert ds["fix"].values.tolist() == params["fixes"] == list(FIXES)
@@ -50,6 +50,15 @@ def test_smoke_run_writes_one_entry_per_fix(smoke_run):
         ds["grid_ds_row_sum"].sel(fix="none").isel(sharpness=0).min())
     assert float(ds["grid_dq_err"].sel(fix="fp32_attention").isel(mu_norm=0).max()) < 1e-4
     assert np.isfinite(ds["train_loss"]).all()
+    # the real kernels of the smoke set on this machine: PyTorch's math backend runs (CPU), ours needs CUDA
+    assert ds["real_kernel"].values.tolist() == params["real_kernels"]
+    assert ds["real_dq_err"].dims == ("real_kernel", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
+    assert (ds["real_status"].sel(real_kernel="sdpa:math") == "ok").all()
+    assert float(ds["real_dq_err"].sel(real_kernel="sdpa:math").max()) < 0.05
+    assert ds["timing_fwd_bwd_ms"].dims == ("timing_kernel", "timing_dtype", "timing_head_dim", "timing_causal")
+    assert (ds["timing_fwd_bwd_ms"].sel(timing_kernel="sdpa:math") > 0).all()
+    assert ds["grid_exact_dq_change"].isel(mu_norm=0).max() == 0  # |mu| = 0 is its own reference
+    assert "wall clock" in ds.attrs["timing_clock"] and ds.attrs["real_timing_heads"] == 4
 
 
 def test_fix_grid_on_a_tiny_grid():
@@ -113,3 +122,181 @@ def test_fix_training_and_tables():
     assert summary.loc["none"].drop("EMULATION (CPU): fwd+bwd time / base").eq(0).all()
     assert summary.loc["gproj_dq_dk", "extra tile passes per backward"] == 1
     assert summary.loc["none", "EMULATION (CPU): fwd+bwd time / base"] == 1.0
+
+
+# -- the exact problem against |mu|, real kernels, measured costs, seed 004's claims ---------------
+
+def test_rounded_offset_changes_the_exact_problem():
+    ds = study.fix_grid([1.0], [0.0, 30.0, 10000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
+                        block_k=16, golden_chunk=32, progress=False)
+    change = ds["grid_exact_dq_change"].squeeze()
+    assert float(change.sel(mu_norm=0.0)) == 0.0
+    assert float(change.sel(mu_norm=30.0)) < 0.1 < study.EXACT_CHANGE_LIMIT < float(change.sel(mu_norm=10000.0))
+    pert = ds["grid_key_perturbation"].squeeze()
+    assert float(pert.sel(mu_norm=0.0)) == 0.0 and float(pert.sel(mu_norm=10000.0)) > 0.3
+    values = ds["grid_distinct_key_values"].squeeze()
+    assert float(values.sel(mu_norm=10000.0)) < 0.5 * float(values.sel(mu_norm=0.0))
+    assert study.trusted_offset(ds) == 30.0
+    table = study.exact_problem_table(ds)
+    assert table["exact dQ change"].iloc[0] == 0.0 and table["exact dQ change"].iloc[-1] > 0.5
+    assert set(ds.variables) <= set(study.VARIABLES) | set(ds.dims) | {"fix"}
+
+
+def test_p_at_the_row_max_under_the_fused_scale_max():
+    import torch
+
+    q, k = torch.zeros(1, 1, 8, 16), torch.randn(1, 1, 8, 16)
+    assert study.p_max_not_one(q, k, 4) == 0.0  # max score 0: 0 * c is exact, exp2(0) = 1
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 1, 256, 64, generator=gen).bfloat16().float() for _ in range(2))
+    assert 0.1 < study.p_max_not_one(q, k, 64) <= 1.0
+
+
+def test_emulator_equivalents_of_real_kernels():
+    name = lambda real: kernels.as_kernel(study.emulator_equivalent(real)).name
+    assert name("triton:fa2") == "emulator:fa2_bf16:bk64:bq128"  # its tiles, max subtracted first (no :fused)
+    assert name("triton:fa2:gproj_dq_dk") == "emulator:fa2_bf16:bk64:bq128:gproj_dq_dk"
+    fp32_bwd = study.emulator_equivalent("triton:fa2:fp32_bwd").policy
+    assert (fp32_bwd.ds, fp32_bwd.p_bwd, fp32_bwd.grad) == ("fp32", "fp32", "bf16")  # still stores bf16 gradients
+    assert name("sdpa:flash").endswith(":fused") and not name("sdpa:cudnn").endswith(":fused")
+    assert study.emulator_equivalent("flex") is None
+
+
+def test_real_kernels_on_the_grid_on_a_cpu():
+    real = ["sdpa:math", "triton:fa2", "sdpa:cudnn"]
+    ds = study.fix_grid([1.0, 16.0], [0.0, 1000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
+                        block_k=16, golden_chunk=32, real_kernels=real, progress=False)
+    status = ds["real_status"].squeeze()
+    assert status.sel(real_kernel="sdpa:math").item() == "ok"
+    for name in ("triton:fa2", "sdpa:cudnn"):  # CUDA only: recorded, never replaced by another kernel
+        assert status.sel(real_kernel=name).item().startswith("unavailable")
+        assert ds["real_dq_err"].sel(real_kernel=name).isnull().all()
+    math_err = ds["real_dq_err"].sel(real_kernel="sdpa:math")
+    assert float(math_err.max()) < 0.01  # fp32 inside: no growth with |mu|
+    none = ds["grid_dq_err"].sel(fix="none").isel(sharpness=1).squeeze()
+    assert float(none.sel(mu_norm=1000.0)) > 10 * float(math_err.isel(sharpness=1).sel(mu_norm=1000.0).squeeze())
+    assert np.isfinite(ds["real_emul_dq_err"].sel(real_kernel="sdpa:math")).all()
+    assert ds["real_equivalent"].sel(real_kernel="sdpa:math").item() == "emulator:fp32:bk64"
+    assert study.has_real(ds) and not study.has_timings(ds)
+    table = study.real_kernel_table(ds)
+    assert table.index.get_level_values("kernel").unique().tolist() == ["sdpa:math"]
+    text = study.real_kernel_summary(ds)
+    assert "`triton:fa2`: no gradients" in text and "`sdpa:math`: median dQ error" in text
+
+
+def test_real_timings_on_a_cpu_and_the_analytic_count():
+    ds = study.real_timings(["sdpa:math", "triton:fa2", "triton:fa2:gproj_dq"], seq_len=32, tokens=64,
+                            head_dims=[16], causal=[False, True], fp32_kernels=["sdpa:math", "triton:fa2"], warmup=1,
+                            repeats=2, progress=False)
+    math_t = ds["timing_fwd_bwd_ms"].sel(timing_kernel="sdpa:math")
+    assert (math_t > 0).all() and (ds["timing_status"].sel(timing_kernel="sdpa:math") == "ok").all()
+    tri = ds["timing_status"].sel(timing_kernel="triton:fa2")
+    assert all(str(x).startswith("unavailable") for x in tri.values.ravel())
+    assert (ds["timing_status"].sel(timing_kernel="triton:fa2:gproj_dq", timing_dtype="fp32") == "not requested").all()
+    analytic = ds["timing_analytic_fwd_bwd_ms"].sel(timing_dtype="bf16", timing_head_dim=16, timing_causal=0)
+    assert float(analytic.sel(timing_kernel="triton:fa2:gproj_dq")) > float(analytic.sel(timing_kernel="triton:fa2")) > 0
+    assert ds["timing_analytic_fwd_bwd_ms"].sel(timing_kernel="sdpa:math").isnull().all()
+    assert ds.attrs["real_timing_heads"] == 2 and ds.attrs["timing_gpu"] == "none"
+    table = study.measured_cost_table(ds)
+    assert table.loc[("sdpa:math", "bf16", 16, False), "fwd+bwd ms"] > 0
+
+
+def test_triton_fa2_cost_counts_the_kernels_gemms():
+    from attnum.cost import TRITON_VARIANTS, triton_fa2_cost, triton_fa2_seconds
+
+    n, d = 1024, 64
+    gemm = 2.0 * n * n * d  # one score-sized GEMM, no mask, N a multiple of every tile
+    low = {v: triton_fa2_cost(v, n, d)["backward"]["gemm_flops_low"] / gemm for v in TRITON_VARIANTS}
+    fp32 = {v: triton_fa2_cost(v, n, d)["backward"]["gemm_flops_fp32"] / gemm for v in TRITON_VARIANTS}
+    assert low == {"none": 7, "gproj_dq": 8, "gproj_dq_dk": 9, "fp32_backward": 4, "fp32_attention": 0}
+    assert fp32 == {"none": 0, "gproj_dq": 0, "gproj_dq_dk": 0, "fp32_backward": 3, "fp32_attention": 7}
+    assert triton_fa2_cost("fp32_attention", n, d)["forward"]["gemm_flops_fp32"] == 2 * gemm
+    causal = triton_fa2_cost("none", n, d, causal=True)["backward"]["gemm_flops_low"] / gemm
+    assert 3.5 < causal < 4.5  # about half the tiles (diagonal tiles whole)
+    secs = {v: triton_fa2_seconds(v, n, d, heads=4)["fwd_bwd"] for v in TRITON_VARIANTS}
+    assert secs["none"] < secs["gproj_dq"] < secs["gproj_dq_dk"] < secs["fp32_backward"] < secs["fp32_attention"]
+    with pytest.raises(ValueError, match="unknown Triton variant"):
+        triton_fa2_cost("stable_max", n, d)
+
+
+def _claims_dataset(gproj_ms=10.4, fp32_ms=40.0):
+    grid = _grid_like().assign_coords(fix=["none", "gproj_dq", "fp32_attention"])
+    shape = grid["grid_dq_err"].shape[1:]
+    grid["grid_exact_dq_change"] = (grid["grid_dq_err"].dims[1:], np.zeros(shape))
+    grid["grid_p_max_not_one"] = (grid["grid_dq_err"].dims[1:], np.full(shape, 0.5))
+    names = ["triton:fa2", "triton:fa2:gproj_dq", "triton:fa2:fp32_bwd"]
+    ms = np.full((3, 2, 1, 1), np.nan)
+    ms[:, 0, 0, 0] = [10.0, gproj_ms, 30.0]
+    ms[0, 1, 0, 0] = fp32_ms
+    dims = ("timing_kernel", "timing_dtype", "timing_head_dim", "timing_causal")
+    status = np.where(np.isfinite(ms), "ok", "not requested")
+    timing = xr.Dataset({"timing_fwd_bwd_ms": (dims, ms), "timing_fwd_ms": (dims, ms / 3),
+                         "timing_bwd_ms": (dims, ms * 2 / 3), "timing_analytic_fwd_bwd_ms": (dims, ms),
+                         "timing_status": (dims, status)},
+                        coords={"timing_kernel": names, "timing_dtype": ["bf16", "fp32"], "timing_head_dim": [128],
+                                "timing_causal": [0]})
+    ds = xr.merge([grid, timing])
+    ds.attrs.update(timing_gpu="NVIDIA H200", real_timing_seq_len=4096, real_timing_heads=64)
+    return ds
+
+
+def test_seed004_claims_from_measured_times():
+    ds = _claims_dataset()
+    assert study.has_timings(ds)
+    claims = study.seed004_claims(ds)
+    assert claims.loc["GProj costs +4.7% of a training step", "reproduced?"].startswith("yes")
+    fp32 = claims.loc["FP32 attention costs +33.4% of a training step"]
+    assert "+300%" in fp32["ours"] and fp32["reproduced?"].startswith("no")  # 300 / 4 = 75x GProj's, theirs 7.1x
+    before_after = claims.loc["median dQ error 219% -> 0.34% with GProj (emulator, GProj dq)"]
+    assert before_after["ours"] == "2.5 -> 0.002" and before_after["reproduced?"].startswith("yes")
+    assert claims.loc["median dQ error 219% -> 0.34% with GProj (our Triton kernel)", "ours"] == "not measured here"
+    assert claims.loc["fused scale-max: P at the row max is not exactly 1", "ours"].startswith("50%-50%")
+    slow = study.seed004_claims(_claims_dataset(gproj_ms=11.0, fp32_ms=19.0))
+    assert slow.loc["GProj costs +4.7% of a training step", "reproduced?"].startswith("not at the step level")
+    assert "within 2x" in slow.loc["FP32 attention costs +33.4% of a training step", "reproduced?"]  # 9x vs 7.1x
+    table = study.measured_cost_table(ds)
+    assert table.loc[("triton:fa2:gproj_dq", "bf16", 128, False), "fwd+bwd / triton:fa2 (measured)"] == pytest.approx(1.04)
+    assert table.loc[("triton:fa2", "fp32", 128, False), "fwd+bwd / triton:fa2 (measured)"] == pytest.approx(4.0)
+
+
+def test_bench_summary_reads_the_benchmark_file(tmp_path):
+    cases = [{"impl": impl, "n": 4096, "d": 128, "causal": False, "status": "ok", "fwd_bwd_ms": ms}
+             for impl, ms in (("triton_fa2", 10.0), ("triton_fa2_gproj_dq", 10.5), ("triton_fa2_gproj_dq_dk", 12.0),
+                              ("triton_fa2_fp32_backward", 50.0), ("sdpa_flash_attention", 8.0),
+                              ("sdpa_cudnn_attention", 5.0), ("flex_attention_compiled", 6.0))]
+    cases.append({"impl": "sdpa_efficient_attention", "n": 4096, "d": 128, "causal": False, "status": "refused"})
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"environment": {"gpu": "test"}, "cases": cases}))
+    table, env = study.bench_summary(path)
+    row = table.loc[(4096, 128, False)]
+    assert row["GProj dq extra"] == pytest.approx(0.05) and row["FP32 backward extra"] == pytest.approx(4.0)
+    assert row["/ sdpa:flash"] == pytest.approx(1.25) and env == {"gpu": "test"}
+    assert study.bench_summary(tmp_path / "absent.json") == (None, None)
+
+
+@pytest.mark.gpu
+def test_gpu_real_kernels_on_the_grid_and_timed():
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    reason = kernels.get("triton:fa2").unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    real = ["triton:fa2", "triton:fa2:gproj_dq", "sdpa:flash"]
+    ds = study.fix_grid([16.0], [0.0, 1000.0], [512], [64], [0], fixes=["none", "gproj_dq"], block_q=128,
+                        block_k=128, golden_chunk=512, real_kernels=real, device="cuda", progress=False)
+    assert (ds["real_status"] == "ok").all()
+    err = ds["real_dq_err"].squeeze()
+    # our kernel's unfixed dQ error grows with the offset; GProj keeps it near its |mu| = 0 level
+    assert float(err.sel(real_kernel="triton:fa2", mu_norm=1000.0)) > 5 * float(err.sel(real_kernel="triton:fa2",
+                                                                                           mu_norm=0.0))
+    assert float(err.sel(real_kernel="triton:fa2:gproj_dq", mu_norm=1000.0)) < float(
+        err.sel(real_kernel="triton:fa2", mu_norm=1000.0)) / 5
+    assert float(ds["real_dq_err_corr"].sel(real_kernel="triton:fa2").min()) > 0.5  # it is its emulated equivalent
+    t = study.real_timings(real, seq_len=1024, tokens=8192, head_dims=[64], fp32_kernels=["triton:fa2"], warmup=1,
+                           repeats=3, device="cuda", progress=False)
+    assert "CUDA events" in t.attrs["timing_clock"] and t.attrs["timing_gpu"] != "none"
+    assert (t["timing_status"].sel(timing_dtype="bf16") == "ok").all()
+    assert (t["timing_fwd_bwd_ms"].sel(timing_dtype="bf16") > 0).all()
+    assert t["timing_status"].sel(timing_kernel="triton:fa2", timing_dtype="fp32").item() == "ok"

@@ -851,7 +851,9 @@ def seed004_claims(ds: xr.Dataset, timing_head_dim: int | None = None, timing_ca
         g, fb, fa = extra("triton:fa2:gproj_dq"), extra("triton:fa2:fp32_bwd"), extra("triton:fa2", "fp32")
         shape = (f"N {ds.attrs['real_timing_seq_len']}, {ds.attrs['real_timing_heads']} heads, d {d}, "
                  f"{'causal' if c else 'no mask'}, {ds.attrs.get('timing_gpu', '')}")
-        if g <= SEED004_GPROJ_STEP_COST:
+        if not np.isfinite(g):
+            verdict = "not measured (GProj dq gave no time: see timing_status)"
+        elif g <= SEED004_GPROJ_STEP_COST:
             verdict = f"yes: attention alone costs +{g:.1%}, so a step costs at most that"
         else:
             verdict = (f"not at the step level (not measured); attention alone costs +{g:.1%}, consistent with "
@@ -865,9 +867,11 @@ def seed004_claims(ds: xr.Dataset, timing_head_dim: int | None = None, timing_ca
                      f"+33.4% (step); {theirs:.1f}x GProj's extra",
                      "ours": f"+{fa:.0%} of attention fwd+bwd (our kernel fed fp32), +{fb:.0%} (FP32 backward only); "
                              f"{ratio:.1f}x GProj's extra",
-                     "reproduced?": ("no: FP32 attention's extra over GProj's is "
-                                     f"{ratio / theirs:.1f}x theirs" if np.isfinite(ratio) and abs(math.log(ratio / theirs)) > math.log(2)
-                                     else "same ratio to GProj's extra within 2x"),
+                     "reproduced?": ("not measured (no FP32-attention or GProj time: see timing_status)"
+                                     if not np.isfinite(ratio) or ratio <= 0 else
+                                     f"no: the ratio of FP32 attention's extra to GProj's is {ratio / theirs:.1f}x theirs"
+                                     if abs(math.log(ratio / theirs)) > math.log(2)
+                                     else "the ratio of FP32 attention's extra to GProj's is theirs within 2x"),
                      "basis": shape + "; a step's extra is attention's times attention's share of the step, so "
                                       "the ratio of two extras does not depend on the share"})
     else:
