@@ -771,7 +771,7 @@ def spike_table(ds: xr.Dataset):
                          index=pd.Index(spikes, name="step"))
     for layer in ds["layer"].values:
         table[f"layer {layer} ratio"] = sub["live_grad_norm_ratio"].sel(layer=layer).values
-        table[f"layer {layer} dQ rel. err"] = sub["live_dq_rel_err"].sel(layer=layer).values
+        table[f"layer {layer} dQ global rel. L2 err"] = sub["live_dq_rel_err"].sel(layer=layer).values
     return table
 
 
