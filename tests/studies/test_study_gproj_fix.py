@@ -247,7 +247,7 @@ def test_seed004_claims_from_measured_times():
     assert claims.loc["GProj costs +4.7% of a training step", "reproduced?"].startswith("yes")
     fp32 = claims.loc["FP32 attention costs +33.4% of a training step"]
     assert "+300%" in fp32["ours"] and fp32["reproduced?"].startswith("no")  # 300 / 4 = 75x GProj's, theirs 7.1x
-    before_after = claims.loc["median dQ error 219% -> 0.34% with GProj (emulator, GProj dq)"]
+    before_after = claims.loc["median dQ error 219% -> 0.34% with GProj (emulator, gproj_dq)"]
     assert before_after["ours"] == "2.5 -> 0.002" and before_after["reproduced?"].startswith("yes")
     assert claims.loc["median dQ error 219% -> 0.34% with GProj (our Triton kernel)", "ours"] == "not measured here"
     assert claims.loc["fused scale-max: P at the row max is not exactly 1", "ours"].startswith("50%-50%")
@@ -300,3 +300,15 @@ def test_gpu_real_kernels_on_the_grid_and_timed():
     assert (t["timing_status"].sel(timing_dtype="bf16") == "ok").all()
     assert (t["timing_fwd_bwd_ms"].sel(timing_dtype="bf16") > 0).all()
     assert t["timing_status"].sel(timing_kernel="triton:fa2", timing_dtype="fp32").item() == "ok"
+
+
+def test_failures_are_recorded_by_kind():
+    from attnum.kernels.sdpa import BackendRefused
+
+    assert study._failure(BackendRefused("sdpa:flash refused fp32")).startswith("refused: BackendRefused")
+    assert study._failure(ValueError("head_dim <= 256")).startswith("refused: ValueError")
+
+    class OutOfResources(Exception):  # Triton's compile errors are not RuntimeErrors
+        pass
+
+    assert study._failure(OutOfResources("shared memory\nmore")) == "error: OutOfResources: shared memory"
