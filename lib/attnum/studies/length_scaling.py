@@ -987,3 +987,36 @@ def golden_tile_sentence(ds: xr.Dataset) -> str:
             f"{p}_{f} {float(ratio.sel(policy=p, block_dtype=f)):.2f}"
             for p in ratio["policy"].values for f in ratio["block_dtype"].values))
     return "; ".join(words)
+
+
+def seed000_growth_sentences(ds: xr.Dataset, kernel: str = "flash", lo: int = 512, hi: int = 4096) -> list[str]:
+    """Seed 000's metric from N = ``lo`` to ``hi`` per policy (its own numbers grow x24 there)."""
+    note = missing(ds, "mean_rel_err")
+    if note:
+        return [note]
+    if not {lo, hi} <= set(int(n) for n in ds["seq_len"].values):
+        return [f"this run does not have both N = {lo} and N = {hi}"]
+    med = ds["mean_rel_err"].median("seed").sel(kernel=kernel)
+    out = []
+    for pol in ds["policy"].values:
+        for fmt in ds["dtype"].values:
+            a, b = (float(med.sel(policy=pol, dtype=fmt, seq_len=n)) for n in (lo, hi))
+            out.append(f"{kernel} `{pol}_{fmt}`: mean relative error {100 * a:.3g}% at N = {lo}, {100 * b:.3g}% at N = {hi} (x{b / a:.2f})")
+    s0 = SEED000_MEAN_REL
+    out.append(f"seed 000 (its MI210 port against the CUDA kernel): {s0[lo]:.2%} at N = {lo}, {s0[hi]:.2%} at N = {hi} "
+               f"(x{s0[hi] / s0[lo]:.0f})")
+    return out
+
+
+def mac_growth_sentences(ds: xr.Dataset) -> list[str]:
+    """Per policy and dtype: two-rounding / fused error ratio range, and each mode's growth over N."""
+    t = mac_table(ds)
+    if isinstance(t, str):
+        return [t]
+    out = []
+    for (pol, fmt), sub in t.groupby(level=["policy", "mac_dtype"]):
+        growth = {m: sub[m].iloc[-1] / sub[m].iloc[0] for m in MAC_MODES}
+        out.append(f"`{pol}_{fmt}`: two roundings / fused {sub['two_rounding / fma'].min():.3g}-"
+                   f"{sub['two_rounding / fma'].max():.3g}; growth from the shortest to the longest N: "
+                   + ", ".join(f"{m} x{g:.2f}" for m, g in growth.items()))
+    return out
