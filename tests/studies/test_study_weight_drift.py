@@ -47,9 +47,24 @@ def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
     assert ds["layer"].values.tolist() == list(range(params["n_layer"]))
     assert ds["train_loss"].dims == ("run", "seed", "train_step")
     assert ds["train_max_logit"].dims == ("run", "seed", "train_step", "layer")
-    assert len(ds["run"]) == 9  # shared runs trained once per seed
+    assert len(ds["run"]) == 11  # shared runs trained once per seed (flash_bf16 is the flash pair's runs)
     assert ds["drift_ratio"].dims == ("comparison", "metric", "step")
-    assert {"bf16_training/flash", "fp16_training/flash", "flash/init_seed"} <= set(ds["comparison"].values)
+    assert {"bf16_training/flash", "fp16_training/flash", "flash/init_seed", "bf16_training/flash_bf16",
+            "fp16_training/flash_fp16"} <= set(ds["comparison"].values)
+    # the matched bf16 pair is the flash pair itself under fa2_bf16: the same drift, bit for bit
+    for metric in ("wasserstein", "max_abs", "rel_l2"):
+        np.testing.assert_array_equal(ds[metric].sel(pair="flash").values, ds[metric].sel(pair="flash_bf16").values)
+    # Golden et al.'s per-call comparison: every flash pair, seed, checkpoint and layer
+    assert ds["call_max_abs"].dims == ("call_pair", "seed", "step", "layer")
+    assert ds["call_pair"].values.tolist() == ["flash", "flash_fp32", "flash_bf16", "flash_fp16"]
+    assert ds["call_run"].values.tolist() == ["flash_fa2_bf16", "flash_fp32", "flash_fa2_bf16", "flash_fa2_fp16"]
+    calls = ds["call_max_abs"]
+    assert (calls > 0).all() and bool(calls.notnull().all())
+    # fp32 kernels differ far less per call than bf16 ones; fp16 (10 significand bits) less than bf16 (7)
+    assert float(calls.sel(call_pair="flash_fp32").max()) < 1e-3 * float(calls.sel(call_pair="flash").min())
+    assert float(calls.sel(call_pair="flash_fp16").median()) < float(calls.sel(call_pair="flash").median())
+    assert len(study.call_statements(ds)) == 4 and len(study.matched_statements(ds)) == 2
+    assert "per_call.png" in {p.name for p in path.glob("*.png")}
     assert ds.attrs["headline_figure"] == "drift_over_training.png" and ds.attrs["study"] == STUDY
     for name, var in ds.data_vars.items():
         # CF: every variable has a long_name; numbers have units, strings none
@@ -71,7 +86,11 @@ def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
 # -- helpers --------------------------------------------------------------------------------------
 
 def test_runs_are_shared_between_pairs():
-    assert len(study.runs_needed(list(study.PAIRS))) == 9
+    assert len(study.runs_needed(list(study.PAIRS))) == 11
+    assert study.runs_needed(["flash", "flash_bf16"]) == ["reference_fa2_bf16", "flash_fa2_bf16"]
+    assert study.runs_needed(["flash_fp16"]) == ["reference_fa2_fp16", "flash_fa2_fp16"]
+    assert ("fp16_training", "flash_fp16") in study.comparisons(["flash", "flash_fp16", "fp16_training"])
+    assert ("fp16_training", "flash_fp16") not in study.comparisons(["flash", "fp16_training"])
     assert study.runs_needed(["flash"]) == ["reference_fa2_bf16", "flash_fa2_bf16"]
     assert study.runs_needed(["init_seed", "bf16_training", "repeat"]) == [
         "reference_fp32", "reference_fp32_other_seed", "bf16_training", "reference_fp32_repeat"]

@@ -137,3 +137,30 @@ def test_drift_between_different_runs_is_positive_and_its_distance_symmetric():
     assert (ab["max_abs"] > 0).all() and float(drift.aggregate(ab, "model")["wasserstein"].sel(step=6)) > 0
     with pytest.raises(ValueError, match="no checkpoint"):
         drift.checkpoint_drift({1: a.checkpoints[0]}, {2: a.checkpoints[0]})
+
+
+# -- Golden et al.'s comparison at each attention call (study 03, section 3b) -----------------------
+
+def test_per_call_deviation_compares_the_models_own_attention_calls():
+    from attnum.studies.wasserstein_weight_drift import per_call_deviation
+
+    task, cfg = _tiny("emulator:fa2_bf16")
+    tc = TrainConfig(steps=4, batch_size=4, warmup_steps=1, checkpoint_steps=(0, 4))
+    run = train(cfg, task, tc, progress=False)
+    kw = dict(model_block=8)
+    # the kernel against itself: the captured output is the kernel's output, bit for bit
+    same = per_call_deviation(cfg, run.checkpoints, "emulator:fa2_bf16", "emulator:fa2_bf16", task, 4, **kw)
+    assert same["call_max_abs"].dims == ("step", "layer") and same["step"].values.tolist() == [0, 4]
+    assert (same["call_max_abs"] == 0).all() and (same["call_rel_l2"] == 0).all()
+    np.testing.assert_array_equal(same["call_flash_err"].values, same["call_reference_err"].values)
+    # flash against the reference of the same policy: bf16-sized differences, not zero, not large
+    ds = per_call_deviation(cfg, run.checkpoints, "emulator:fa2_bf16", "reference:fa2_bf16", task, 4, **kw)
+    assert (ds["call_max_abs"] > 0).all()
+    assert float(ds["call_rel_l2"].max()) < 2.0 ** -5
+    assert (ds["call_flash_err"] > 0).all() and (ds["call_reference_err"] > 0).all()
+    # in fp32 the same comparison is orders of magnitude smaller
+    fp32 = per_call_deviation(cfg, run.checkpoints, "emulator:fp32", "reference:fp32", task, 4, **kw)
+    assert float(fp32["call_max_abs"].max()) < 1e-3 * float(ds["call_max_abs"].min())
+    # the checkpoints are left as they were (the comparison only reads them)
+    again = train(cfg, task, tc, progress=False)
+    assert all(torch.equal(run.checkpoints[4][n], again.checkpoints[4][n]) for n in again.checkpoints[4])

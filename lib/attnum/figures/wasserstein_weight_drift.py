@@ -9,7 +9,8 @@ from ..studies.wasserstein_weight_drift import GOLDEN_RATIO_RANGE, LOW_PRECISION
 
 PAIR_STYLE = {"repeat": ("#7f8c8d", ":"), "flash": ("#c0392b", "-"), "flash_fp32": ("#f1948a", "--"),
               "init_seed": ("#000000", "-"), "init_perturbation": ("#7d3c98", "--"),
-              "bf16_training": ("#2874a6", "-"), "fp16_training": ("#1e8449", "-")}
+              "bf16_training": ("#2874a6", "-"), "fp16_training": ("#1e8449", "-"),
+              "flash_bf16": ("#e67e22", "-."), "flash_fp16": ("#a04000", "-.")}
 
 
 METRIC_LABEL = {"wasserstein": "Wasserstein-1 of weight values", "wasserstein_rel": "W1 / RMS weight",
@@ -91,7 +92,7 @@ def plot_drift_rates(ds: xr.Dataset, metric: str = "wasserstein"):
 
 def plot_drift_ratios(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE):
     """Top: low-precision training drift over flash drift, per metric, geometric mean over seeds with
-    its confidence interval; Golden et al.'s 2-5x shaded. Bottom: flash drift over the noise floor
+    its confidence interval (dotted: over the flash pair of the same format); Golden et al.'s 2-5x shaded. Bottom: flash drift over the noise floor
     (different seeds) and over the chaos baseline; above 1 means above that baseline."""
     from ..plots import subplots
 
@@ -100,15 +101,21 @@ def plot_drift_ratios(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE):
     x = ds["step"].values
     conf = ds["drift_ratio_low"].attrs.get("confidence", ds.attrs.get("confidence", 0.95))
     for col, metric in enumerate(metrics):
+        drawn = []
         for comp in ds["comparison"].values:
             num = str(ds["comparison_numerator"].sel(comparison=comp).values)
             den = str(ds["comparison_denominator"].sel(comparison=comp).values)
             row = 0 if num in LOW_PRECISION_PAIRS else 1
-            if row == 0 and den != "flash":
+            if row == 0 and den not in ("flash", "flash_bf16", "flash_fp16"):
                 continue  # over the fp32 kernel's drift the ratios are off this scale; see the table
+            values = ds["drift_ratio"].sel(comparison=comp, metric=metric).values
+            if any(np.array_equal(values, seen, equal_nan=True) for seen in drawn):
+                continue  # the matched flash pair is the flash pair itself (kernel_policy of that format)
+            drawn.append(values)
             ax = axes[row][col]
             color, _ = PAIR_STYLE.get(num if row == 0 else den, ("grey", "-"))
-            style = "-" if den == "flash" or (row == 1 and num == "flash") else "--"
+            style = ("-" if den == "flash" or (row == 1 and num == "flash")
+                     else ":" if den in ("flash_bf16", "flash_fp16") else "--")
             sel = dict(comparison=comp, metric=metric)
             ax.plot(x, ds["drift_ratio"].sel(**sel).values, style, color=color, marker="o", ms=3, lw=1.2,
                     label=str(comp))
@@ -210,4 +217,40 @@ def plot_training_loss(ds: xr.Dataset):
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("training loss (nat)")
     ax.legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+def plot_per_call(ds: xr.Dataset):
+    """Left: max |O_flash - O_reference| of each layer's attention call in the flash-trained model at
+    every checkpoint (median over seeds; one line style per layer, one colour per flash pair). Right:
+    the same pairs' model-level weight drift max |w_a - w_b| (median over seeds, band over seeds)."""
+    from ..plots import subplots
+
+    import warnings
+
+    fig, axes = subplots(1, 2, figsize=(11.5, 3.8), sharex=True)
+    x = ds["step"].values
+    styles = ["-", "--", ":", "-."]
+    runs = []
+    for pair in ds["call_pair"].values:
+        run = str(ds["call_run"].sel(call_pair=pair).values) if "call_run" in ds else str(pair)
+        if run in runs:
+            continue  # the same flash-trained run as a pair already drawn
+        runs.append(run)
+        color, _ = PAIR_STYLE.get(str(pair), ("grey", "-"))
+        dev = ds["call_max_abs"].sel(call_pair=pair).median("seed")
+        for layer in ds["layer"].values:
+            axes[0][0].plot(x, dev.sel(layer=layer).values, styles[int(layer) % 4], color=color, marker="o", ms=2.5,
+                            lw=1.1, label=f"{pair}, layer {int(layer)}")
+        if pair in ds["pair"].values:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # zero drift at step 0 is not drawn (log axis)
+                _band(axes[0][1], x, ds["model_max_abs"].sel(pair=pair).transpose("step", "seed").values, str(pair))
+    axes[0][0].set_ylabel("max |O_flash - O_ref| per attention call")
+    axes[0][1].set_ylabel(METRIC_LABEL["max_abs"] + " (weights)")
+    for ax in axes[0]:
+        _log_y(ax)
+        ax.set_xlabel("optimizer step (checkpoint)")
+    axes[0][0].legend(fontsize="xx-small", ncol=2)
+    axes[0][1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig

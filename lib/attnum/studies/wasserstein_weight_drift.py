@@ -8,6 +8,9 @@ checkpoint (``attnum.drift``). The pairs (``pair_runs``):
     flash              flash emulator vs reference attention, both under ``kernel_policy``
                        (the kernel's effect; the rest of the model in fp32)
     flash_fp32         the same with both kernels in fp32
+    flash_bf16         the same with both kernels under fa2_bf16 (whatever ``kernel_policy`` is): the
+                       precision-matched partner of bf16_training
+    flash_fp16         the same under fa2_fp16: the precision-matched partner of fp16_training
     init_seed          two initialisation seeds (the noise floor)
     init_perturbation  the same seed, every initial weight plus ``perturbation`` * N(0, 1)
                        (a chaos baseline: how fast a tiny deviation grows)
@@ -20,7 +23,13 @@ Runs shared between pairs are trained once per seed: the fp32 reference run is s
 ``drift_experiment`` trains everything and returns one dataset: per-tensor drift (pair, seed,
 step, tensor), its aggregates per kind, per layer and over the model, drift rates, the trainer's
 records of every run, and ``drift_ratios``: ratios of one pair's drift to another's with a
-confidence interval over seeds (the headline: low-precision training over flash).
+confidence interval over seeds (the headline: low-precision training over flash; each training
+pair over the flash pair of its own format, ``flash_bf16`` / ``flash_fp16``, as well).
+
+``per_call_deviation`` (Golden et al.'s comparison at each attention call): at every checkpoint
+of each flash pair's flash-trained run, the model's own attention inputs (q, k, v of every layer,
+on the batch of that step) go through the flash kernel, the reference kernel of the same policy and
+the fp64 golden value; the output deviation per layer is recorded beside the weight drift.
 """
 from __future__ import annotations
 
@@ -32,14 +41,21 @@ import xarray as xr
 from scipy import stats as sps
 from ..progress import tqdm
 
+import torch
+
 from .. import drift
+from ..kernels import get as get_kernel
 from ..kernels import model_kernel
 from ..model import GPTConfig
 from ..tasks import Task
 from ..training import ATTRS as TRAIN_ATTRS
-from ..training import TrainConfig, train
+from ..training import TrainConfig, load_checkpoint, train
 
-PAIRS = ("repeat", "flash", "flash_fp32", "init_seed", "init_perturbation", "bf16_training", "fp16_training")
+PAIRS = ("repeat", "flash", "flash_fp32", "flash_bf16", "flash_fp16", "init_seed", "init_perturbation",
+         "bf16_training", "fp16_training")
+FLASH_PAIRS = ("flash", "flash_fp32", "flash_bf16", "flash_fp16")
+MATCHED = {"bf16_training": "flash_bf16", "fp16_training": "flash_fp16"}
+"""Each low-precision training pair and the flash pair whose kernels run in the same format."""
 LOW_PRECISION_PAIRS = ("bf16_training", "fp16_training")
 DRIFT_METRICS = ("wasserstein", "max_abs", "rel_l2")
 STATISTICS = ("max_logit", "entropy", "key_mean_ratio", "grad_norm_qk", "grad_norm")
@@ -62,6 +78,12 @@ ATTRS = {
                              "pair's per-layer drift and the run's attention statistic"),
     "corr_pooled": ("1", "Spearman correlation over every (seed, step > 0, layer) between the pair's per-layer "
                          "drift and the run's attention statistic"),
+    "call_max_abs": ("1", "max |O_flash - O_reference| of one layer's attention call in the flash-trained model "
+                          "at a checkpoint (its own q, k, v on that step's batch; both kernels under the pair's policy)"),
+    "call_rel_l2": ("1", "||O_flash - O_reference|| / ||O_reference|| of that attention call"),
+    "call_flash_err": ("1", "max |O_flash - O_fp64| of that attention call (fp64 golden value on the same q, k, v)"),
+    "call_reference_err": ("1", "max |O_reference - O_fp64| of that attention call"),
+    "call_run": ("1", "the flash-trained run whose attention calls are compared (side b of the flash pair)"),
 }
 for _metric, (_units, _long) in drift.ATTRS.items():
     ATTRS[f"kind_{_metric}"] = (_units, _long + ", aggregated per kind of tensor")
@@ -90,6 +112,8 @@ def pair_runs(kernel_policy: str = "fa2_bf16", perturbation: float = 1e-6,
         "repeat": ("reference_fp32", "reference_fp32_repeat", "the same configuration trained twice"),
         "flash": (f"reference_{kp}", f"flash_{kp}", f"flash emulator vs reference attention, both {kp}"),
         "flash_fp32": ("reference_fp32", "flash_fp32", "flash emulator vs reference attention, both fp32"),
+        "flash_bf16": ("reference_fa2_bf16", "flash_fa2_bf16", "flash emulator vs reference attention, both fa2_bf16"),
+        "flash_fp16": ("reference_fa2_fp16", "flash_fa2_fp16", "flash emulator vs reference attention, both fa2_fp16"),
         "init_seed": ("reference_fp32", "reference_fp32_other_seed",
                       f"initialisation seed s vs s + {noise_seed_offset} (noise floor)"),
         "init_perturbation": ("reference_fp32", "reference_fp32_perturbed",
@@ -108,6 +132,10 @@ def run_specs(kernel_policy: str = "fa2_bf16", perturbation: float = 1e-6,
         f"reference_{kernel_policy}": RunSpec(f"reference:{kernel_policy}"),
         f"flash_{kernel_policy}": RunSpec(f"emulator:{kernel_policy}"),
         "flash_fp32": RunSpec("emulator:fp32"),
+        "reference_fa2_bf16": RunSpec("reference:fa2_bf16"),
+        "flash_fa2_bf16": RunSpec("emulator:fa2_bf16"),
+        "reference_fa2_fp16": RunSpec("reference:fa2_fp16"),
+        "flash_fa2_fp16": RunSpec("emulator:fa2_fp16"),
         "reference_fp32_other_seed": RunSpec("reference:fp32", seed_offset=noise_seed_offset),
         "reference_fp32_perturbed": RunSpec("reference:fp32", perturbation=perturbation),
         "bf16_training": RunSpec("reference:fa2_bf16", autocast="bf16"),
@@ -143,7 +171,7 @@ def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, p
     table, specs = pair_runs(**kw), run_specs(**kw)
     runs = runs_needed(pairs, **kw)
     steps = list(train_cfg.checkpoint_steps)
-    per_seed, records = [], []
+    per_seed, records, calls = [], [], []
     bar = tqdm(total=len(seeds) * len(runs), desc="training runs", disable=not progress)
     for seed in seeds:
         results = {}
@@ -161,6 +189,18 @@ def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, p
                                                           results[table[p][1]].checkpoints, steps)
                                    for p in pairs], dim=xr.DataArray(list(pairs), dims="pair", name="pair"),
                                   coords="minimal").expand_dims(seed=[seed]))
+        flash_pairs = [p for p in pairs if p in FLASH_PAIRS]
+        if flash_pairs:
+            by_run = {}  # pairs sharing a flash-trained run (flash and flash_bf16 under fa2_bf16) share its calls
+            for p in flash_pairs:
+                if table[p][1] not in by_run:
+                    by_run[table[p][1]] = per_call_deviation(
+                        model_cfg, results[table[p][1]].checkpoints, specs[table[p][1]].attention,
+                        specs[table[p][0]].attention, task, train_cfg.batch_size, model_block=model_block,
+                        device=device)
+            calls.append(xr.concat([by_run[table[p][1]] for p in flash_pairs],
+                                   dim=xr.DataArray(flash_pairs, dims="call_pair", name="call_pair"),
+                                   coords="minimal").expand_dims(seed=[seed]))
         del results  # checkpoints of one seed at a time
     bar.close()
     ds = xr.concat(per_seed, dim="seed", coords="minimal").transpose("pair", "seed", "step", "tensor")
@@ -174,7 +214,110 @@ def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, p
     ds["run_seed_offset"] = ("run", [specs[r].seed_offset for r in ds["run"].values])
     ds["run_perturbation"] = ("run", [specs[r].perturbation for r in ds["run"].values])
     ds = xr.merge([ds, attention_correlations(ds)], compat="no_conflicts")
+    if calls:
+        call_ds = xr.concat(calls, dim="seed", coords="minimal").transpose("call_pair", "seed", "step", "layer")
+        call_ds["call_run"] = ("call_pair", [table[str(p)][1] for p in call_ds["call_pair"].values])
+        ds = xr.merge([ds, call_ds], compat="no_conflicts")
     return ds
+
+
+def per_call_deviation(model_cfg: GPTConfig, checkpoints: dict, flash: str, reference: str, task: Task,
+                       batch_size: int, *, model_block: int = 16, device="cpu") -> xr.Dataset:
+    """Golden et al.'s comparison at each attention call, at every checkpoint of a flash-trained run.
+
+    The model with the checkpoint's weights and ``flash`` attention runs the batch of that step (the
+    batch training would read next) without gradients; every layer's attention call stores its q, k,
+    v and output. The output is compared with the ``reference`` kernel and the fp64 golden value on
+    the same q, k, v (causal, the model's scale): dims (step, layer). The comparison changes nothing
+    in training: it reads stored checkpoints.
+    """
+    flash_k = model_kernel(flash, block=model_block)
+    ref_k = model_kernel(reference, block=model_block)
+    gold_k = get_kernel("golden")
+    cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (flash_k,)})
+    steps = sorted(checkpoints)
+    names = ("call_max_abs", "call_rel_l2", "call_flash_err", "call_reference_err")
+    values = {name: np.full((len(steps), model_cfg.n_layer), np.nan) for name in names}
+    for i, step in enumerate(steps):
+        model = load_checkpoint(cfg, checkpoints[step], device)
+        attns = [attn.attention for attn in model.attention_modules()]
+        for attn in attns:
+            attn.capture = {}
+        inputs, _ = task.batch(step, batch_size, device)
+        with torch.no_grad():
+            model(inputs)
+            for layer, attn in enumerate(attns):
+                cap = attn.capture
+                q, k, v, out = cap["q"], cap["k"], cap["v"], cap["out"].double()
+                kw = dict(causal=cap["causal"], scale=cap["scale"])
+                ref = ref_k.forward(q, k, v, **kw)[0].double()
+                gold = gold_k.forward(q, k, v, **kw)[0].double()
+                diff = out - ref
+                values["call_max_abs"][i, layer] = diff.abs().max().item()
+                values["call_rel_l2"][i, layer] = (torch.linalg.vector_norm(diff)
+                                                   / torch.linalg.vector_norm(ref).clamp_min(1e-300)).item()
+                values["call_flash_err"][i, layer] = (out - gold).abs().max().item()
+                values["call_reference_err"][i, layer] = (ref - gold).abs().max().item()
+        for attn in attns:
+            attn.capture = None
+    return xr.Dataset({name: (("step", "layer"), vals) for name, vals in values.items()},
+                      coords={"step": steps, "layer": np.arange(model_cfg.n_layer)})
+
+
+def call_table(ds: xr.Dataset, metric: str = "call_max_abs"):
+    """Per flash pair and checkpoint: the attention calls' deviation (mean over layers, median over
+    seeds) beside the pair's model-level weight drift (max |dw|, median over seeds), and the flash
+    kernel's deviation from fp64 over the reference kernel's (median over seeds and layers)."""
+    import pandas as pd
+
+    frames = {}
+    for pair in ds["call_pair"].values:
+        sub = ds.sel(call_pair=pair)
+        cols = {f"{metric} (mean over layers)": sub[metric].mean("layer").median("seed").to_series()}
+        if pair in ds["pair"].values:
+            cols["weight max |dw|"] = ds["model_max_abs"].sel(pair=pair).median("seed").to_series()
+            cols["weight rel. L2"] = ds["model_rel_l2"].sel(pair=pair).median("seed").to_series()
+        ratio = (sub["call_flash_err"] / sub["call_reference_err"].where(sub["call_reference_err"] > 0))
+        cols["flash / reference error vs fp64"] = ratio.median(["seed", "layer"]).to_series()
+        frames[str(pair)] = pd.DataFrame(cols)
+    return pd.concat(frames, names=["pair", "step"])
+
+
+def call_statements(ds: xr.Dataset) -> list[str]:
+    """Sentences computed from the per-call data: for each flash pair, the attention calls' max
+    deviation between the kernels at the first and last checkpoint, whether it grows over training
+    (median over seeds, mean over layers), the layer with the larger deviation at the end, and the
+    flash kernel's error against fp64 relative to the reference kernel's (Golden et al.'s ~10x at bf16
+    in an isolated forward pass)."""
+    out, seen = [], {}
+    for pair in ds["call_pair"].values:
+        run = str(ds["call_run"].sel(call_pair=pair).values)
+        if run in seen:
+            out.append(f"`{pair}`: the same flash-trained run ({run}) as `{seen[run]}`, same numbers.")
+            continue
+        seen[run] = str(pair)
+        sub = ds.sel(call_pair=pair)
+        dev = sub["call_max_abs"].mean("layer").median("seed")
+        rel = sub["call_rel_l2"].mean("layer").median("seed")
+        first, last = float(dev.isel(step=0)), float(dev.isel(step=-1))
+        grows = bool((dev.diff("step") >= 0).all())
+        ratio = (sub["call_flash_err"] / sub["call_reference_err"].where(sub["call_reference_err"] > 0))
+        r = ratio.median(["seed", "layer"])
+        by_layer = sub["call_max_abs"].isel(step=-1).median("seed")
+        text = (f"`{pair}` ({ds['call_run'].sel(call_pair=pair).item()}): per-call max |O_flash - O_ref| "
+                f"{first:.2e} at step {int(dev['step'][0])} and {last:.2e} at step {int(dev['step'][-1])} (relative L2 "
+                f"{float(rel.isel(step=0)):.2e} and {float(rel.isel(step=-1)):.2e}); "
+                f"{'non-decreasing at every checkpoint' if grows else 'not monotone over the checkpoints'}; "
+                f"largest at the last checkpoint in layer {int(np.argmax(by_layer.values))} "
+                f"(layers: {', '.join(f'{v:.2e}' for v in by_layer.values)}); flash kernel's max error against "
+                f"fp64 over the reference kernel's: {float(r.min()):.2g} to {float(r.max()):.2g} over checkpoints "
+                f"(median over seeds and layers)")
+        if pair in ds["pair"].values:
+            w = ds["model_max_abs"].sel(pair=pair).median("seed")
+            text += (f"; over the same checkpoints the weights' max |dw| went from {float(w.isel(step=0)):.2e} to "
+                     f"{float(w.isel(step=-1)):.2e}")
+        out.append(text + ".")
+    return out
 
 
 def training_records(records: list[xr.Dataset]) -> xr.Dataset:
@@ -186,6 +329,7 @@ def training_records(records: list[xr.Dataset]) -> xr.Dataset:
 
 VARIABLES = {**ATTRS, **drift.ATTRS, **{f"train_{k}": v for k, v in TRAIN_ATTRS.items()},
              "seed": ("1", "initialisation seed of the pair's reference run"),
+             "call_pair": ("1", "flash pair whose flash-trained run's attention calls are compared"),
              "train_step": ("1", "optimizer updates before the recorded forward and backward")}
 """CF units and long_name of every variable the study writes (applied by ``ncio.write_results``)."""
 
@@ -236,6 +380,7 @@ def comparisons(pairs) -> list[tuple[str, str]]:
             continue
         out += [(low, flash) for low in LOW_PRECISION_PAIRS if low in pairs]
         out += [(flash, base) for base in ("init_seed", "init_perturbation") if base in pairs]
+    out += [(low, flash) for low, flash in MATCHED.items() if low in pairs and flash in pairs]
     return out
 
 
@@ -450,3 +595,112 @@ def group_table(ds: xr.Dataset, by: str = "kind", metric: str = "wasserstein_rel
     """Drift per kind of tensor (or per layer) and pair at one checkpoint, median over seeds."""
     step = int(ds["step"][-1]) if step is None else step
     return ds[f"{by}_{metric}"].sel(step=step).median("seed").to_pandas()
+
+
+def matched_table(ds: xr.Dataset, step: int | None = None):
+    """Low-precision training over the flash pair: against the study's ``flash`` pair (kernels under
+    ``kernel_policy``) and against the precision-matched flash pair (``MATCHED``), per metric at one
+    checkpoint (default the last): geometric mean over seeds, interval, verdict against 2-5x."""
+    import pandas as pd
+
+    table = ratio_table(ds, step)
+    keep = [c for c in ds["comparison"].values
+            if str(ds["comparison_numerator"].sel(comparison=c).values) in LOW_PRECISION_PAIRS
+            and str(ds["comparison_denominator"].sel(comparison=c).values) in ("flash", "flash_bf16", "flash_fp16")]
+    return table.loc[pd.IndexSlice[keep, :], :] if keep else table.iloc[:0]
+
+
+def matched_statements(ds: xr.Dataset) -> list[str]:
+    """For each low-precision training pair with its precision-matched flash pair present: the drift
+    ratio over the matched pair beside the ratio over the ``flash`` pair, per metric, at the last
+    checkpoint (geometric mean over seeds, interval) and its range over the later checkpoints."""
+    out = []
+    comps = [str(c) for c in ds["comparison"].values]
+    later = ds["step"].values > 0
+    flash_attn = ""
+    if "flash" in ds["pair"].values:
+        flash_attn = str(ds["run_attention"].sel(run=str(ds["pair_run_b"].sel(pair="flash").values)).values)
+    for low, matched in MATCHED.items():
+        new, old = f"{low}/{matched}", f"{low}/flash"
+        if new not in comps:
+            continue
+        if old in comps and np.array_equal(ds["drift_ratio"].sel(comparison=new).values,
+                                           ds["drift_ratio"].sel(comparison=old).values, equal_nan=True):
+            old = new  # the matched flash pair is the `flash` pair itself (kernel_policy of that format)
+            if f"{low}/flash" != new:
+                out.append(f"`{low}`: `{matched}` is the `flash` pair itself here (same runs), so the matched "
+                           f"ratio is the ratio over `flash` of section 3.")
+                continue
+        parts = []
+        for metric in DRIFT_METRICS:
+            def text(comp):
+                r = ds.sel(comparison=comp, metric=metric)
+                last = r.isel(step=-1)
+                vals = r["drift_ratio"].values[later]
+                return (f"{float(last['drift_ratio']):.2f} [{float(last['drift_ratio_low']):.2f}, "
+                        f"{float(last['drift_ratio_high']):.2f}] at the last step, {np.nanmin(vals):.2f} to "
+                        f"{np.nanmax(vals):.2f} over the checkpoints")
+            piece = f"{metric}: over `{matched}` {text(new)}"
+            if old in comps and old != new:
+                piece += f"; over `flash` ({flash_attn}) {text(old)}"
+            parts.append(piece)
+        out.append(f"`{low}`: " + "; ".join(parts) + ".")
+    return out
+
+
+def conclusion_lines(ds: xr.Dataset) -> list[str]:
+    """Short computed lines for the conclusions: the low-precision / flash ratio over the matched and
+    the `flash` pair at the last step (geometric means over seeds) per metric, and for each distinct
+    flash-trained run the per-call deviation at the first and last checkpoint beside the weights'
+    max |dw| at the last."""
+    out = []
+    comps = [str(c) for c in ds["comparison"].values]
+    for low, matched in MATCHED.items():
+        new, old = f"{low}/{matched}", f"{low}/flash"
+        if new not in comps:
+            continue
+        last = ds["drift_ratio"].sel(comparison=new).isel(step=-1)
+        text = f"`{new}` at the last step: " + ", ".join(
+            f"{m} {float(last.sel(metric=m)):.2f}" for m in DRIFT_METRICS)
+        if old in comps and not np.array_equal(ds["drift_ratio"].sel(comparison=new).values,
+                                               ds["drift_ratio"].sel(comparison=old).values, equal_nan=True):
+            prev = ds["drift_ratio"].sel(comparison=old).isel(step=-1)
+            text += f" (over `flash`: " + ", ".join(f"{m} {float(prev.sel(metric=m)):.2f}" for m in DRIFT_METRICS) + ")"
+        out.append(text + ".")
+    if "call_max_abs" in ds:
+        seen = set()
+        for pair in ds["call_pair"].values:
+            run = str(ds["call_run"].sel(call_pair=pair).values)
+            if run in seen:
+                continue
+            seen.add(run)
+            dev = ds["call_max_abs"].sel(call_pair=pair).mean("layer").median("seed")
+            text = (f"`{pair}`: per-call max |O_flash - O_ref| {float(dev.isel(step=0)):.1e} (step "
+                    f"{int(dev['step'][0])}) and {float(dev.isel(step=-1)):.1e} (step {int(dev['step'][-1])})")
+            if pair in ds["pair"].values:
+                w = ds["model_max_abs"].sel(pair=pair).median("seed").isel(step=-1)
+                text += f"; weights' max |dw| at the last step {float(w):.1e}"
+            out.append(text + ".")
+    return out
+
+
+def precision_contrast(ds: xr.Dataset, base: str = "flash") -> list[str]:
+    """How the weight drift follows the per-call deviation across the flash pairs: for every other
+    flash pair with a different run, the ratio of ``base``'s per-call relative L2 deviation to its
+    (median over seeds, layers and checkpoints) beside the ratio of their model-level weight drift at
+    the last checkpoint (median over seeds), per drift metric."""
+    if "call_rel_l2" not in ds or base not in ds["call_pair"].values:
+        return []
+    out = []
+    base_run = str(ds["call_run"].sel(call_pair=base).values)
+    dev = ds["call_rel_l2"].median(["seed", "layer", "step"])
+    for pair in ds["call_pair"].values:
+        if str(ds["call_run"].sel(call_pair=pair).values) == base_run or pair not in ds["pair"].values:
+            continue
+        ratio = float(dev.sel(call_pair=base) / dev.sel(call_pair=pair))
+        drifts = ", ".join(
+            f"{m} {float(ds[f'model_{m}'].sel(pair=base).isel(step=-1).median('seed') / ds[f'model_{m}'].sel(pair=pair).isel(step=-1).median('seed')):.2g}x"
+            for m in DRIFT_METRICS)
+        out.append(f"`{base}` over `{pair}`: per-call deviation (relative L2) {ratio:.3g}x; weight drift at the "
+                   f"last checkpoint {drifts}.")
+    return out
