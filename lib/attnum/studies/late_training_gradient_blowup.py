@@ -598,8 +598,9 @@ def real_kernel_sentences(summary, *, emulator: str = "bf16") -> list[str]:
     top_col = next(c for c in cols if c.startswith("dQ err at") and c.endswith("max"))
     top_mu = top_col.split("=")[1].split(",")[0]
     for kernel, r in summary.iterrows():
-        if r["status"] != "ok" and not np.isfinite(r["growth min"]):
-            out.append(f"`{kernel}` gave no gradients: {r['status']}.")
+        if not (np.isfinite(r["growth min"]) and np.isfinite(r["growth max"])):
+            out.append(f"`{kernel}` gave no gradients at the largest N and first d of the grid"
+                       + (f": {r['status']}." if r["status"] != "ok" else " at some sharpness (NaN error)."))
             continue
         verdict = "shows" if r["grows"] else "does not show"
         text = (f"`{kernel}` {verdict} the dQ growth: its median row dQ error goes from {r[low_col]:.2g} (smallest "
