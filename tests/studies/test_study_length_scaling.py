@@ -52,6 +52,20 @@ def test_smoke_results_obey_what_must_hold(smoke_run):
     assert params["seq_lens"] == [64, 128, 256] and ds.attrs["study"] == "length_scaling"
 
 
+def test_smoke_run_holds_the_new_measurements(smoke_run):
+    _, path = smoke_run
+    ds = ncio.open_results(path / "results.nc")
+    for var in ("mean_rel_err", "fp32_inside_rel_l2_err", "nomask_strata_rel_l2_err", "mac_rel_l2_err",
+                "denominator_tail_share", "fp32_stage_rel_l2_err"):
+        assert np.isfinite(ds[var]).all() and (ds[var] > 0).all(), var
+    assert "golden" in ds["block_config"].values
+    assert int(ds["tile_k"].sel(block_config="golden")) == study.golden_tile(32)[1]
+    # without a mask no position stratum sees more keys than another
+    ratio = ds["nomask_strata_rel_l2_err"].sel(stratum="last_10pct") / ds["nomask_strata_rel_l2_err"].sel(stratum="first_10pct")
+    assert float(abs(np.log(ratio)).max()) < np.log(2)
+    assert str(ds["fp32_stage_matmul_precision"].values).startswith("float32_matmul_precision=")
+
+
 def test_published_index_lists_the_run(smoke_run):
     outputs, path = smoke_run
     index = publish(outputs)
