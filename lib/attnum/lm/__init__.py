@@ -55,6 +55,24 @@ and the dQ error reached, to set against the mechanism grid of study 04. Harsher
 reach the sharp regime sooner are parameters (higher ``--lr``, ``--clip 0``, ``--warmup 0``, a
 smaller model with more steps), and each is a departure from the sources' setting to be stated.
 
+Campaign: ``params/lm/campaign.yaml`` names every planned run (``python -m attnum.lm plan``
+lists them); ``python -m attnum.lm train --plan NAME --out $OUT`` runs one, flags overriding the
+plan. Each run leaves ``lm_<NAME>_s<seed>_d<data seed>.nc`` (a few MiB at most) in ``--out``;
+commit the records together (e.g. under ``outputs/lm_training/records/``) and ``gather`` them.
+
+Running on the lent H200 (from the repository root, ``.whl`` carried for netCDF4; set the commit,
+since the copy there has no git history)::
+
+    set -o pipefail; export PYTHONUNBUFFERED=1 PYTHONPATH=lib ATTNUM_GIT_COMMIT=<sha> ATTNUM_GIT_DIRTY=false
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/train/test_lm.py | tee $OUT/lm_gpu_tests.log
+    python3 -m attnum.lm bench --out $OUT/lm_step_cost.json | tee $OUT/lm_bench.log       # issue 15
+    python3 -m attnum.lm train --plan pilot --out $OUT | tee $OUT/lm_pilot.log           # one run
+
+The training budget (``--budget-s``, 540 s by default, 480 in ``pilot``) counts from the Python
+process' start; pip's few seconds come before it, so one run fits a 600 s command.
+
 Bench (issue 15): the same model at contexts 1024 and 4096 with 8192 tokens a step; attention's
 FLOPs relative to the linear layers' are ~N / (12 d_model): 0.11 at 1024, 0.44 at 4096, so at 4096
 attention is a real share of the step. Estimated run time on one H200: about 1-2 minutes
