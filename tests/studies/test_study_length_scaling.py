@@ -270,3 +270,18 @@ def test_fp32_reference_stages_on_cuda():
     e = ds["fp32_stage_rel_l2_err"]
     assert ((e > 0) & (e < 1e-5)).all()
     assert (e.sel(fp32_stage_variant="fp64_pv") <= 2 * e.sel(fp32_stage_variant="all_fp32")).all()
+
+
+def test_attribution_table_shares():
+    ds = study.stage_attribution([256, 1024], ["bf16"], [0], query_rows=8, head_dim=16, block_q=32, block_k=32,
+                                 progress=False)
+    t = study.attribution_table(ds)
+    a = ds["attribution_rel_l2_err"].sel(kernel="flash", attribution_dtype="bf16", attribution_seed=0)
+    n = 1024
+    assert t.loc[n, "removed by promote_stats"] == pytest.approx(
+        1 - float(a.sel(variant="promote_stats", attribution_seq_len=n) / a.sel(variant="all_low", attribution_seq_len=n)))
+    growth = float(a.sel(variant="all_low", attribution_seq_len=n) - a.sel(variant="all_low", attribution_seq_len=256))
+    kept = float(a.sel(variant="promote_stats", attribution_seq_len=n) - a.sel(variant="promote_stats", attribution_seq_len=256))
+    assert t.loc[n, "growth removed by promote_stats"] == pytest.approx(1 - kept / growth)
+    assert np.isnan(t.loc[256, "growth removed by promote_stats"])
+    assert "N = 1024" in study.attribution_sentence(ds)

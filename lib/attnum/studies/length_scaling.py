@@ -795,15 +795,24 @@ def attribution_table(ds: xr.Dataset, dtype: str = "bf16", kernel: str = "flash"
     df["only_stats / only_out_acc"] = df["only_stats"] / df["only_out_acc"]
     df["removed by promote_stats"] = 1 - df["promote_stats"] / df["all_low"]
     df["removed by promote_out_acc"] = 1 - df["promote_out_acc"] / df["all_low"]
+    # the growth since the shortest N (NaN there): the share of it that each promotion removes
+    for stage in ("stats", "out_acc"):
+        growth = df["all_low"] - df["all_low"].iloc[0]
+        kept = df[f"promote_{stage}"] - df[f"promote_{stage}"].iloc[0]
+        df[f"growth removed by promote_{stage}"] = (1 - kept / growth).where(growth.index != growth.index[0])
     return df
 
 
 def attribution_sentence(ds: xr.Dataset, dtype: str = "bf16") -> str:
     df = attribution_table(ds, dtype)
+    n0 = df.index[0]
     parts = [f"N = {n}: statistics alone {r['only_stats']:.2e}, output accumulator alone {r['only_out_acc']:.2e} "
              f"(ratio {r['only_stats / only_out_acc']:.2g}); promoting the statistics removes "
-             f"{r['removed by promote_stats']:.0%} of the all-{dtype} error, promoting the accumulator "
-             f"{r['removed by promote_out_acc']:.0%}" for n, r in df.iterrows()]
+             f"{r['removed by promote_stats']:.0%} of the all-{dtype} error"
+             + ("" if n == n0 else f" and {r['growth removed by promote_stats']:.0%} of its growth since N = {n0}")
+             + f", promoting the accumulator {r['removed by promote_out_acc']:.0%}"
+             + ("" if n == n0 else f" and {r['growth removed by promote_out_acc']:.0%}")
+             for n, r in df.iterrows()]
     dominant = [n for n, r in df.iterrows() if r["only_stats / only_out_acc"] >= 2]
     tail = (f"The statistics dominate (at least twice the accumulator's error) from N = {dominant[0]} on "
             f"in this run." if dominant else "The statistics never reach twice the accumulator's error in this run.")
