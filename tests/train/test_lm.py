@@ -186,6 +186,18 @@ def test_pair_same_kernel_on_cpu_is_bitwise_repeatable_and_fp32_pair_drifts(tmp_
     assert (bound.values <= exact.values + 1e-7).all()
 
 
+def test_low_precision_training_pairs_with_fp32_training(tmp_path):
+    for amp in ("bf16", "fp16"):
+        cfg = _tiny(steps=20, pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash", pair_amp=amp,
+                    tag=f"lowprec_{amp}")
+        ds = record.open_record(train(cfg, tmp_path, progress=lambda s: None))
+        assert list(ds["member_attention"].values) == ["sdpa:math@fp32", f"sdpa:flash@{amp}"]
+        assert list(ds["member_amp"].values) == ["off", amp]
+        loss = ds["loss"].values
+        assert np.isfinite(loss[:, 1:]).all() and loss[1, -1] < loss[1, 1]
+        assert float(ds["pair_w1"].isel(snapshot=-1).max()) > 0.0
+
+
 def test_budget_stops_cleanly_with_a_final_record(tmp_path):
     path = train(_tiny(steps=100000, budget_s=1.0, log_every=5, eval_every=5, snapshot_every=5),
                  tmp_path, t_start=__import__("time").monotonic() - 0.5, progress=lambda s: None)

@@ -11,8 +11,9 @@ order by construction): member ``a`` with ``kernel``/``seed``/``amp`` and member
 command each: flash vs fp32 attention (``--kernel sdpa:flash --pair-kernel sdpa:math``), the noise
 floor (``--pair-seed 1``), the GPU repeat pair (``--pair`` with nothing changed: GPU training is
 not bitwise deterministic), low-precision training as the upper bound (``--amp off --kernel
-sdpa:math --pair-amp bf16 --pair-kernel sdpa:flash``). The pair's exact per-tensor drift is
-measured at every snapshot, beside each member's weight sketches.
+sdpa:math --pair-amp bf16 --pair-kernel sdpa:flash``, or ``--pair-amp fp16`` for fp16 training
+with dynamic loss scaling, its attention fp16 unless named otherwise). The pair's exact
+per-tensor drift is measured at every snapshot, beside each member's weight sketches.
 
 Optimiser: AdamW (fused on CUDA), betas and weight decay configurable; weight decay applies to
 matrices only (GPT-2 practice), 0 by default (Qiu & Yao's unstable setting); gradient clipping
@@ -38,7 +39,7 @@ from .corpus import PARTS, BatchSampler, Corpus
 from .gpt import LM, AttentionChoice, LMConfig
 
 SCHEDULES = ("constant", "cosine")
-AMPS = ("bf16", "off")
+AMPS = ("bf16", "fp16", "off")
 
 
 @dataclasses.dataclass
@@ -50,7 +51,7 @@ class TrainConfig:
     context: int = 1024
     # attention and precision of member a (and b, where the pair_* are None)
     kernel: str = "sdpa:flash"       # attention choice, '<registry name>[@dtype]' (gpt.AttentionChoice)
-    amp: str = "bf16"                # autocast dtype of the matmuls: bf16, or off (fp32)
+    amp: str = "bf16"                # autocast dtype of the matmuls: bf16, fp16 (with loss scaling), or off (fp32)
     seed: int = 0                    # init seed
     pair: bool = False               # train a second model b in lockstep on the same batches
     pair_kernel: str | None = None
@@ -131,10 +132,9 @@ class TrainConfig:
             errors.append(f"device {self.device!r}: torch sees no CUDA device (use --device cpu)")
         for m in self.members():
             if m["amp"] not in AMPS:
-                errors.append(f"member {m['member']}: amp must be one of {list(AMPS)}, got {m['amp']!r} "
-                              "(fp16 training would need loss scaling, which this trainer does not do)")
+                errors.append(f"member {m['member']}: amp must be one of {list(AMPS)}, got {m['amp']!r}")
             try:
-                choice = AttentionChoice.parse(m["kernel"])
+                choice = AttentionChoice.parse(m["kernel"], _attention_default(m["amp"]))
                 reason = choice.unavailable_reason(self.device)
                 if reason:
                     errors.append(f"member {m['member']}: kernel {m['kernel']!r} cannot run on {self.device}: {reason}")
@@ -145,6 +145,11 @@ class TrainConfig:
 
     def params(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def _attention_default(amp: str) -> str:
+    """The attention dtype of a choice named without one: the autocast dtype (bf16 when off)."""
+    return amp if amp in ("bf16", "fp16") else "bf16"
 
 
 def learning_rate(cfg: TrainConfig, step: int) -> float:
@@ -162,13 +167,15 @@ class Member:
 
     def __init__(self, spec: dict, cfg: TrainConfig, lm_cfg: LMConfig, device):
         self.label, self.spec = spec["member"], spec
-        self.choice = AttentionChoice.parse(spec["kernel"])
+        self.choice = AttentionChoice.parse(spec["kernel"], _attention_default(spec["amp"]))
         self.model = LM(lm_cfg, self.choice, seed=spec["seed"], amp=spec["amp"]).to(device)
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2),
                                      fused=torch.device(device).type == "cuda")
+        # fp16 training: dynamic loss scaling (GradScaler); logged gradient norms are unscaled
+        self.scaler = torch.amp.GradScaler(torch.device(device).type) if spec["amp"] == "fp16" else None
         self.loss_sum = torch.zeros((), device=device)
         self.loss_count = 0
         self.nonfinite_step = -1
@@ -198,7 +205,8 @@ def _diagnose(member: Member, batch, log: dict) -> None:
     model.zero_grad(set_to_none=True)
     try:
         _, loss = model(*batch)
-        loss.backward()
+        # fp16: the loss scaled as in training, so that dO does not underflow (relative errors do not change)
+        (loss if member.scaler is None else loss * member.scaler.get_scale()).backward()
         captured = [attn.capture for attn in attns]
     finally:
         for attn in attns:
@@ -315,12 +323,20 @@ def train(cfg: TrainConfig, out_dir, *, t_start: float | None = None, progress=p
             for group in m.opt.param_groups:
                 group["lr"] = lr
             _, loss = m.model(x, y)
-            loss.backward()
+            if m.scaler is None:
+                loss.backward()
+            else:
+                m.scaler.scale(loss).backward()
+                m.scaler.unscale_(m.opt)
             if is_log:
                 norms[m.label] = diag.layer_grad_norms(m.model)
             if cfg.clip:
                 torch.nn.utils.clip_grad_norm_(m.model.parameters(), cfg.clip)
-            m.opt.step()
+            if m.scaler is None:
+                m.opt.step()
+            else:
+                m.scaler.step(m.opt)  # skipped when the unscaled gradients hold inf/NaN
+                m.scaler.update()
             m.opt.zero_grad(set_to_none=True)
             m.loss_sum += loss.detach()
             m.loss_count += 1
