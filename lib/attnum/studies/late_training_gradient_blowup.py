@@ -562,7 +562,7 @@ def real_kernel_summary(ds: xr.Dataset, *, emulator: str = "bf16", growth_at_lea
         corr = ds["real_mech_dq_err_corr"].sel(real_kernel=kernel, real_variant=emulator, **at)
         corr = corr.where(corr["mu_norm"] > 0).values.ravel()
         corr = corr[np.isfinite(corr)]
-        row = {"kernel": kernel, "status": "ok" if not bad else bad[0][:80],
+        row = {"kernel": kernel, "status": "ok" if not bad else bad[0][:200],
                f"dQ err at |mu|={low:g}, min": g[f"dQ err at |mu|={low:g}"].min(),
                f"dQ err at |mu|={top:g}, max": g[f"dQ err at |mu|={top:g}"].max(),
                "growth min": g["growth"].min(), "growth max": g["growth"].max(),
@@ -576,7 +576,7 @@ def real_kernel_summary(ds: xr.Dataset, *, emulator: str = "bf16", growth_at_lea
             diag = ds["real_diag_dq_rel_err"].sel(real_kernel=kernel)
             offsets = ds["offset_norm"].values
             row.update({
-                "diag status": str(ds["real_diag_status"].sel(real_kernel=kernel).values)[:80],
+                "diag status": str(ds["real_diag_status"].sel(real_kernel=kernel).values)[:200],
                 "diag global rel. L2 dQ err, no offset (max layer)": float(diag.sel(offset_norm=0.0).max()),
                 f"diag global rel. L2 dQ err, offset {offsets.max():g} (max layer)":
                     float(diag.sel(offset_norm=offsets.max()).max()),
