@@ -143,7 +143,7 @@ def test_learning_rate_schedule():
 
 def test_bad_parameters_are_all_named_before_any_work():
     with pytest.raises(ValueError) as err:
-        _tiny(lr=-1, eval_every=15, kernel="sdpa:nope", schedule="linear", amp="fp16").check()
+        _tiny(lr=-1, eval_every=15, kernel="sdpa:nope", schedule="linear", amp="fp8").check()
     text = str(err.value)
     for word in ("lr must be positive", "eval_every", "sdpa:nope", "schedule", "amp"):
         assert word in text
@@ -182,8 +182,17 @@ def test_pair_same_kernel_on_cpu_is_bitwise_repeatable_and_fp32_pair_drifts(tmp_
     ds = record.gather(tmp_path)
     assert set(ds["run"].values) == {"lm_same_s0_d0", "lm_fp32_s0_d0"}
     bound = record.sketch_drift(ds, ("lm_fp32_s0_d0", "a"), ("lm_fp32_s0_d0", "b"))
-    exact = ds["pair_w1"].sel(run="lm_fp32_s0_d0").sel(snapshot=bound["snapshot"])
-    assert (bound.values <= exact.values + 1e-7).all()
+    exact = record.pair_drift(ds.sel(run="lm_fp32_s0_d0")).sel(snapshot=bound["snapshot"])
+    assert (bound["wasserstein"].values <= exact["wasserstein"].values + 1e-7).all()
+    assert np.allclose(exact["wasserstein"].values, diff["pair_w1"].values)
+    from attnum.drift import aggregate
+
+    by_kind = aggregate(exact, "kind")
+    assert set(by_kind["kind"].values) == {"embedding", "attention", "mlp", "norm", "head"}
+    assert float(by_kind["wasserstein"].isel(snapshot=-1).max()) > 0
+    assert np.isfinite(aggregate(bound, "layer")["wasserstein_rel"].values).all()
+    with pytest.raises(ValueError, match="not a pair"):
+        record.pair_drift(ds.sel(run="lm_fp32_s0_d0").drop_vars("pair_w1"))
 
 
 def test_low_precision_training_pairs_with_fp32_training(tmp_path):

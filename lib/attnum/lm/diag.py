@@ -172,6 +172,12 @@ def weight_sketches(model, size: int) -> np.ndarray:
     return out
 
 
+@torch.no_grad()
+def weight_l2(model) -> np.ndarray:
+    """(tensor,) float64: the L2 norm of every parameter (the reference scale of drift.aggregate)."""
+    return torch.stack([p.detach().double().norm() for p in model.parameters()]).cpu().numpy()
+
+
 def _run_means(sorted_values: torch.Tensor, k: int) -> torch.Tensor:
     """Means of the ``k`` runs ``torch.tensor_split`` would make, by cumulative sums (one pass)."""
     n = sorted_values.numel()

@@ -12,6 +12,7 @@ atomic, checksummed, with provenance) holds
     (member, step, layer)     grad_norm_layer, grad_norm_qk and every ``diag.LAYER_STATS`` and
                               ``diag.DIAG_ERRORS`` on the fixed diagnostic batch
     (member, snapshot, tensor, sketch)   weight_sketch (``diag.weight_sketches``)
+    (member, snapshot, tensor)          weight_l2, each tensor's L2 norm
     (snapshot, tensor)        pair_w1, pair_max_abs, pair_rel_l2: exact drift b vs a (pairs only)
     (member)                  attn_fwd_s, attn_fwd_bwd_s (attention alone, median), nonfinite_step
     scalars                   attention_share (layers x attention fwd+bwd / median step time),
@@ -67,6 +68,7 @@ VARIABLES = {
     "dv_row_rel_err": ("1", "median row relative error of the kernel's dV against the FP32 recompute"),
     "grad_norm_ratio": ("1", "norm of the kernel's (dQ, dK, dV) / norm of the FP32 recompute's"),
     "weight_sketch": ("1", "means of equal runs of the tensor's sorted values (NaN: padding)"),
+    "weight_l2": ("1", "L2 norm of the tensor's values"),
     "pair_w1": ("1", "exact Wasserstein-1 distance between member b's and member a's values of the tensor"),
     "pair_max_abs": ("1", "largest |b - a| over the tensor's elements"),
     "pair_rel_l2": ("1", "||b - a|| / ||a|| over the tensor's elements"),
@@ -105,6 +107,7 @@ class RunState:
     attention_timing: dict = dataclasses.field(default_factory=dict)
     snapshot_steps: list = dataclasses.field(default_factory=list)
     sketches: list = dataclasses.field(default_factory=list)  # per snapshot: [per member (tensor, K)]
+    weight_l2: list = dataclasses.field(default_factory=list)  # per snapshot: [per member (tensor,)]
     pair_drift: list = dataclasses.field(default_factory=list)  # per snapshot: {w1, max_abs, rel_l2}
     stop_reason: str = "running"
     wall_s: float = math.nan
@@ -149,6 +152,8 @@ def to_dataset(state: RunState) -> xr.Dataset:
                    np.array([state.member_layers[m][key][:n_rows] for m in labels], dtype=np.float64))
     ds["weight_sketch"] = (("member", "snapshot", "tensor", "sketch"),
                            np.stack([np.stack(snap, axis=0) for snap in state.sketches], axis=1).astype(np.float32))
+    ds["weight_l2"] = (("member", "snapshot", "tensor"),
+                       np.stack([np.stack(snap, axis=0) for snap in state.weight_l2], axis=1).astype(np.float64))
     if len(labels) == 2:
         for key in ("w1", "max_abs", "rel_l2"):
             ds[f"pair_{key}"] = (("snapshot", "tensor"), np.array([d[key] for d in state.pair_drift], dtype=np.float64))
@@ -222,15 +227,42 @@ def gather(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
     return out
 
 
-def sketch_drift(ds: xr.Dataset, a: tuple, b: tuple) -> xr.DataArray:
-    """Sketch lower bound of the per-tensor W1 between ``a = (run, member)`` and ``b = (run, member)``
-    of a gathered dataset, at their common snapshots (dims snapshot, tensor)."""
+def _drift_layout(ds: xr.Dataset, values: dict) -> xr.Dataset:
+    """``attnum.drift``'s per-tensor layout (wasserstein, max_abs, rel_l2, ref_l2_norm and the
+    tensor coordinates) so that ``attnum.drift.aggregate`` groups it by kind, layer or model."""
+    from ..drift import with_attrs
+
+    coords = {name: ds[name] for name in ("tensor_kind", "tensor_layer", "tensor_numel")}
+    out = xr.Dataset(values).assign_coords(coords)
+    out = out.drop_vars([c for c in out.coords if c not in ("snapshot", "tensor", *coords)], errors="ignore")
+    return with_attrs(out)
+
+
+def pair_drift(run: xr.Dataset) -> xr.Dataset:
+    """A pair record's exact drift b vs a (dims snapshot, tensor) in ``attnum.drift``'s layout;
+    ``run`` is one record (``open_record``) or one run of a gathered dataset."""
+    if "pair_w1" not in run or run["pair_w1"].isnull().all():
+        raise ValueError("not a pair record: it has no pair_w1")
+    ok = run["pair_w1"].notnull().any("tensor")
+    run = run.isel(snapshot=np.nonzero(ok.values)[0])
+    return _drift_layout(run, {"wasserstein": run["pair_w1"], "max_abs": run["pair_max_abs"],
+                               "rel_l2": run["pair_rel_l2"], "ref_l2_norm": run["weight_l2"].sel(member="a")})
+
+
+def sketch_drift(ds: xr.Dataset, a: tuple, b: tuple) -> xr.Dataset:
+    """Drift between ``a = (run, member)`` and ``b = (run, member)`` of a gathered dataset at their
+    common snapshots, from the sketches: ``wasserstein`` is the sketch lower bound of the per-tensor
+    W1 (``diag.sketch_wasserstein``); ``max_abs`` and ``rel_l2`` need both runs' weights and are
+    NaN; ``ref_l2_norm`` is a's. ``attnum.drift.aggregate`` groups it (its W1 stays a lower bound)."""
     sa = ds["weight_sketch"].sel(run=a[0], member=a[1])
     sb = ds["weight_sketch"].sel(run=b[0], member=b[1])
     common = np.intersect1d(sa["snapshot"].values[np.isfinite(sa.isel(tensor=0, sketch=0).values)],
                             sb["snapshot"].values[np.isfinite(sb.isel(tensor=0, sketch=0).values)])
     sa, sb = sa.sel(snapshot=common), sb.sel(snapshot=common)
-    values = diag.sketch_wasserstein(sa.values, sb.values)
-    return xr.DataArray(values, dims=("snapshot", "tensor"), coords={"snapshot": common, "tensor": sa["tensor"]},
-                        name="sketch_w1", attrs={"units": "1", "long_name": "lower bound of the per-tensor "
-                                                 "Wasserstein-1 distance from the weight sketches"})
+    w1 = xr.DataArray(diag.sketch_wasserstein(sa.values, sb.values), dims=("snapshot", "tensor"),
+                      coords={"snapshot": common, "tensor": sa["tensor"]})
+    nan = xr.full_like(w1, np.nan)
+    ref = ds["weight_l2"].sel(run=a[0], member=a[1], snapshot=common)
+    out = _drift_layout(ds, {"wasserstein": w1, "max_abs": nan, "rel_l2": nan, "ref_l2_norm": ref})
+    out["wasserstein"].attrs["long_name"] = "lower bound of the per-tensor Wasserstein-1 distance from the weight sketches"
+    return out

@@ -269,6 +269,7 @@ def train(cfg: TrainConfig, out_dir, *, t_start: float | None = None, progress=p
     def snapshot(step):
         state.snapshot_steps.append(step)
         state.sketches.append([diag.weight_sketches(m.model, cfg.sketch_size) for m in members])
+        state.weight_l2.append([diag.weight_l2(m.model) for m in members])
         if len(members) == 2:
             state.pair_drift.append(diag.exact_drift(members[0].model, members[1].model))
 
