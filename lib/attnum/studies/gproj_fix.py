@@ -551,6 +551,8 @@ def real_timings(kernel_names, *, seq_len: int, tokens: int, head_dims, causal=(
     for p in TIMING_PASSES:
         ds[f"timing_analytic_{p}_ms"] = (dims, analytic[p])
     ds["timing_status"] = (dims, status.astype(str))
+    if cuda:  # the clocks again, after the timings (the first reading is taken before them)
+        env["timing_nvidia_smi_after"] = timing_environment(device)["timing_nvidia_smi"]
     ds.attrs.update(real_timing_seq_len=seq_len, real_timing_heads=heads, real_timing_warmup=warmup,
                     real_timing_repeats=repeats,
                     **env)
@@ -789,8 +791,10 @@ SEED004_FP32_STEP_COST = 0.334  # [src] seed 004: fused FP32 attention kernel, +
 NOTES_P_MAX_NOT_ONE = 0.42  # [derived] papers.md section 4: the notes' own numpy check (not seed 004's number)
 
 
-def _nearest_before_after(err_none: xr.DataArray, err_fix: xr.DataArray):
-    """The (sharpness, |mu|) where ``err_none`` is nearest 219% in log, and both errors there."""
+def _nearest_before_after(err_none: xr.DataArray, err_fix: xr.DataArray, mu_max: float = math.inf):
+    """The (sharpness, |mu|) with |mu| <= ``mu_max`` where ``err_none`` is nearest 219% in log, and
+    both errors there."""
+    err_none = err_none.where(err_none["mu_norm"] <= mu_max)
     dist = np.abs(np.log(err_none / SEED004_DQ_ERR_BEFORE))
     idx = np.unravel_index(int(np.nanargmin(dist.values)), dist.shape)
     point = {dim: float(err_none[dim].values[i]) for dim, i in zip(err_none.dims, idx)}
@@ -803,9 +807,27 @@ def _before_after_verdict(before: float, after: float) -> str:
     if reached and fixed:
         return "yes: same order before and after"
     if not reached:
-        return (f"partly: the unfixed error never comes within 2x of 219% (nearest {before:.3g}); "
+        return (f"partly: the unfixed error does not come within 2x of 219% (nearest {before:.3g}); "
                 f"after GProj {after:.3g}" + (" (same order as 0.34%)" if fixed else ""))
     return f"no: the unfixed error reaches {before:.3g}, but after GProj it is {after:.3g}, above 3x 0.34%"
+
+
+def _before_after_row(claim: str, err_none: xr.DataArray, err_fix: xr.DataArray, trusted: float, where: str) -> dict:
+    """Seed 004's 219% -> 0.34% against ours: first at the trusted offsets only (the exact problem of
+    |mu| = 0), then, if the nearest point over all offsets lies beyond them, that point too, marked as
+    a changed problem."""
+    point, before, after = _nearest_before_after(err_none, err_fix, trusted)
+    ours = f"{before:.3g} -> {after:.3g} (|mu| <= {trusted:g}, trusted)"
+    verdict = _before_after_verdict(before, after) + f" at the trusted offsets (|mu| <= {trusted:g})"
+    basis = f"nearest 219% at |mu| <= {trusted:g}: sharpness {point['sharpness']:g}, |mu| {point['mu_norm']:g}"
+    far, f_before, f_after = _nearest_before_after(err_none, err_fix)
+    if far["mu_norm"] > trusted:
+        ours += f"; {f_before:.3g} -> {f_after:.3g} at |mu| {far['mu_norm']:g} (changed problem)"
+        verdict += (f"; beyond them (a changed exact problem): "
+                    + _before_after_verdict(f_before, f_after).split(":")[0])
+        basis += f"; over all offsets: sharpness {far['sharpness']:g}, |mu| {far['mu_norm']:g}"
+    return {"claim": claim, "seed 004 (theirs)": "219% -> 0.34%", "ours": ours, "reproduced?": verdict,
+            "basis": basis + f"; {where}"}
 
 
 def seed004_claims(ds: xr.Dataset, timing_head_dim: int | None = None, timing_causal: int | None = None):
@@ -820,28 +842,19 @@ def seed004_claims(ds: xr.Dataset, timing_head_dim: int | None = None, timing_ca
     # 1. dQ error before -> after GProj: the emulator, and our kernel when it ran
     sub = ds["grid_dq_err"].isel(seq_len=-1, head_dim=0).median("seed")
     gproj = next((f for f in ("gproj_dq", "gproj_dq_dk") if f in ds["fix"].values), None)
-    point, before, after = _nearest_before_after(sub.sel(fix="none"), sub.sel(fix=gproj or "none"))
-    note = "" if point["mu_norm"] <= trusted else f"; |mu| beyond the trusted {trusted:g}: a changed exact problem"
-    rows.append({"claim": f"median dQ error 219% -> 0.34% with GProj (emulator, {gproj or 'no GProj in fixes'})",
-                 "seed 004 (theirs)": "219% -> 0.34%", "ours": f"{before:.3g} -> {after:.3g}",
-                 "reproduced?": _before_after_verdict(before, after) if gproj else "not measured (no GProj fix run)",
-                 "basis": f"grid point nearest 219%: sharpness {point['sharpness']:g}, |mu| {point['mu_norm']:g}, "
-                          f"N {int(ds['seq_len'][-1])}, d {int(ds['head_dim'][0])}{note}"})
+    if gproj is not None:
+        rows.append(_before_after_row(f"median dQ error 219% -> 0.34% with GProj (emulator, {gproj})",
+                                      sub.sel(fix="none"), sub.sel(fix=gproj), trusted,
+                                      f"N {int(ds['seq_len'][-1])}, d {int(ds['head_dim'][0])}"))
     names = ds["real_kernel"].values.tolist() if has_real(ds) else []
-    if {"triton:fa2", "triton:fa2:gproj_dq"} <= set(names):
-        at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][-1]))
-        ok = all(str(ds["real_status"].sel(real_kernel=k, **at).item()) == "ok"
-                 for k in ("triton:fa2", "triton:fa2:gproj_dq"))
-        if ok:
-            real = ds["real_dq_err"].sel(**at).median("seed")
-            point, before, after = _nearest_before_after(real.sel(real_kernel="triton:fa2"),
-                                                         real.sel(real_kernel="triton:fa2:gproj_dq"))
-            note = "" if point["mu_norm"] <= trusted else f"; |mu| beyond the trusted {trusted:g}: a changed exact problem"
-            rows.append({"claim": "median dQ error 219% -> 0.34% with GProj (our Triton kernel, GProj dq)",
-                         "seed 004 (theirs)": "219% -> 0.34%", "ours": f"{before:.3g} -> {after:.3g}",
-                         "reproduced?": _before_after_verdict(before, after),
-                         "basis": f"grid point nearest 219%: sharpness {point['sharpness']:g}, |mu| {point['mu_norm']:g}, "
-                                  f"N {at['seq_len']}, d {at['head_dim']}{note}"})
+    at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][-1]))
+    ok = {"triton:fa2", "triton:fa2:gproj_dq"} <= set(names) and all(
+        str(ds["real_status"].sel(real_kernel=k, **at).item()) == "ok" for k in ("triton:fa2", "triton:fa2:gproj_dq"))
+    if ok:
+        real = ds["real_dq_err"].sel(**at).median("seed")
+        rows.append(_before_after_row("median dQ error 219% -> 0.34% with GProj (our Triton kernel, GProj dq)",
+                                      real.sel(real_kernel="triton:fa2"), real.sel(real_kernel="triton:fa2:gproj_dq"),
+                                      trusted, f"N {at['seq_len']}, d {at['head_dim']}"))
     else:
         rows.append({"claim": "median dQ error 219% -> 0.34% with GProj (our Triton kernel)",
                      "seed 004 (theirs)": "219% -> 0.34%", "ours": "not measured here",
