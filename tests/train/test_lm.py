@@ -271,6 +271,31 @@ def test_cli_plan_with_overrides(tmp_path):
     assert ds.sizes["member"] == 2
 
 
+def test_triton_kernels_train_in_the_cpu_interpreter(tmp_path):
+    """The Triton choices inside the trainer's model (GProj on and off), through Triton's CPU
+    interpreter in fp16 (a subprocess: TRITON_INTERPRET must be set before triton is imported)."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the gpu-marked test runs the compiled kernels")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).parents[2] / "lib")}
+    args = [sys.executable, "-m", "attnum.lm", "train", "--device", "cpu", "--out", str(tmp_path), "--n-layer", "1",
+            "--n-head", "2", "--d-model", "32", "--context", "32", "--batch-size", "2", "--steps", "4",
+            "--log-every", "2", "--eval-every", "2", "--snapshot-every", "2", "--val-windows", "2",
+            "--diag-batch", "1", "--corpus-max-bytes", str(MAX_BYTES), "--amp", "fp16", "--no-time-attention",
+            "--kernel", "triton:fa2:gproj_dq", "--pair", "--pair-kernel", "triton:fa2", "--tag", "interp"]
+    done = subprocess.run(args, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ds = record.open_record(tmp_path / "lm_interp_s0_d0.nc")
+    assert list(ds["member_attention"].values) == ["triton:fa2:gproj_dq@fp16", "triton:fa2@fp16"]
+    err = ds["dq_rel_err"].values[:, 1:]
+    assert np.isfinite(err).all() and (err > 0).all() and (err < 1e-2).all()  # fp16 rounding, not a bug
+
+
 @pytest.mark.gpu
 def test_every_training_attention_runs_a_few_steps_on_the_gpu(tmp_path):
     for kernel in ("sdpa:flash", "sdpa:math", "triton:fa2", "triton:fa2:gproj_dq"):
