@@ -195,10 +195,12 @@ def emulator_equivalent(name: str):
     grid's bf16 operands, or None. Our Triton kernel: ``fa2_bf16`` with its forward tiles (128 x 64),
     max subtracted before scaling (no fused scale-max: seed 004's forward fix is built in), its GProj
     mode; ``:fp32_bwd`` keeps dS and P in fp32 for the matmuls and still stores bf16 gradients.
-    ``sdpa:flash``: ``fa2_bf16`` with FlashAttention-2's fused ``exp2(s c - m c)`` (tiles 128);
-    ``sdpa:efficient`` / ``sdpa:cudnn``: ``fa2_bf16``, tiles 128, unfused (their tiles and exponent
-    are not documented: an assumption); ``sdpa:math``: FP32 attention (it computes in fp32 inside;
-    its gradients are rounded to bf16 on the way out, the emulator's are not)."""
+    ``sdpa:flash`` / ``sdpa:efficient`` / ``sdpa:cudnn``: ``fa2_bf16``, tiles 128, max subtracted
+    before scaling: an approximation. PyTorch compiles its FlashAttention-2 copy with ``UNFUSE_FMA``
+    (``aten/src/ATen/native/transformers/cuda/flash_attn/softmax.h``): ``exp2(round(s c) - round(m c))``,
+    exactly 1 at the row max like subtract-then-scale, but rounded differently elsewhere; the efficient
+    and cuDNN backends' tiles and exponent are not documented. ``sdpa:math``: FP32 attention (it
+    computes in fp32 inside; its gradients are rounded to bf16 on the way out, the emulator's are not)."""
     from ..precision import PRESETS
 
     family, *options = name.split(":")
@@ -210,7 +212,7 @@ def emulator_equivalent(name: str):
         gproj = "dq_dk" if "gproj_dq_dk" in flags else "dq" if "gproj_dq" in flags else "off"
         return AttentionImpl("emulator", policy, block_q=128, block_k=64, gproj=gproj)
     if family == "sdpa" and options[:1] in (["flash"], ["efficient"], ["cudnn"]):
-        return AttentionImpl("emulator", "fa2_bf16", block_q=128, block_k=128, fused_scale_max=options[0] == "flash")
+        return AttentionImpl("emulator", "fa2_bf16", block_q=128, block_k=128)
     if family == "sdpa" and options[:1] == ["math"]:
         return AttentionImpl("emulator", "fp32")
     return None
