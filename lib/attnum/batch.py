@@ -181,8 +181,11 @@ def _error_text(exc: BaseException) -> str:
 
 
 def execute(task: Task, outputs: str, timeout: int | None = None, threads: int = 1,
-            key: str | None = None) -> dict:
-    """Run one task with ``runner.run``; returns a plain dict (state, seconds, folder, error, where)."""
+            key: str | None = None, progress: bool = False) -> dict:
+    """Run one task with ``runner.run``; returns a plain dict (state, seconds, folder, error, where).
+
+    ``progress``: the notebook's own progress lines on the worker's terminal (never papermill's bar
+    over the cells); ``False``: none (``runner.run(progress=False)``)."""
     info = _where()
     env = {var: str(threads) for var in THREAD_VARS}
     env[WORKER_ENV] = f"{info['worker']}@{info['host']}" + (f" gpu={info['gpu']}" if info["gpu"] else "")
@@ -194,7 +197,8 @@ def execute(task: Task, outputs: str, timeout: int | None = None, threads: int =
     t0 = time.perf_counter()
     try:
         folder = runner.run(task.study, task.param_set, task.overrides, outputs=outputs,
-                            sweep_dims=list(task.sweep_dims), progress=False, name=task.name, timeout=timeout)
+                            sweep_dims=list(task.sweep_dims), progress="lines" if progress else False,
+                            name=task.name, timeout=timeout)
         out.update(state="ok", folder=str(folder))
     except Exception as exc:  # RunError, ParameterError, or anything else: this run failed, the batch goes on
         out["error"] = _error_text(exc)
@@ -373,7 +377,7 @@ def _run_in_process(tasks, results, base, timeout, threads, progress, log):
     try:
         for i, (task, result) in enumerate(zip(tasks, results)):
             bar.start(i)
-            _fill(result, execute(task, str(base), timeout, threads))
+            _fill(result, execute(task, str(base), timeout, threads, progress=progress))
             bar.finish(i, result.ok, task.label)
     finally:
         bar.close()
@@ -430,7 +434,7 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
         for i, task in enumerate(tasks):
             key = f"{KEY_PREFIX}-{uuid.uuid4().hex}"
             keys[key] = i
-            fut = client.submit(execute, task, str(base), timeout, threads, key, key=key, pure=False,
+            fut = client.submit(execute, task, str(base), timeout, threads, key, progress, key=key, pure=False,
                                 resources=task.resources or None, retries=0,
                                 priority=int(prio[i]) * 1000 - i)  # longest known first, then plan order
             futures.append(fut)

@@ -19,11 +19,73 @@ def set_theme() -> None:
 
 
 def save_figure(fig, output_dir, name: str) -> Path:
-    """Save ``fig`` as ``<output_dir>/<name>.png`` next to the results and return the path."""
+    """Save ``fig`` as ``<output_dir>/<name>.png`` next to the results and return the path.
+
+    In a notebook, a figure left open is shown at the end of the cell; it is then shown as the
+    file just saved (``_show_saved``) instead of being drawn a second time.
+    """
     path = Path(output_dir) / f"{name}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, bbox_inches="tight")
+    _show_saved(fig, path)
     return path
+
+
+_SAVED = "_attnum_saved_png"  # attribute of a figure: (PNG bytes as saved, the dpi they were saved at)
+
+
+def _png_size(data: bytes) -> tuple[int, int] | None:
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _saved_png_printer(original):
+    """The notebook's PNG printer of figures: a figure unchanged since ``save_figure`` is shown as the
+    saved file (at the size the inline backend would draw it), any other figure as ``original`` draws it."""
+    from binascii import b2a_base64
+
+    def printer(fig):
+        saved = getattr(fig, _SAVED, None)
+        if saved is None or fig.stale:  # never saved, or changed since: draw it as before
+            return original(fig)
+        data, dpi = saved
+        size = _png_size(data)
+        if size is None or not dpi:
+            return original(fig)
+        scale = float(fig.dpi) / float(dpi)
+        return (b2a_base64(data, newline=False).decode("ascii"),
+                {"width": max(1, round(size[0] * scale)), "height": max(1, round(size[1] * scale))})
+
+    printer._attnum_saved_png_printer = True
+    return printer
+
+
+def _show_saved(fig, path: Path) -> None:
+    """In an IPython kernel with figures shown as PNG: remember the saved file on ``fig`` and make the
+    PNG printer show it, so the inline backend does not draw the figure again at the end of the cell.
+    A change to the figure after saving marks it stale, and it is drawn as before."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return
+    from IPython import get_ipython
+    from matplotlib.figure import Figure
+
+    shell = get_ipython()
+    formatters = getattr(getattr(shell, "display_formatter", None), "formatters", None) or {}
+    png = formatters.get("image/png")
+    if png is None:
+        return
+    try:
+        original = png.lookup_by_type(Figure)
+    except KeyError:
+        return  # figures are not shown as PNG here
+    if not getattr(original, "_attnum_saved_png_printer", False):
+        png.for_type(Figure, _saved_png_printer(original))
+    dpi = plt.rcParams["savefig.dpi"]
+    setattr(fig, _SAVED, (path.read_bytes(), fig.dpi if dpi == "figure" else dpi))
+    fig.stale = False  # saving drew it; any later change to an artist sets this again
 
 
 def add_growth_lines(ax, n, fmt: str, anchor: float | None = None) -> None:

@@ -35,11 +35,14 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import ctypes
 import datetime as _dt
 import fcntl
 import functools
 import hashlib
+import importlib
+import importlib.util
 import itertools
 import json
 import math
@@ -53,6 +56,7 @@ import socket
 import sys
 import threading
 import traceback
+import types
 from pathlib import Path
 
 import yaml
@@ -149,11 +153,61 @@ def notebook_path(study: str) -> Path:
     return known[study]
 
 
-@functools.lru_cache(maxsize=32)
-def _inspect(path: str, mtime: float) -> dict:
+DEFERRED_IMPORTS = {"rfc3987_syntax": ("is_valid_syntax",)}
+"""Modules imported by papermill's import chain (nbformat -> jsonschema's optional format checkers) that
+papermill never uses, with the names jsonschema takes from them: loaded on first use instead."""
+
+
+def _defer_import(name: str, functions: tuple[str, ...]) -> None:
+    """Put a placeholder for module ``name`` in ``sys.modules`` that imports the real module on first use.
+
+    ``rfc3987_syntax`` builds a grammar when imported (about 0.8 s, most of papermill's import time);
+    jsonschema imports it only to offer the ``iri`` format checks, which nbformat's notebook
+    validation never uses. The placeholder's functions and any other attribute load the real module
+    (which then replaces the placeholder), so a program that does check an IRI gets the same answer.
+    Nothing happens if the module is already imported or not installed.
+    """
+    if name in sys.modules or importlib.util.find_spec(name) is None:
+        return
+    placeholder = types.ModuleType(name, f"placeholder: {name} is imported on first use (attnum.runner)")
+
+    def load():
+        if sys.modules.get(name) is placeholder:
+            del sys.modules[name]
+        return importlib.import_module(name)
+
+    def forward(function: str):
+        def call(*args, **kwargs):
+            return getattr(load(), function)(*args, **kwargs)
+
+        call.__name__ = call.__qualname__ = function
+        return call
+
+    for function in functions:
+        setattr(placeholder, function, forward(function))
+    def attribute(attr: str):
+        if attr.startswith("__"):  # the import system's questions (__path__, ...): a plain module
+            raise AttributeError(attr)
+        return getattr(load(), attr)
+
+    placeholder.__getattr__ = attribute
+    placeholder.__attnum_deferred__ = True
+    sys.modules[name] = placeholder
+
+
+def import_papermill():
+    """``papermill``, imported without building what it never uses (``DEFERRED_IMPORTS``)."""
+    if "papermill" not in sys.modules:
+        for name, functions in DEFERRED_IMPORTS.items():
+            _defer_import(name, functions)
     import papermill
 
-    return papermill.inspect_notebook(path)
+    return papermill
+
+
+@functools.lru_cache(maxsize=32)
+def _inspect(path: str, mtime: float) -> dict:
+    return import_papermill().inspect_notebook(path)
 
 
 def declared_parameters(study: str) -> dict[str, dict]:
@@ -178,14 +232,24 @@ def notebook_defaults(study: str) -> dict:
     return out
 
 
+_SCHEMAS: dict[str, tuple[tuple, dict]] = {}  # path -> ((mtime_ns, size, inode), parsed schema)
+
+
 def _schema_file(study: str) -> dict:
+    """``params/<study>/schema.yaml``, parsed once per version of the file (a check reads it several times)."""
     path = params_dir() / study / "schema.yaml"
-    if not path.exists():
-        raise ParameterError(f"study {study!r} has no parameter schema at {path}")
-    data = load_yaml_file(path) or {}
-    if not isinstance(data, dict):
-        raise ParameterError(f"{path} must hold a mapping of parameter names to rules")
-    return data
+    try:
+        st = path.stat()
+    except OSError:
+        raise ParameterError(f"study {study!r} has no parameter schema at {path}") from None
+    stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+    cached = _SCHEMAS.get(str(path))
+    if cached is None or cached[0] != stamp:
+        data = load_yaml_file(path) or {}
+        if not isinstance(data, dict):
+            raise ParameterError(f"{path} must hold a mapping of parameter names to rules")
+        cached = _SCHEMAS[str(path)] = (stamp, data)
+    return copy.deepcopy(cached[1])
 
 
 def schema(study: str) -> dict[str, dict]:
@@ -730,16 +794,23 @@ def _failure(version: Path, final: Path, record: dict, exc: BaseException) -> Pa
 
 
 def run(study: str, param_set: str = "default", overrides: dict | None = None, *,
-        outputs: str | os.PathLike | None = None, sweep_dims=(), progress: bool = True,
+        outputs: str | os.PathLike | None = None, sweep_dims=(), progress: bool | str = True,
         name: str | None = None, timeout: int | None = None, allow_large: bool = False,
         wait: bool = False) -> Path:
     """Execute one study notebook; returns the finished run folder ``<outputs>/<study>/<name>``.
 
     Everything is checked before anything is written. ``allow_large`` runs past the memory
     estimate; ``wait`` queues behind a running run of the same name instead of failing.
-    """
-    import papermill
+    ``progress``: ``True`` shows papermill's bar over the cells and the notebook's own progress
+    lines (``attnum.progress``, on this process's terminal); ``"lines"`` only the notebook's lines;
+    ``False`` neither (the kernel runs with ``ATTNUM_PROGRESS=off``, whatever the environment says).
 
+    The kernel is stopped at once when the notebook has finished (``shutdown_kernel="immediate"``):
+    every output has arrived by then, and the results are read back and checked afterwards.
+    """
+    from . import progress as _progress
+
+    papermill = import_papermill()
     overrides = dict(overrides or {})
     values = resolve_parameters(study, param_set, overrides, allow_large=allow_large)
     nb_path = notebook_path(study)
@@ -756,10 +827,12 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
         try:
             ncio.write_record(version, record)  # small, first: even a full disk later leaves this
             injected = dict(values, output_dir=str(version), sweep_dims=list(sweep_dims))
-            with _sigterm_as_interrupt(), _env(ALLOW_LARGE_ENV, "1" if allow_large else None):
+            with _sigterm_as_interrupt(), _env(ALLOW_LARGE_ENV, "1" if allow_large else None), \
+                    _env(_progress.ENV, None if progress else "off"):
                 papermill.execute_notebook(str(nb_path), str(version / "notebook.ipynb"), parameters=injected,
-                                           progress_bar=progress, cwd=str(nb_path.parent), kernel_name="python3",
-                                           execution_timeout=timeout, report_mode=False)
+                                           progress_bar=progress is True, cwd=str(nb_path.parent),
+                                           kernel_name="python3", execution_timeout=timeout, report_mode=False,
+                                           shutdown_kernel="immediate")
                 results = version / "results.nc"
                 if not results.exists():
                     raise RunError(f"notebook {nb_path.name} finished without writing results.nc")
