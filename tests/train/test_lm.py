@@ -191,6 +191,13 @@ def test_pair_same_kernel_on_cpu_is_bitwise_repeatable_and_fp32_pair_drifts(tmp_
     assert set(by_kind["kind"].values) == {"embedding", "attention", "mlp", "norm", "head"}
     assert float(by_kind["wasserstein"].isel(snapshot=-1).max()) > 0
     assert np.isfinite(aggregate(bound, "layer")["wasserstein_rel"].values).all()
+    table = record.summary(ds)
+    assert set(table.dims) == {"run", "member"}
+    assert int(table["tokens_done"].sel(run="lm_same_s0_d0")) == 20 * 8 * 32
+    assert (table["final_val_loss"].sel(member="a") < math.log(256)).all()
+    assert (table["max_dq_rel_err"].sel(run="lm_fp32_s0_d0", member="b") < 1e-5)
+    assert (table["max_dq_rel_err"].sel(run="lm_fp32_s0_d0", member="a") > 1e-4)
+    assert (table["diverged"] == 0).all()  # both runs are pairs: no member is missing
     with pytest.raises(ValueError, match="not a pair"):
         record.pair_drift(ds.sel(run="lm_fp32_s0_d0").drop_vars("pair_w1"))
 

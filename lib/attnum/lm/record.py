@@ -266,3 +266,53 @@ def sketch_drift(ds: xr.Dataset, a: tuple, b: tuple) -> xr.Dataset:
     out = _drift_layout(ds, {"wasserstein": w1, "max_abs": nan, "rel_l2": nan, "ref_l2_norm": ref})
     out["wasserstein"].attrs["long_name"] = "lower bound of the per-tensor Wasserstein-1 distance from the weight sketches"
     return out
+
+
+SUMMARY = {
+    "tokens_done": ("1", "bytes (tokens) trained per member"),
+    "final_loss": ("1", "training loss of the last logged interval"),
+    "final_val_loss": ("1", "last validation loss"),
+    "min_val_loss": ("1", "lowest validation loss"),
+    "max_key_mean_norm": ("1", "largest common key offset over steps and layers"),
+    "max_offset_logit": ("1", "largest score shift of the common key offset over steps and layers"),
+    "max_max_prob": ("1", "largest mean row maximum of P over steps and layers"),
+    "max_dq_rel_err": ("1", "largest dQ relative L2 error against the FP32 recompute over steps and layers"),
+    "max_dq_row_rel_err": ("1", "largest median-row dQ error against the FP32 recompute over steps and layers"),
+    "dq_err_growth": ("1", "dQ relative error, mean over layers and the last fifth of the logged steps / "
+                           "the first fifth (step 0 excluded): above 1 the error grew during training"),
+    "max_grad_norm": ("1", "largest logged gradient norm of the whole model (before clipping)"),
+    "diverged": ("1", "1 if the training loss became non-finite, 0 if not (NaN: no such member)"),
+    "median_tokens_per_s": ("1/s", "median throughput over the logged intervals, all members"),
+}
+
+
+def summary(ds: xr.Dataset) -> xr.Dataset:
+    """Per run and member of a gathered dataset: how far training went and what it reached (the
+    numbers that bound a phenomenon that did not appear; ``SUMMARY`` says what each is)."""
+    logged = ds.isel(step=slice(1, None))  # step 0: the initial model, no training loss
+    out = xr.Dataset()
+    out["tokens_done"] = ds["tokens_done"]
+    valid = logged["loss"].notnull()
+    last = valid.cumsum("step").argmax("step")  # index of the last logged loss
+    out["final_loss"] = logged["loss"].isel(step=last)
+    val_ok = ds["val_loss"].notnull()
+    out["final_val_loss"] = ds["val_loss"].isel(step=val_ok.cumsum("step").argmax("step"))
+    out["min_val_loss"] = ds["val_loss"].min("step")
+    for key in ("key_mean_norm", "offset_logit", "max_prob", "dq_rel_err", "dq_row_rel_err"):
+        out[f"max_{key}"] = logged[key].max(("step", "layer"))
+    err = logged["dq_rel_err"].mean("layer")
+
+    def growth(row):
+        row = row[np.isfinite(row)]
+        if row.size < 5:
+            return np.nan
+        k = max(1, row.size // 5)
+        return float(np.mean(row[-k:]) / np.mean(row[:k]))
+
+    out["dq_err_growth"] = xr.apply_ufunc(growth, err, input_core_dims=[["step"]], vectorize=True)
+    out["max_grad_norm"] = logged["grad_norm"].max("step")
+    out["diverged"] = (ds["nonfinite_step"] >= 0).astype(float).where(ds["nonfinite_step"].notnull())
+    out["median_tokens_per_s"] = ds["tokens_per_s"].median("step")
+    for name, (units, long_name) in SUMMARY.items():
+        out[name].attrs.update(units=units, long_name=long_name)
+    return out
