@@ -12,7 +12,8 @@ Modules
     diag     per-layer statistics (common key offset, sharpness), the FP32-recompute diagnostic's
              dQ/dK/dV errors, gradient norms, attention timing, weight sketches and exact pair drift
     train    ``TrainConfig`` and ``train``: one run or a lockstep pair within a wall-clock budget
-    record   the record's layout, ``gather`` (a folder of records -> one Dataset), ``sketch_drift``
+    record   the record's layout, ``gather`` (a folder of records -> one Dataset), ``pair_drift`` and
+             ``sketch_drift`` (for ``attnum.drift.aggregate``), ``summary`` (what each run reached)
     bench    issue 15's step-time benchmark of every attention choice
 
 Command line (``PYTHONPATH=lib``; every ``TrainConfig`` field is a flag)::

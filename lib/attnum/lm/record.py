@@ -23,8 +23,11 @@ atomic, checksummed, with provenance) holds
 ``gather(folder)`` opens every record below a folder and concatenates them along a new ``run``
 dimension (outer join on steps, snapshots and members), with each run's parameters, kernels,
 corpus hash and stop reason as ``run`` coordinates: the input of a study's ``gpu_training`` tier.
-``sketch_drift(ds, a, b)`` gives the sketch lower bound of the per-tensor W1 between two runs'
-members at their common snapshots.
+``pair_drift(run)`` gives a pair's exact drift and ``sketch_drift(ds, a, b)`` the sketch lower bound
+of the per-tensor W1 between any two runs' members at their common snapshots, both in
+``attnum.drift``'s per-tensor layout, so that ``attnum.drift.aggregate`` groups them by kind, layer
+or model. ``summary(ds)`` gives per run and member the tokens reached, the losses, the largest key
+offset, sharpness and dQ error, the dQ error's growth over training and whether the loss diverged.
 """
 from __future__ import annotations
 
