@@ -231,31 +231,37 @@ def plot_real_kernels(ds: xr.Dataset, var: str = "real_dq_err"):
 
 
 def plot_exact_problem(ds: xr.Dataset):
-    """Left: the relative perturbation rounding puts on the keys (solid) and the distinct values per
-    key component / N (dashed) vs |mu|; right: the exact dQ's relative change from |mu| = 0 (solid)
-    and its median row norm relative to |mu| = 0 (dashed); one colour per sharpness (largest N,
-    first d, median over seeds)."""
+    """Left: the relative perturbation rounding puts on the keys and the distinct values per key
+    component / N vs |mu| (both independent of the sharpness); right: the exact dQ's relative change
+    from |mu| = 0 (solid, one colour per sharpness; the dotted line is the trusted limit) and its
+    median row norm relative to |mu| = 0 (dashed). Largest N, first d, median over seeds; zero values
+    (|mu| = 0 against itself) are left out of the logarithmic axes."""
     from ..plots import subplots
+    from ..studies.gproj_fix import EXACT_CHANGE_LIMIT
 
     sub = ds[["grid_key_perturbation", "grid_distinct_key_values", "grid_exact_dq_change", "grid_exact_dq_norm"]]
     sub = sub.isel(seq_len=-1, head_dim=0).median("seed")
-    fig, axes = subplots(1, 2, figsize=(10, 3.6))
+    fig, axes = subplots(1, 2, figsize=(11, 3.8))
     x = ds["mu_norm"].values
+    pos = lambda values: np.where(values > 0, values, np.nan)
+    first = sub.isel(sharpness=0)
+    axes[0][0].plot(x, pos(first["grid_key_perturbation"].values), "-o", ms=3, color="k",
+                    label="||rounded k + mu - mu - k|| / ||k||")
+    axes[0][0].plot(x, first["grid_distinct_key_values"].values, "--x", ms=3, color="k",
+                    label="distinct values per key component / N")
     for i, s in enumerate(ds["sharpness"].values):
         color = f"C{i}"
-        axes[0][0].plot(x, np.maximum(sub["grid_key_perturbation"].sel(sharpness=s).values, 1e-9), "-o", ms=3,
-                        color=color, label=f"sharpness {s:g}")
-        axes[0][0].plot(x, sub["grid_distinct_key_values"].sel(sharpness=s).values, "--x", ms=3, color=color)
-        axes[0][1].plot(x, np.maximum(sub["grid_exact_dq_change"].sel(sharpness=s).values, 1e-9), "-o", ms=3,
+        axes[0][1].plot(x, pos(sub["grid_exact_dq_change"].sel(sharpness=s).values), "-o", ms=3,
                         color=color, label=f"sharpness {s:g}")
         norm = sub["grid_exact_dq_norm"].sel(sharpness=s)
         axes[0][1].plot(x, (norm / norm.isel(mu_norm=0)).values, "--x", ms=3, color=color)
-    axes[0][0].set_ylabel("keys: perturbation (solid), distinct values / N (dashed)", fontsize="small")
-    axes[0][1].set_ylabel("exact dQ: rel. change (solid), row norm / at 0 (dashed)", fontsize="small")
+    axes[0][1].axhline(EXACT_CHANGE_LIMIT, color="k", lw=0.7, ls=":")
+    axes[0][0].set_title("the keys", fontsize="small")
+    axes[0][1].set_title("exact dQ: relative change (solid), row norm / at |mu| = 0 (dashed)", fontsize="small")
     for ax in axes[0]:
         offset_axis(ax)
         ax.set_yscale("log")
-    axes[0][0].legend(fontsize="x-small")
+        ax.legend(fontsize="x-small")
     fig.suptitle(f"what rounding k + mu to bf16 does to the exact problem (N = {int(ds['seq_len'][-1])}, "
-                 f"d = {int(ds['head_dim'][0])})", fontsize="medium")
+                 f"d = {int(ds['head_dim'][0])})", fontsize="medium", y=1.02)
     return fig
