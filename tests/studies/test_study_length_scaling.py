@@ -64,6 +64,7 @@ def test_smoke_run_holds_the_new_measurements(smoke_run):
     ratio = ds["nomask_strata_rel_l2_err"].sel(stratum="last_10pct") / ds["nomask_strata_rel_l2_err"].sel(stratum="first_10pct")
     assert float(abs(np.log(ratio)).max()) < np.log(2)
     assert str(ds["fp32_stage_matmul_precision"].values).startswith("float32_matmul_precision=")
+    assert (path / "fp32_reference_stages.png").stat().st_size > 10_000
 
 
 def test_published_index_lists_the_run(smoke_run):

@@ -140,3 +140,21 @@ def plot_real_kernels(ds: xr.Dataset):
             ax.set_title(f"{fmt}, {'causal' if c else 'no mask'}")
     axes[0][-1].legend(fontsize="x-small", loc="best")
     return fig
+
+
+def plot_fp32_stages(ds: xr.Dataset):
+    """The fp32 reference's relative error against N with one stage in fp64 (or a reduction split),
+    median over seeds: the variant whose line is flat names the step that makes the error grow."""
+    from ..plots import loglog_axes, subplots
+
+    da = ds["fp32_stage_rel_l2_err"].median("fp32_stage_seed")
+    fig, axes = subplots(1, 1, figsize=(6.4, 4.0))
+    ax = axes[0][0]
+    n = da["fp32_stage_seq_len"].values
+    for variant in da["fp32_stage_variant"].values:
+        style = "-" if variant.startswith("fp64_") else "--" if variant.endswith("_split") else ":"
+        ax.plot(n, da.sel(fp32_stage_variant=variant).values, style, marker="o", ms=3, label=str(variant))
+    loglog_axes(ax, ylabel="rel. L2 error vs fp64")
+    ax.set_title(f"fp32 reference, one stage in fp64 ({ds.attrs.get('device', '')[:40]})", fontsize="small")
+    ax.legend(fontsize="x-small", ncol=2)
+    return fig
