@@ -224,6 +224,10 @@ def test_gpu_readback_helpers_on_the_cpu_run(smoke, tmp_path, monkeypatch):
     beside = study.emulator_beside_real(ds)
     assert set(beside.index.get_level_values("input")) == set(ds["family"].values) & set(ds["real_input"].values)
     assert beside.loc[("bf16", "normal")].iloc[0][0].isdigit()  # the emulator's error on N(0, 1) inputs, a number
+    lines = study.real_findings_by_input(ds)
+    padding = [line for line in lines if line.startswith("nan_in_masked_key | bool, bf16:")]
+    assert len(padding) == 1 and "sdpa:flash: NaN 100%" in padding[0] and "sdpa:math: NaN 100%" in padding[0]
+    assert not any(line.startswith("normal, ") for line in lines)  # N(0, 1) inputs: every kernel as golden
     # the committed-run loader: nothing there -> None; a CPU run there -> None (not a GPU run)
     monkeypatch.setenv("ATTNUM_ROOT", str(tmp_path))
     assert study.load_gpu_run() is None

@@ -1046,7 +1046,7 @@ def emulator_beside_real(ds: xr.Dataset, policy_family: str = "fa2") -> pd.DataF
                 issues.append("masked keys weigh")
             rel = float(cell["finite_rel_l2_err"].median("seed"))
             row = {"dtype": str(fmt), "input": str(fam),
-                   f"emulator {policy_family}_{fmt} (N={int(n)})": "; ".join(issues) or (
+                   f"emulator {policy_family}_<dtype> (N={int(n)})": "; ".join(issues) or (
                        f"{rel:.1e}" if math.isfinite(rel) else "NaN as golden")}
             masks = [m for m in ("none", "-inf") if m in ds["real_mask"].values]
             for kernel in ds["real_kernel"].values:
@@ -1058,6 +1058,34 @@ def emulator_beside_real(ds: xr.Dataset, policy_family: str = "fa2") -> pd.DataF
                 row[str(kernel)] = texts[0] if texts else "-"
             rows.append(row)
     return pd.DataFrame(rows).set_index(["dtype", "input"])
+
+
+def real_findings_by_input(ds: xr.Dataset) -> list[str]:
+    """One sentence per (dtype, input, mask delivery) where some real kernel departs from the golden
+    value's finite-ness, zero rows or masking, or gives no output: what each kernel did (``_real_label``),
+    kernels that agree with the golden value grouped as "as golden", and the emulator's outcome on the
+    same family when the family sweep has it (``emulator_beside_real``)."""
+    beside = emulator_beside_real(ds) if "family" in ds else None
+    out = []
+    for fmt in ds["real_dtype"].values:
+        for inp in ds["real_input"].values:
+            for mask in ds["real_mask"].values:
+                labels = {}
+                for kernel in ds["real_kernel"].values:
+                    code, text = _real_label(ds.sel(real_kernel=kernel, real_dtype=fmt, real_input=inp, real_mask=mask))
+                    if not (isinstance(code, float) and math.isnan(code)):
+                        labels[str(kernel)] = (code, text)
+                if not labels or all(code == 0 for code, _ in labels.values()):
+                    continue
+                bad = [f"{k}: {t}" for k, (c, t) in labels.items() if c != 0]
+                good = [k for k, (c, _) in labels.items() if c == 0]
+                text = f"{inp}{'' if mask == 'none' else ' | ' + str(mask)}, {fmt}: " + "; ".join(bad)
+                if good:
+                    text += f"; as golden: {', '.join(good)}"
+                if beside is not None and mask in ("none", "-inf") and (str(fmt), str(inp)) in beside.index:
+                    text += f"; emulator (family sweep): {beside.loc[(str(fmt), str(inp))].iloc[0]}"
+                out.append(text + ".")
+    return out
 
 
 # -- figures --------------------------------------------------------------------------------------
