@@ -191,6 +191,9 @@ def test_pair_same_kernel_on_cpu_is_bitwise_repeatable_and_fp32_pair_drifts(tmp_
     assert set(by_kind["kind"].values) == {"embedding", "attention", "mlp", "norm", "head"}
     assert float(by_kind["wasserstein"].isel(snapshot=-1).max()) > 0
     assert np.isfinite(aggregate(bound, "layer")["wasserstein_rel"].values).all()
+    assert main(["gather", str(tmp_path), "--out", str(tmp_path / "gathered.nc")]) == 0
+    with __import__("xarray").open_dataset(tmp_path / "gathered.nc") as back:
+        assert back.sizes["run"] == 2 and np.allclose(back["pair_w1"].values, ds["pair_w1"].values, equal_nan=True)
     table = record.summary(ds)
     assert set(table.dims) == {"run", "member"}
     assert int(table["tokens_done"].sel(run="lm_same_s0_d0")) == 20 * 8 * 32

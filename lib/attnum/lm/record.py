@@ -226,6 +226,8 @@ def gather(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
         runs = [ds.drop_dims(["tensor", "sketch"], errors="ignore") for ds in runs]
     out = xr.concat(runs, dim="run", join="outer", coords="different", compat="equals",
                     data_vars="all", fill_value=np.nan)
+    for var in out.variables.values():
+        var.encoding = {}  # the records' integer encodings do not hold the outer join's NaN padding
     out.attrs["gathered_from"] = json.dumps([str(p) for p in paths])
     return out
 
