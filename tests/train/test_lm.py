@@ -218,11 +218,13 @@ def test_low_precision_training_pairs_with_fp32_training(tmp_path):
 
 
 def test_budget_stops_cleanly_with_a_final_record(tmp_path):
-    path = train(_tiny(steps=100000, budget_s=1.0, log_every=5, eval_every=5, snapshot_every=5),
-                 tmp_path, t_start=__import__("time").monotonic() - 0.5, progress=lambda s: None)
+    # the stop keeps >= 5 s for the final evaluation and record: a 9 s budget leaves a few seconds of steps
+    path = train(_tiny(steps=100000, budget_s=9.0, log_every=7, eval_every=7, snapshot_every=7),
+                 tmp_path, progress=lambda s: None)
     ds = record.open_record(path)
     assert ds.attrs["stop_reason"] == "budget"
-    assert int(ds["steps_done"]) < 100000 and np.isfinite(ds["val_loss"].values[0, -1])
+    assert 0 < int(ds["steps_done"]) < 100000 and np.isfinite(ds["val_loss"].values[0, -1])
+    assert int(ds["step"].values[-1]) == int(ds["steps_done"])
     assert int(ds["snapshot"].values[-1]) == int(ds["step"].values[-1])
 
 
