@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnum.lm import bench, corpus, diag, record
+from attnum.lm import corpus, diag, record
 from attnum.lm.__main__ import main
 from attnum.lm.gpt import LM, AttentionChoice, LMConfig
 from attnum.lm.train import TrainConfig, learning_rate, train

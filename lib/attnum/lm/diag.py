@@ -2,7 +2,8 @@
 diagnostic's dQ error, per-layer gradient norms, the time attention takes, and weight sketches.
 
 Per layer, on a fixed diagnostic batch (the first ``diag_batch`` validation windows, the same at
-every log step; one forward and backward of the model, no optimiser step), from the q, k, v the layer's kernel read and the dO it was given (``CausalSelfAttention.capture``):
+every log step; one forward and backward of the model, no optimiser step), from the q, k, v the
+layer's kernel read and the dO it was given (``CausalSelfAttention.capture``):
 
     key_mean_norm   ||mean_j k_j||, the common key offset (seed 004's mu), mean over sequences and heads
     key_norm        mean_j ||k_j||; key_mean_ratio = key_mean_norm / key_norm (1: all keys alike)

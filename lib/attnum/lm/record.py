@@ -269,7 +269,8 @@ def sketch_drift(ds: xr.Dataset, a: tuple, b: tuple) -> xr.Dataset:
     nan = xr.full_like(w1, np.nan)
     ref = ds["weight_l2"].sel(run=a[0], member=a[1], snapshot=common)
     out = _drift_layout(ds, {"wasserstein": w1, "max_abs": nan, "rel_l2": nan, "ref_l2_norm": ref})
-    out["wasserstein"].attrs["long_name"] = "lower bound of the per-tensor Wasserstein-1 distance from the weight sketches"
+    out["wasserstein"].attrs["long_name"] = ("lower bound of the per-tensor Wasserstein-1 distance "
+                                             "from the weight sketches")
     return out
 
 

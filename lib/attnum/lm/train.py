@@ -25,13 +25,10 @@ instability runs use ``constant`` by default.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
-import os
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from . import diag
