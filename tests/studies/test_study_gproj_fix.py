@@ -59,6 +59,8 @@ def test_smoke_run_writes_one_entry_per_fix(smoke_run):
     assert (ds["timing_fwd_bwd_ms"].sel(timing_kernel="sdpa:math") > 0).all()
     assert ds["grid_exact_dq_change"].isel(mu_norm=0).max() == 0  # |mu| = 0 is its own reference
     assert "wall clock" in ds.attrs["timing_clock"] and ds.attrs["real_timing_heads"] == 4
+    assert ds["step_status"].sel(step_kernel="sdpa:math", step_dtype="fp32").item() == "ok"
+    assert ds["step_status"].sel(step_kernel="triton:fa2", step_dtype="bf16").item().startswith("unavailable")
 
 
 def test_fix_grid_on_a_tiny_grid():
@@ -308,6 +310,11 @@ def test_gpu_real_kernels_on_the_grid_and_timed():
     assert (t["timing_status"].sel(timing_dtype="bf16") == "ok").all()
     assert (t["timing_fwd_bwd_ms"].sel(timing_dtype="bf16") > 0).all()
     assert t["timing_status"].sel(timing_kernel="triton:fa2", timing_dtype="fp32").item() == "ok"
+    steps = study.step_timings(["triton:fa2", "triton:fa2:gproj_dq"], ["triton:fa2"], n_layer=1, d_model=256,
+                               n_head=2, context=512, batch_size=2, warmup=1, repeats=3, device="cuda",
+                               progress=False)
+    assert (steps["step_status"].sel(step_dtype="bf16") == "ok").all()
+    assert steps["step_status"].sel(step_kernel="triton:fa2", step_dtype="fp32").item() == "ok"
 
 
 def test_failures_are_recorded_by_kind():
@@ -320,3 +327,56 @@ def test_failures_are_recorded_by_kind():
         pass
 
     assert study._failure(OutOfResources("shared memory\nmore")) == "error: OutOfResources: shared memory"
+
+
+def test_step_timings_on_a_cpu_and_fp32_attention_under_autocast():
+    import torch
+
+    ds = study.step_timings(["sdpa:math", "triton:fa2"], ["sdpa:math"], n_layer=1, d_model=16, n_head=2,
+                            context=16, batch_size=2, warmup=1, repeats=2, progress=False)
+    assert ds["step_kernel"].values.tolist() == [study.STEP_NO_ATTENTION, "sdpa:math", "triton:fa2"]
+    status = ds["step_status"]
+    assert status.sel(step_kernel=study.STEP_NO_ATTENTION, step_dtype="bf16").item() == "ok"
+    assert status.sel(step_kernel="sdpa:math", step_dtype="fp32").item() == "ok"
+    assert status.sel(step_kernel="triton:fa2", step_dtype="bf16").item().startswith("unavailable")
+    assert status.sel(step_kernel="triton:fa2", step_dtype="fp32").item() == "not requested"
+    assert (ds["step_ms"].where(status == "ok") > 0).sum() == 3
+    table = study.step_cost_table(ds)
+    assert table.loc[(study.STEP_NO_ATTENTION, "bf16"), "attention share of the step"] == 0.0
+    assert not study.has_step_timings(ds)  # a CPU run: no GPU step times to compare with seed 004's
+    seen = []
+
+    class Spy(kernels.Kernel):
+        name = "spy"
+
+        def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+            seen.append(q.dtype)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+    q = torch.randn(1, 2, 8, 4, dtype=torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # FP32 attention stays fp32 inside an autocast model
+        out = study.FormatAttention(Spy(), "fp32")(q, q, q, is_causal=True)
+    assert seen == [torch.float32] and out.dtype == torch.bfloat16
+    assert study.FormatAttention(None)(q, q, q) is q  # no attention: the rest of the step
+
+
+def test_seed004_step_claims_from_step_times():
+    ds = _claims_dataset()
+    names = [study.STEP_NO_ATTENTION, "triton:fa2", "triton:fa2:gproj_dq"]
+    ms = np.array([[60.0, np.nan], [100.0, 300.0], [104.0, np.nan]])
+    status = np.where(np.isfinite(ms), "ok", "not requested")
+    step = xr.Dataset({"step_ms": (("step_kernel", "step_dtype"), ms),
+                       "step_status": (("step_kernel", "step_dtype"), status)},
+                      coords={"step_kernel": names, "step_dtype": ["bf16", "fp32"]})
+    ds = xr.merge([ds, step])
+    ds.attrs.update(timing_gpu="NVIDIA H200", real_timing_seq_len=4096, real_timing_heads=64, step_n_layer=4,
+                    step_d_model=1024, step_n_head=8, step_context=4096, step_batch_size=4)
+    assert study.has_step_timings(ds)
+    claims = study.seed004_claims(ds)
+    gproj = claims.loc["GProj costs +4.7% of a training step (a step of our model)"]
+    assert gproj["ours"] == "+4.0% of a step (GProj dq)" and gproj["reproduced?"].startswith("yes")
+    assert "attention 40% of the step" in gproj["basis"]
+    fp32 = claims.loc["FP32 attention costs +33.4% of a training step (a step of our model)"]
+    assert fp32["ours"].startswith("+200.0%") and fp32["reproduced?"].startswith("no: 6x theirs")
+    table = study.step_cost_table(ds)
+    assert table.loc[("triton:fa2:gproj_dq", "bf16"), "extra over triton:fa2"] == pytest.approx(0.04)

@@ -115,6 +115,9 @@ TIMING_ATTRS = {
                                          f"peaks (attnum.cost.triton_fa2_seconds; analytic, not measured)")
        for p, label in (("fwd", "forward"), ("bwd", "backward"), ("fwd_bwd", "forward + backward"))},
     "timing_status": ("1", "ok, not requested, or why the kernel gave no time"),
+    "step_ms": ("ms", "measured time of one training step of the small GPT (forward, backward, AdamW) with this "
+                      "attention in every layer, the rest under bf16 autocast (median of repeats after warm-up)"),
+    "step_status": ("1", "ok, not requested, or why the step gave no time"),
 }
 
 VARIABLES = {**record_variables(), **ATTRS, **{f"grid_{k}": v for k, v in GRID_ATTRS.items()},
@@ -123,6 +126,8 @@ VARIABLES = {**record_variables(), **ATTRS, **{f"grid_{k}": v for k, v in GRID_A
              "timing_dtype": ("1", "format of q, k, v, dO fed to the timed kernel"),
              "timing_head_dim": ("1", "head dimension d of the timed shapes"),
              "timing_causal": ("1", "1: causal mask, 0: none"),
+             "step_kernel": ("1", "attention of every layer in the timed training step (registry name)"),
+             "step_dtype": ("1", "format the attention kernel is fed in the timed training step"),
              **{f"{prefix}{name}": entry for prefix in ("grid_", "regime_") for name, entry in ATTRS.items()},
              "sharpness": ("1", "factor multiplying q (attention sharpness)"),
              "mu_norm": ("1", "norm of the vector mu added to every key")}
@@ -561,6 +566,121 @@ def real_timings(kernel_names, *, seq_len: int, tokens: int, head_dims, causal=(
     return ds
 
 
+# -- a training step's cost with each attention ---------------------------------------------------
+
+STEP_NO_ATTENTION = "none (output = v)"
+"""The step-timing row whose attention is skipped (its output is v): the rest of the step."""
+
+
+class FormatAttention(kernels.Kernel):
+    """A model's attention: ``kernel`` fed q, k, v in ``fmt`` ("bf16" or "fp32": FP32 attention),
+    its output handed back in the model's dtype; our Triton kernel gets ``fp32_input_config``'s tiles
+    for fp32. ``kernel=None``: no attention at all (the output is v), to time the rest of a step."""
+
+    gives_lse = False
+
+    def __init__(self, kernel, fmt: str = "bf16"):
+        self.inner, self.fmt = kernel, fmt
+        self.name = f"{kernel.name if kernel is not None else 'none'}@{fmt}"
+
+    def unavailable_reason(self, device="cpu"):
+        return None if self.inner is None else self.inner.unavailable_reason(device)
+
+    def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        if self.inner is None:
+            return v
+        dtype = torch.bfloat16 if self.fmt == "bf16" else torch.float32
+        fn = _attention_fn(self.inner, self.fmt, q.shape[-1])
+        with torch.autocast(q.device.type, enabled=False):  # autocast would cast SDPA's fp32 inputs to bf16
+            return fn(q.to(dtype), k.to(dtype), v.to(dtype), causal).to(q.dtype)
+
+    def forward(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        with torch.no_grad():
+            return self.differentiable(q, k, v, causal=causal), None
+
+
+def step_timings(kernel_names, fp32_kernels=(), *, n_layer: int, d_model: int, n_head: int, context: int,
+                 batch_size: int, warmup: int = 2, repeats: int = 10, vocab_size: int = 256, device="cpu",
+                 progress: bool = True) -> xr.Dataset:
+    """Measured time of one training step (forward, backward, AdamW update) of the small GPT with
+    every layer's attention one kernel, everything else under bf16 autocast: each name of
+    ``kernel_names`` fed bf16, each of ``fp32_kernels`` fed fp32 (FP32 attention), and a step
+    without attention (output = v: what the rest of the step costs). Same weights and batch for
+    every kernel; after ``warmup`` steps, median of ``repeats`` (CUDA events on a GPU).
+    ``step_status``: "ok", "not requested", or why the kernel gave no time."""
+    from ..model import GPT, GPTConfig
+
+    cuda = str(device).startswith("cuda")
+    names = [STEP_NO_ATTENTION] + list(kernel_names) + [k for k in fp32_kernels if k not in kernel_names]
+    ms = np.full((len(names), len(TIMING_DTYPES)), np.nan)
+    status = np.full(ms.shape, "not requested", dtype=object)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    idx = torch.randint(0, vocab_size, (batch_size, context + 1), generator=gen).to(device)
+    x, y = idx[:, :-1], idx[:, 1:]
+    work = [(r, name, t, dtype) for r, name in enumerate(names) for t, dtype in enumerate(TIMING_DTYPES)
+            if (dtype == "bf16" and (name == STEP_NO_ATTENTION or name in kernel_names))
+            or (dtype == "fp32" and name in fp32_kernels)]
+    for r, name, t, dtype in tqdm(work, desc="training-step timings", disable=not progress):
+        inner = None if name == STEP_NO_ATTENTION else kernels.get(name)
+        attention = FormatAttention(inner, dtype)
+        reason = attention.unavailable_reason(device)
+        if reason:
+            status[r, t] = f"unavailable: {reason}"
+            continue
+        try:
+            cfg = GPTConfig(vocab_size=vocab_size, context=context, n_layer=n_layer, n_head=n_head, d_model=d_model,
+                            attention=(attention,))
+            model = GPT(cfg, seed=0).to(device)
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+            def step():
+                with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+                    _, loss = model(x, y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+
+            ms[r, t] = _timed_ms(step, warmup, repeats, cuda)
+            status[r, t] = "ok"
+        except Exception as exc:  # noqa: BLE001 -- recorded as data, never fatal
+            status[r, t] = _failure(exc)
+        finally:
+            model = opt = None
+            if cuda:
+                torch.cuda.empty_cache()
+    ds = xr.Dataset({"step_ms": (("step_kernel", "step_dtype"), ms),
+                     "step_status": (("step_kernel", "step_dtype"), status.astype(str))},
+                    coords={"step_kernel": names, "step_dtype": list(TIMING_DTYPES)})
+    ds.attrs.update(step_n_layer=n_layer, step_d_model=d_model, step_n_head=n_head, step_context=context,
+                    step_batch_size=batch_size, step_warmup=warmup, step_repeats=repeats)
+    return ds
+
+
+def step_cost_table(ds: xr.Dataset):
+    """One row per step timing that ran: the step time, its extra over the step with our Triton
+    kernel without GProj in bf16 (else ``sdpa:flash``), and attention's share of that base step
+    (1 - the no-attention step / the base step)."""
+    import pandas as pd
+
+    ok = ds["step_status"] == "ok"
+    base_name = next((k for k in ("triton:fa2", "sdpa:flash") if k in ds["step_kernel"].values
+                      and bool(ok.sel(step_kernel=k, step_dtype="bf16"))), None)
+    base = float(ds["step_ms"].sel(step_kernel=base_name, step_dtype="bf16")) if base_name else math.nan
+    rest = float(ds["step_ms"].sel(step_kernel=STEP_NO_ATTENTION, step_dtype="bf16"))
+    rows = []
+    for name in ds["step_kernel"].values:
+        for dtype in ds["step_dtype"].values:
+            status = str(ds["step_status"].sel(step_kernel=name, step_dtype=dtype).item())
+            if status == "not requested":
+                continue
+            t = float(ds["step_ms"].sel(step_kernel=name, step_dtype=dtype))
+            rows.append({"attention": str(name), "dtype": str(dtype), "step ms": t,
+                         f"extra over {base_name or 'base'}": t / base - 1,
+                         "attention share of the step": (t - rest) / t if name != STEP_NO_ATTENTION else 0.0,
+                         "status": status[:120]})
+    return pd.DataFrame(rows).set_index(["attention", "dtype"]) if rows else pd.DataFrame()
+
+
 def fix_training(task, model_cfg, train_cfg, *, baseline: AttentionImpl, fixes, block: int,
                  stable_beta: float = 2.0, device="cpu", progress: bool = True) -> xr.Dataset:
     """Train the small GPT from one initialisation and data order with ``baseline`` attention (run
@@ -716,6 +836,15 @@ def has_timings(ds: xr.Dataset) -> bool:
     return ("timing_status" in ds and "triton:fa2" in ds["timing_kernel"].values
             and bool((ds["timing_status"].sel(timing_kernel="triton:fa2", timing_dtype="bf16") == "ok").any())
             and ds.attrs.get("timing_gpu", "none") != "none")
+
+
+def has_step_timings(ds: xr.Dataset) -> bool:
+    """True when the dataset holds training-step times on a GPU with our Triton kernel and without attention."""
+    if "step_status" not in ds or ds.attrs.get("timing_gpu", "none") == "none":
+        return False
+    names = ds["step_kernel"].values
+    return ("triton:fa2" in names and str(ds["step_status"].sel(step_kernel="triton:fa2", step_dtype="bf16").item()) == "ok"
+            and str(ds["step_status"].sel(step_kernel=STEP_NO_ATTENTION, step_dtype="bf16").item()) == "ok")
 
 
 def real_kernel_table(ds: xr.Dataset):
@@ -900,6 +1029,35 @@ def seed004_claims(ds: xr.Dataset, timing_head_dim: int | None = None, timing_ca
                               ("FP32 attention costs +33.4% of a training step", "+33.4% (step)")):
             rows.append({"claim": claim, "seed 004 (theirs)": theirs, "ours": "not measured here",
                          "reproduced?": "not measured (GPU timings: the gpu tier)", "basis": ""})
+    # 2b, 3b. costs: a whole training step of our small GPT
+    if has_step_timings(ds):
+        step = ds["step_ms"]
+        base = float(step.sel(step_kernel="triton:fa2", step_dtype="bf16"))
+        rest = float(step.sel(step_kernel=STEP_NO_ATTENTION, step_dtype="bf16"))
+        share = (base - rest) / base
+        model = (f"{ds.attrs['step_n_layer']} layers, width {ds.attrs['step_d_model']}, {ds.attrs['step_n_head']} heads, "
+                 f"context {ds.attrs['step_context']}, batch {ds.attrs['step_batch_size']}, bf16 autocast; attention "
+                 f"{share:.0%} of the step with our kernel; {ds.attrs.get('timing_gpu', '')}")
+        for claim, theirs, key, label in (
+                ("GProj costs +4.7% of a training step (a step of our model)", SEED004_GPROJ_STEP_COST,
+                 ("triton:fa2:gproj_dq", "bf16"), "GProj dq"),
+                ("FP32 attention costs +33.4% of a training step (a step of our model)", SEED004_FP32_STEP_COST,
+                 ("triton:fa2", "fp32"), "our kernel fed fp32")):
+            name, dtype = key
+            ok = name in step["step_kernel"].values and str(ds["step_status"].sel(step_kernel=name,
+                                                                                  step_dtype=dtype).item()) == "ok"
+            if not ok:
+                rows.append({"claim": claim, "seed 004 (theirs)": f"+{theirs:.1%} (step)", "ours": "not measured",
+                             "reproduced?": "not measured (see step_status)", "basis": model})
+                continue
+            extra = float(step.sel(step_kernel=name, step_dtype=dtype)) / base - 1
+            same = extra > 0 and abs(math.log(extra / theirs)) <= math.log(2)
+            rows.append({"claim": claim, "seed 004 (theirs)": f"+{theirs:.1%} (step)",
+                         "ours": f"{extra:+.1%} of a step ({label})",
+                         "reproduced?": ("yes: within 2x of theirs" if same else
+                                         f"no: {extra / theirs:.2g}x theirs") + " (the share of attention in a step "
+                                        "depends on the model)",
+                         "basis": model})
     # 4-6. training
     if "train_loss" in ds:
         final = ds["train_loss"].isel(step=slice(-10, None)).mean("step")
