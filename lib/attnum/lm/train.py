@@ -297,11 +297,12 @@ def train(cfg: TrainConfig, out_dir, *, t_start: float | None = None, progress=p
     # -- step 0: the initial model --
     nan_norms = ([math.nan] * cfg.n_layer, [math.nan] * cfg.n_layer, math.nan)
     state.grad_norms.append({m.label: nan_norms for m in members})
+    t_final = time.monotonic()
     log_row(0, math.nan, 0, True)
     snapshot(0)
-    t_write = time.monotonic()
     record.write(state, out_path)
-    final_cost = 2 * (time.monotonic() - t_write) + 5.0  # final evaluation and record, with a margin
+    # what the end costs (a last row with diagnostics and evaluation, a snapshot, the record), with a margin
+    final_cost = 1.5 * (time.monotonic() - t_final) + 5.0
 
     timer = diag.Timer(device)
     interval_start, interval_steps, step_s, done = timer.mark(), 0, math.nan, 0
@@ -355,9 +356,7 @@ def train(cfg: TrainConfig, out_dir, *, t_start: float | None = None, progress=p
                  f"elapsed {time.monotonic() - t_start:.0f} s")
         interval_start, interval_steps = timer.mark(), 0
         if do_eval:
-            t_write = time.monotonic()
             record.write(state, out_path)
-            final_cost = max(final_cost, 2 * (time.monotonic() - t_write) + 5.0)
         if all(m.nonfinite_step >= 0 for m in members):
             stop_reason = "nonfinite"
             break
