@@ -67,6 +67,7 @@ since the copy there has no git history)::
     set -o pipefail; export PYTHONUNBUFFERED=1 PYTHONPATH=lib ATTNUM_GIT_COMMIT=<sha> ATTNUM_GIT_DIRTY=false
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
+    python3 -m attnum.lm corpus | tee $OUT/lm_corpus.json                              # that Python's corpus
     python3 -m pytest -q -p no:cacheprovider -m gpu tests/train/test_lm.py 2>&1 | tee $OUT/lm_gpu_tests.log
     python3 -m attnum.lm bench --out $OUT/lm_step_cost.json 2>&1 | tee $OUT/lm_bench.log  # issue 15
     python3 -m attnum.lm train --plan pilot --out $OUT 2>&1 | tee $OUT/lm_pilot.log      # one run
