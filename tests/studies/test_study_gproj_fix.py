@@ -380,3 +380,44 @@ def test_seed004_step_claims_from_step_times():
     assert fp32["ours"].startswith("+200.0%") and fp32["reproduced?"].startswith("no: 6x theirs")
     table = study.step_cost_table(ds)
     assert table.loc[("triton:fa2:gproj_dq", "bf16"), "extra over triton:fa2"] == pytest.approx(0.04)
+
+
+def test_triton_code_paths_in_the_cpu_interpreter():
+    """The study's Triton paths (real kernels on the grid, timings with fp32 inputs and their tiles, a
+    training step) run in Triton's CPU interpreter at tiny size; fp32 output checked against SDPA's math
+    backend. bf16 numbers are not checked: the interpreter's bf16 tl.dot is wrong on this CPU (see
+    tests/kernels/test_triton_fa2.py), so only that those paths run is tested here."""
+    import os
+    import subprocess
+    import sys
+
+    from attnum.kernels import triton_fa2
+
+    if triton_fa2.triton is None:
+        pytest.skip("triton is not importable")
+    code = """
+import torch
+from attnum import kernels
+from attnum.studies import gproj_fix as st
+t = st.real_timings(["triton:fa2", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd"], seq_len=32, tokens=32,
+                    head_dims=[16], causal=[False, True], fp32_kernels=["triton:fa2"], warmup=0, repeats=1,
+                    progress=False)
+ok = t["timing_status"] == "ok"
+assert int(ok.sum()) == 8 and bool(ok.sel(timing_kernel="triton:fa2", timing_dtype="fp32").all()), t["timing_status"].values
+s = st.step_timings(["triton:fa2:gproj_dq"], ["triton:fa2"], n_layer=1, d_model=32, n_head=2, context=16,
+                    batch_size=1, warmup=0, repeats=1, progress=False)
+assert int((s["step_status"] == "ok").sum()) == 3, s["step_status"].values
+g = st.fix_grid([1.0], [0.0], [32], [16], [0], fixes=["none"], block_q=16, block_k=16, golden_chunk=32,
+                real_kernels=["triton:fa2", "triton:fa2:gproj_dq"], progress=False)
+assert (g["real_status"] == "ok").all(), g["real_status"].values
+gen = torch.Generator().manual_seed(0)
+q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+out = st.FormatAttention(kernels.get("triton:fa2"), "fp32")(q, k, v, is_causal=True)
+ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+assert (out - ref).abs().max().item() < 1e-5, (out - ref).abs().max().item()
+print("ok")
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-3000:]
