@@ -22,10 +22,33 @@ import torch
 from ..precision import PrecisionPolicy, get_policy
 from .common import causal_mask, check_qkv, check_scale
 
+# Query rows per chunk when the caller names none. On the CPU the fp64 golden value is fastest with
+# chunks whose score rows stay near the caches (128 rows: 1-8 MiB of fp64 scores at N = 1024-8192), and
+# gives the same bits for every chunking (tests/io/test_chunks.py); elsewhere the old default is kept
+# (a GPU's matmuls may round differently for different shapes).
+GOLDEN_CHUNK = 1024
+GOLDEN_CHUNK_CPU = 128
+# Query rows per chunk a caller may pass to ``reference_attention`` on the CPU: same bits as all rows
+# at once (tests/io/test_chunks.py) and the fastest measured; its default stays all rows at once.
+REFERENCE_CHUNK_CPU = 256
+
+
+def default_golden_chunk(device) -> int:
+    """``GOLDEN_CHUNK_CPU`` on the CPU, ``GOLDEN_CHUNK`` on any other device."""
+    return GOLDEN_CHUNK_CPU if torch.device(device).type == "cpu" else GOLDEN_CHUNK
+
+
+def _chunk_or_default(chunk, device) -> int:
+    if chunk is None:
+        return default_golden_chunk(device)
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    return chunk
+
 
 def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scale: float | None = None,
                         causal: bool = False, attn_bias: torch.Tensor | None = None,
-                        return_lse: bool = False, query_chunk: int | None = None):
+                        return_lse: bool = False, query_chunk: int | None = None, _rows=None):
     """Unblocked attention under a precision policy.
 
     ``attn_bias`` is an additive mask broadcastable to (batch, heads, n_q, n_k);
@@ -35,23 +58,23 @@ def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scal
     ``query_chunk`` processes that many query rows at a time. Every row still
     sees all keys at once (no online rescaling), so the arithmetic per row is the
     unblocked algorithm's; only peak memory drops from O(N^2) to O(N * chunk).
+    On the CPU the outputs are bit for bit those of all rows at once for chunks of
+    many rows (``REFERENCE_CHUNK_CPU``; tests/io/test_chunks.py), non-finite inputs
+    and masks included: each chunk masks its causal entries as the whole matrix does.
     """
     check_qkv(q, k, v)
     scale = check_scale(scale, q.shape[-1])
     if query_chunk:
-        n_q, n_k = q.shape[-2], k.shape[-2]
+        n_q = q.shape[-2]
         outs, lses = [], []
         for start in range(0, n_q, query_chunk):
             rows = slice(start, min(start + query_chunk, n_q))
             bias = attn_bias
-            if causal:  # express the causal mask of these rows as an additive bias
-                causal_bias = torch.zeros(rows.stop - rows.start, n_k, dtype=torch.float64, device=q.device)
-                causal_bias.masked_fill_(~causal_mask(n_q, n_k, q.device, rows=(rows.start, rows.stop)), -math.inf)
-                bias = causal_bias if bias is None else bias[..., rows, :] + causal_bias
-            elif bias is not None and bias.shape[-2] != 1:
+            if bias is not None and bias.shape[-2] != 1:
                 bias = bias[..., rows, :]
+            # rows (start, stop) of n_q: the causal mask of these rows, applied as on the whole matrix
             o, lse = reference_attention(q[..., rows, :], k, v, policy, scale=scale, attn_bias=bias,
-                                         return_lse=True)
+                                         return_lse=True, _rows=(rows.start, rows.stop, n_q) if causal else None)
             outs.append(o)
             lses.append(lse)
         out, lse = torch.cat(outs, dim=-2), torch.cat(lses, dim=-1)
@@ -65,7 +88,9 @@ def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scal
     s = pol.round(s * scale, "score")
     if attn_bias is not None:
         s = pol.round(s + attn_bias.to(carrier), "score")
-    if causal:
+    if _rows is not None:  # a chunk of a causal call: its rows of the whole causal mask
+        s = s.masked_fill(~causal_mask(_rows[2], k.shape[-2], q.device, rows=_rows[:2]), -math.inf)
+    elif causal:
         s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
 
     # -- softmax with the row max subtracted (statistics in the stats format) --
@@ -85,17 +110,16 @@ def reference_attention(q, k, v, policy: str | PrecisionPolicy = "fp32", *, scal
 
 @torch.no_grad()
 def golden_attention(q, k, v, *, scale: float | None = None, causal: bool = False,
-                     attn_bias: torch.Tensor | None = None, chunk: int = 1024,
+                     attn_bias: torch.Tensor | None = None, chunk: int | None = None,
                      return_lse: bool = False):
     """fp64 attention computed ``chunk`` query rows at a time (memory O(N * chunk)).
 
     Inputs are used exactly as given (upcast to fp64): pass the inputs the
     kernel under test actually read, so input rounding is not counted as
-    kernel error.
+    kernel error. ``chunk=None``: ``default_golden_chunk(q.device)``.
     """
     check_qkv(q, k, v)
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    chunk = _chunk_or_default(chunk, q.device)
     scale = check_scale(scale, q.shape[-1])
     q, k, v = (t.to(torch.float64) for t in (q, k, v))
     out = torch.empty(q.shape[:-1] + (v.shape[-1],), dtype=torch.float64, device=q.device)
@@ -126,15 +150,16 @@ def _golden_chunks(q, k, scale: float, causal: bool, attn_bias, chunk: int):
 
 @torch.no_grad()
 def golden_attention_backward(q, k, v, grad_out, *, scale: float | None = None, causal: bool = False,
-                              attn_bias: torch.Tensor | None = None, chunk: int = 1024):
+                              attn_bias: torch.Tensor | None = None, chunk: int = GOLDEN_CHUNK):
     """Exact attention gradients ``(dq, dk, dv)`` in fp64, ``chunk`` query rows at a time.
 
     Inputs and ``grad_out`` are used exactly as given (upcast to fp64): pass what the
     kernel under test read. D uses the exact output, so dS rows sum to 0 up to fp64 rounding.
+    dK and dV are sums over the query chunks, so their last bits depend on ``chunk`` (dQ's do
+    not); the default stays ``GOLDEN_CHUNK`` on every device.
     """
     check_qkv(q, k, v)
-    if chunk < 1:
-        raise ValueError(f"chunk must be >= 1, got {chunk}")
+    chunk = _chunk_or_default(chunk, q.device)
     scale = check_scale(scale, q.shape[-1])
     q, k, v, do = (t.to(torch.float64) for t in (q, k, v, grad_out))
     dq = torch.zeros_like(q)
