@@ -33,6 +33,11 @@ What each fix adds is what ``attnum.backward`` / ``attnum.fixes`` emulate:
 special-function and ALU work not overlapped, memory time ignored): arithmetic on published
 peaks, not a measurement. Memory traffic counts every global-memory access, including the dQ
 atomics that a GPU's L2 cache mostly absorbs, so it overstates DRAM traffic.
+
+``triton_fa2_cost`` / ``triton_fa2_seconds`` count our own Triton kernel (``attnum.kernels.triton_fa2``)
+from its code instead: a two-kernel backward without atomics (7 GEMMs per tile where the design above
+has 5), GProj inside the dQ kernel and, for dq_dk, one more GEMM in the dK/dV kernel; study 05 sets
+these beside the kernel's measured times.
 """
 from __future__ import annotations
 
