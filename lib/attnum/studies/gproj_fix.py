@@ -548,7 +548,7 @@ def real_timings(kernel_names, *, seq_len: int, tokens: int, head_dims, causal=(
             for p in TIMING_PASSES:
                 ms[p][at] = np.nan
         finally:
-            del q, k, v, do
+            q = k = v = do = leaves = out = None  # free the case's tensors and graph before the next
             if cuda:
                 torch.cuda.empty_cache()
     dims = ("timing_kernel", "timing_dtype", "timing_head_dim", "timing_causal")
@@ -954,7 +954,7 @@ def _before_after_row(claim: str, err_none: xr.DataArray, err_fix: xr.DataArray,
     far, f_before, f_after = _nearest_before_after(err_none, err_fix)
     if far["mu_norm"] > trusted:
         ours += f"; {f_before:.3g} -> {f_after:.3g} at |mu| {far['mu_norm']:g} (changed problem)"
-        verdict += (f"; beyond them (a changed exact problem): "
+        verdict += ("; beyond them (a changed exact problem): "
                     + _before_after_verdict(f_before, f_after).split(":")[0])
         basis += f"; over all offsets: sharpness {far['sharpness']:g}, |mu| {far['mu_norm']:g}"
     return {"claim": claim, "seed 004 (theirs)": "219% -> 0.34%", "ours": ours, "reproduced?": verdict,
