@@ -84,6 +84,8 @@ class Result:
     pid: int | None = None
     gpu: str | None = None
     threads: int | None = None
+    started: float | None = None  # wall clock (epoch seconds) on the worker
+    finished: float | None = None
     extra: dict = field(default_factory=dict)
 
     @property
@@ -193,7 +195,7 @@ def execute(task: Task, outputs: str, timeout: int | None = None, threads: int =
     if "torch" in sys.modules:  # only if this process imported it (the in-process path)
         sys.modules["torch"].set_num_threads(threads)
     _announce("start", key, info)
-    out = dict(info, threads=threads, state="failed", folder=None, error=None)
+    out = dict(info, threads=threads, state="failed", folder=None, error=None, started=time.time())
     t0 = time.perf_counter()
     try:
         folder = runner.run(task.study, task.param_set, task.overrides, outputs=outputs,
@@ -206,6 +208,7 @@ def execute(task: Task, outputs: str, timeout: int | None = None, threads: int =
         if failed.exists():
             out["folder"] = str(failed)
     out["seconds"] = time.perf_counter() - t0
+    out["finished"] = time.time()
     return out
 
 
@@ -283,14 +286,23 @@ def dashboard_line(client, local: bool) -> str:
     return f"dashboard: {link}" if link else "no dashboard (the scheduler runs none)"
 
 
+# Seconds a study's default tier takes as a one-thread task on the 2-core CPU this project is developed
+# on (README: "Measured run times"), used only to start the longest runs first when no earlier run of the
+# same folder left its RUN.json (a fresh clone). Only the order matters, not the values.
+TYPICAL_SECONDS = {("length_scaling", "default"): 120, ("gproj_fix", "default"): 110,
+                   ("late_training_gradient_blowup", "default"): 100, ("extreme_inputs", "default"): 70,
+                   ("wasserstein_weight_drift", "default"): 45}
+
+
 def _priorities(tasks: list[Task], base: Path) -> list[float]:
-    """Longest first: the duration of the previous run of the same folder (RUN.json), else 0."""
+    """Longest first: the duration of the previous run of the same folder (RUN.json), else the study's
+    ``TYPICAL_SECONDS`` for a plain default run (no overrides), else 0."""
+    import datetime as dt
+
     out = []
     for t in tasks:
-        seconds = 0.0
+        seconds = 0.0 if t.overrides else float(TYPICAL_SECONDS.get((t.study, t.param_set), 0))
         try:
-            import datetime as dt
-
             rec = json.loads((base / t.study / t.name / "RUN.json").read_text())
             seconds = (dt.datetime.fromisoformat(rec["finished"]) - dt.datetime.fromisoformat(rec["started"])
                        ).total_seconds()
@@ -298,6 +310,12 @@ def _priorities(tasks: list[Task], base: Path) -> list[float]:
             pass
         out.append(seconds)
     return out
+
+
+def submission_order(tasks: list[Task], base: Path) -> list[int]:
+    """Indices of ``tasks``, longest expected first (``_priorities``), plan order among equals."""
+    prio = _priorities(tasks, base)
+    return sorted(range(len(tasks)), key=lambda i: (-prio[i], i))
 
 
 # -- running a batch --
@@ -341,7 +359,8 @@ class _Progress:
 
 
 def _fill(result: Result, out: dict) -> Result:
-    for k in ("state", "seconds", "folder", "error", "worker", "host", "pid", "gpu", "threads"):
+    for k in ("state", "seconds", "folder", "error", "worker", "host", "pid", "gpu", "threads", "started",
+              "finished"):
         if k in out:
             setattr(result, k, out[k])
     return result
@@ -431,12 +450,13 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
         client.subscribe_topic(EVENT_TOPIC, on_event)
         futures = []
         prio = _priorities(tasks, base)
-        for i, task in enumerate(tasks):
+        for rank, i in enumerate(submission_order(tasks, base)):  # submitted longest first, too
+            task = tasks[i]
             key = f"{KEY_PREFIX}-{uuid.uuid4().hex}"
             keys[key] = i
             fut = client.submit(execute, task, str(base), timeout, threads, key, progress, key=key, pure=False,
                                 resources=task.resources or None, retries=0,
-                                priority=int(prio[i]) * 1000 - i)  # longest known first, then plan order
+                                priority=int(prio[i]) * 1000 - rank)  # longest known first, then plan order
             futures.append(fut)
         pending = list(futures)
         try:
@@ -499,7 +519,33 @@ def summary(results: list[Result], wall: float | None = None) -> str:
             lines.append(f"          folder: {r.folder}")
         if r.error:
             lines.append(f"          error: {r.error.splitlines()[0][:500]}")
+    gpu_line = gpu_sharing(results)
+    if gpu_line:
+        lines.append(gpu_line)
     return "\n".join(lines)
+
+
+def gpu_sharing(results: list[Result]) -> str | None:
+    """One line on the runs that asked for a GPU (``device: cuda``): how many ran on which GPU (their worker's
+    ``CUDA_VISIBLE_DEVICES``) of which host, and whether any two overlapped in time on one of them (two
+    runs on one GPU at once). None if no run asked for a GPU."""
+    on_gpu = [r for r in results if r.task.resources and r.started is not None and r.finished is not None]
+    if not on_gpu:
+        return None
+    by_device: dict = {}
+    for r in on_gpu:
+        by_device.setdefault((r.host, r.gpu), []).append(r)
+    shared = []
+    for (host, gpu), runs in sorted(by_device.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))):
+        runs.sort(key=lambda r: r.started)
+        for a, b in zip(runs, runs[1:]):
+            if b.started < a.finished:
+                shared.append(f"{a.task.label} and {b.task.label} on gpu {gpu}@{host}")
+    devices = ", ".join(f"{gpu or 'unpinned'}@{host}: {len(runs)}" for (host, gpu), runs in sorted(
+        by_device.items(), key=lambda kv: (str(kv[0][0]), str(kv[0][1]))))
+    head = f"GPU runs per device ({devices})"
+    return head + (": no two runs overlapped on one GPU" if not shared else
+                   f": {len(shared)} overlap(s): " + "; ".join(shared))
 
 
 def results_json(results: list[Result]) -> list[dict]:

@@ -793,6 +793,20 @@ def _failure(version: Path, final: Path, record: dict, exc: BaseException) -> Pa
     return failed
 
 
+def kernel_pythonpath() -> str:
+    """``PYTHONPATH`` for a notebook kernel: the folder holding this ``attnum`` first (the kernel imports
+    the code that checked the parameters, installed or not), then this process's entries made absolute
+    (the kernel starts in ``notebooks/``, where a relative entry such as ``lib`` would point elsewhere);
+    packages installed through ``PYTHONPATH`` (e.g. ``/tmp/site``) reach the kernel as they reach the runner."""
+    entries = [str(Path(__file__).resolve().parents[1])]
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry:
+            entry = os.path.abspath(entry)
+            if entry not in entries:
+                entries.append(entry)
+    return os.pathsep.join(entries)
+
+
 def run(study: str, param_set: str = "default", overrides: dict | None = None, *,
         outputs: str | os.PathLike | None = None, sweep_dims=(), progress: bool | str = True,
         name: str | None = None, timeout: int | None = None, allow_large: bool = False,
@@ -828,7 +842,7 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
             ncio.write_record(version, record)  # small, first: even a full disk later leaves this
             injected = dict(values, output_dir=str(version), sweep_dims=list(sweep_dims))
             with _sigterm_as_interrupt(), _env(ALLOW_LARGE_ENV, "1" if allow_large else None), \
-                    _env(_progress.ENV, None if progress else "off"):
+                    _env(_progress.ENV, None if progress else "off"), _env("PYTHONPATH", kernel_pythonpath()):
                 papermill.execute_notebook(str(nb_path), str(version / "notebook.ipynb"), parameters=injected,
                                            progress_bar=progress is True, cwd=str(nb_path.parent),
                                            kernel_name="python3", execution_timeout=timeout, report_mode=False,

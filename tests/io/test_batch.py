@@ -1,5 +1,6 @@
 """Batches on Dask (attnum.batch): serial and LocalCluster sweeps agree, an external scheduler works,
 a failed point is reported without stopping the others, bad grids are refused before anything runs."""
+import json
 import os
 import re
 import subprocess
@@ -236,3 +237,69 @@ def test_gpu_workers_are_pinned_one_gpu_each_and_gpu_runs_need_one():
             assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0  # nothing submitted
     finally:
         cpu_only.close()
+
+
+def test_longest_runs_are_submitted_first(tmp_path):
+    """A fresh clone has no earlier RUN.json: the typical seconds of each study's default run order the
+    batch; an earlier run of the same folder wins; overridden runs have no typical time."""
+    tasks = batch.plan_run_all("default", studies=list(runner.studies()))
+    order = [tasks[i].study for i in batch.submission_order(tasks, tmp_path)]
+    typical = {study: s for (study, pset), s in batch.TYPICAL_SECONDS.items() if pset == "default"}
+    assert set(typical) == set(runner.studies()), "every study needs a typical time"
+    assert [typical[s] for s in order] == sorted(typical.values(), reverse=True)
+    last = tasks[[t.study for t in tasks].index(order[-1])]
+    folder = tmp_path / last.study / last.name
+    folder.mkdir(parents=True)
+    (folder / "RUN.json").write_text(json.dumps({"started": "2026-01-01T00:00:00+00:00",
+                                                 "finished": "2026-01-01T01:00:00+00:00"}))
+    assert tasks[batch.submission_order(tasks, tmp_path)[0]].study == last.study  # an hour: now first
+    small = batch.Task(STUDY, "default", {"head_dim": 16}, "default__head_dim=16")
+    assert batch._priorities([small], tmp_path) == [0.0]
+
+
+def test_the_summary_says_whether_two_gpu_runs_shared_a_gpu():
+    def result(name, gpu, start, stop, host="h"):
+        task = batch.Task(STUDY, "gpu", {"head_dim": name}, f"gpu@head_dim={name}", ("head_dim",), "cuda")
+        return batch.Result(task, state="ok", seconds=stop - start, worker=f"gpu{gpu}", host=host, gpu=str(gpu),
+                            started=start, finished=stop)
+
+    apart = [result(1, 0, 0, 10), result(2, 1, 0, 12), result(3, 0, 10, 20)]
+    line = batch.gpu_sharing(apart)
+    assert line == "GPU runs per device (0@h: 2, 1@h: 1): no two runs overlapped on one GPU"
+    assert line in batch.summary(apart) and "gpu=1" in batch.summary(apart)
+    shared = apart + [result(4, 1, 11, 13)]
+    assert "1 overlap(s): length_scaling/gpu@head_dim=2 and length_scaling/gpu@head_dim=4 on gpu 1@h" \
+        in batch.gpu_sharing(shared)
+    cpu = batch.Result(batch.Task(STUDY, "smoke", {}, "smoke"), state="ok", gpu="0", started=0, finished=1)
+    assert batch.gpu_sharing([cpu]) is None  # a CPU run on a GPU worker uses no GPU
+
+
+@pytest.mark.slow
+def test_gpu_pinned_workers_run_a_sweep_with_a_relative_pythonpath(outputs, serial, tmp_path, monkeypatch, capsys):
+    """--gpus 2 (here with CPU runs): each point runs on its own pinned worker, the summary names the GPU,
+    and packages reached through a relative PYTHONPATH entry (dask installed into a folder) reach the
+    workers and, made absolute, the notebook kernels (which start in notebooks/)."""
+    site = tmp_path / "site"
+    site.mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["site", os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    from distributed import Client
+
+    cluster = batch.start_local_cluster(0, gpus=2)
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            paths = client.run(runner.kernel_pythonpath)
+            assert all(p.split(os.pathsep)[:2] == [str(runner.Path(runner.__file__).resolve().parents[1]), str(site)]
+                       for p in paths.values()), paths
+            tasks = batch.plan_sweep(STUDY, GRID, "smoke", TINY)
+            results = batch.run_batch(tasks, outputs=outputs, client=client, progress=False)
+    finally:
+        cluster.close()
+    assert [r.state for r in results] == ["ok", "ok"], [r.error for r in results]
+    assert sorted((r.worker, r.gpu) for r in results) in ([("gpu0", "0"), ("gpu1", "1")],
+                                                         [("gpu0", "0"), ("gpu0", "0")],
+                                                         [("gpu1", "1"), ("gpu1", "1")])
+    text = batch.summary(results)
+    assert all(f"gpu={r.gpu}]" in text for r in results), text
+    xr.testing.assert_equal(_merged(outputs), serial)

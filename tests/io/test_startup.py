@@ -178,3 +178,12 @@ def test_saving_writes_the_same_file_as_before(tmp_path):
     fig.savefig(tmp_path / "b.png", bbox_inches="tight")
     assert path.read_bytes() == (tmp_path / "b.png").read_bytes()
     plt.close("all")
+
+
+def test_the_kernel_gets_this_attnum_and_absolute_pythonpath_entries(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["site", "/abs/dir", "", "site"]))
+    lib = str(runner.Path(runner.__file__).resolve().parents[1])
+    assert runner.kernel_pythonpath().split(os.pathsep) == [lib, str(tmp_path / "site"), "/abs/dir"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert runner.kernel_pythonpath() == lib
