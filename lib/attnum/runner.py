@@ -307,19 +307,84 @@ def _type_ok(value, type_name: str) -> bool:
     return isinstance(value, TYPES[type_name])
 
 
+KERNEL_CACHE_ENV = "ATTNUM_CACHE"  # folder of the registry-name cache (default $XDG_CACHE_HOME/attnum)
+
+
+@functools.lru_cache(maxsize=1)
+def _code_key() -> str:
+    """A digest of everything that decides whether ``kernels.get(name)`` accepts a registry name: this
+    package's source files, torch's version and Python's. (Reads files only: imports nothing.)"""
+    import importlib.metadata
+
+    digest = hashlib.sha256()
+    root = Path(__file__).resolve().parent
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    digest.update(f"torch {torch_version}; python {sys.version}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _kernel_cache_file() -> Path | None:
+    base = os.environ.get(KERNEL_CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "attnum")
+    try:
+        return Path(base) / f"registry-names-{_code_key()}.json"
+    except OSError:
+        return None
+
+
+def _known_registry_names() -> set[str]:
+    path = _kernel_cache_file()
+    try:
+        data = json.loads(path.read_text()) if path is not None else []
+        return {n for n in data if isinstance(n, str)} if isinstance(data, list) else set()
+    except (OSError, ValueError):
+        return set()
+
+
+def _remember_registry_name(name: str) -> None:
+    """Add ``name`` to the cache of registry names accepted by this exact code (atomic write; best effort)."""
+    path = _kernel_cache_file()
+    if path is None:
+        return
+    try:
+        names = _known_registry_names() | {name}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(3)}")
+        tmp.write_text(json.dumps(sorted(names)))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
 def _kernel_problem(name, device: str = "cpu") -> str | None:
     """None if ``name`` names a kernel of the registry (``attnum.kernels.get``); otherwise why not.
-    A kernel of your own (``package.module:function``) must also run a tiny input on ``device``."""
+    A kernel of your own (``package.module:function``) must also run a tiny input on ``device``.
+
+    Checking a name imports torch and the kernels (about 1 s of a short run's start). A registry name
+    that this exact code (``_code_key``: attnum's sources, torch's and Python's versions) accepted
+    before is accepted again without the import; kernels of your own, and families registered at run
+    time by other code, are checked every time.
+    """
     if not isinstance(name, str):
         return f"a kernel name is a string, got {type(name).__name__}"
+    if name in _known_registry_names():
+        return None
     from . import kernels
 
     try:
         kernel = kernels.get(name)
     except ValueError as exc:
         return str(exc)
-    if isinstance(kernel, kernels.CallableKernel) or name.split(":")[0] not in kernels.families():
+    family = kernels.families().get(name.split(":")[0])
+    if isinstance(kernel, kernels.CallableKernel) or family is None:
         return kernels.check_runs(kernel, device)
+    if getattr(family.build, "__module__", "").startswith(__package__ + "."):  # a family of attnum's own code
+        _remember_registry_name(name)
     return None
 
 

@@ -187,3 +187,45 @@ def test_the_kernel_gets_this_attnum_and_absolute_pythonpath_entries(tmp_path, m
     assert runner.kernel_pythonpath().split(os.pathsep) == [lib, str(tmp_path / "site"), "/abs/dir"]
     monkeypatch.delenv("PYTHONPATH")
     assert runner.kernel_pythonpath() == lib
+
+
+def test_registry_names_accepted_before_by_the_same_code_skip_the_torch_import(tmp_path):
+    code = """
+        import json, sys
+        from attnum import runner
+        runner.check_parameters("length_scaling", {"real_kernels": ["sdpa:math", "emulator:fa2_bf16:bk64"]})
+        print(json.dumps({"torch": "torch" in sys.modules}))
+    """
+    env = {**os.environ, "OMP_NUM_THREADS": "1", runner.KERNEL_CACHE_ENV: str(tmp_path)}
+    run = lambda c: subprocess.run([sys.executable, "-c", textwrap.dedent(c)], capture_output=True, text=True,
+                                   env=env)
+    first, second = run(code), run(code)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-2000:] + second.stderr[-2000:]
+    assert json.loads(first.stdout) == {"torch": True}  # checked through the registry
+    assert json.loads(second.stdout) == {"torch": False}  # the same names, the same code: no torch import
+    (cache,) = tmp_path.glob("registry-names-*.json")
+    assert json.loads(cache.read_text()) == ["emulator:fa2_bf16:bk64", "sdpa:math"]
+    # a name never accepted is still checked and refused, and not remembered
+    bad = run("""
+        from attnum import runner
+        runner.check_parameters("length_scaling", {"real_kernels": ["sdpa:math", "sdpa:nope"]})
+    """)
+    assert bad.returncode != 0 and "sdpa:nope" in bad.stderr and "ParameterError" in bad.stderr
+    assert "sdpa:nope" not in cache.read_text()
+
+
+def test_kernels_of_your_own_and_other_code_are_never_taken_from_the_cache(tmp_path, monkeypatch):
+    from attnum import kernels
+
+    monkeypatch.setenv(runner.KERNEL_CACHE_ENV, str(tmp_path))
+    monkeypatch.syspath_prepend(str(runner.Path(__file__).resolve().parents[1] / "kernels"))
+    assert runner._kernel_problem("byo_kernel_example:sdpa_math") is None  # ran a tiny input
+    assert runner._kernel_problem("byo_kernel_example:broken") is not None
+    monkeypatch.setattr(kernels.registry, "_FAMILIES", dict(kernels.registry._FAMILIES))
+    kernels.register("toyfam", lambda options, **kw: kernels.get("golden"), doc="a test family", examples=("toyfam",))
+    assert runner._kernel_problem("toyfam") is None
+    assert runner._kernel_problem("golden") is None
+    cached = json.loads(next(tmp_path.glob("registry-names-*.json")).read_text())
+    assert cached == ["golden"]  # attnum's own family only
+    monkeypatch.setattr(runner, "_code_key", lambda: "other-code")  # other code: the cache does not apply
+    assert runner._known_registry_names() == set()
