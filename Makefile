@@ -30,10 +30,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 
-# one Dask task per study: WORKERS=N worker processes (default: the cores, 2 here), GPUS=N pinned GPU workers,
-# ATTNUM_DASK_SCHEDULER=tcp://host:8786 an existing cluster (README: Batches on Dask)
+# one Dask task per study, longest first: WORKERS=N worker processes (default: the cores, 2 here), THREADS=N
+# threads per run (default 1), GPUS=N pinned GPU workers, ATTNUM_DASK_SCHEDULER=tcp://host:8786 an existing
+# cluster (README: Batches on Dask)
+BATCH_OPTS = $(if $(WORKERS),--workers $(WORKERS)) $(if $(THREADS),--threads $(THREADS)) $(if $(GPUS),--gpus $(GPUS))
 reproduce: $(STAMP)
-	$(PY) -m attnum run-all --params $(PARAMS) $(if $(WORKERS),--workers $(WORKERS)) $(if $(GPUS),--gpus $(GPUS))
+	$(PY) -m attnum run-all --params $(PARAMS) $(BATCH_OPTS)
 	$(PY) -m attnum publish
 
 test: $(STAMP)
@@ -45,8 +47,8 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
 sweep: $(STAMP)
-	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default] [WORKERS=2] [GPUS=0]"; exit 2; }
-	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)' $(if $(WORKERS),--workers $(WORKERS)) $(if $(GPUS),--gpus $(GPUS))
+	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default] [WORKERS=2] [THREADS=1] [GPUS=0]"; exit 2; }
+	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)' $(BATCH_OPTS)
 
 # the site: Sphinx + MyST-NB renders the executed notebooks (never re-runs them) into outputs/site/
 publish: $(STAMP)
