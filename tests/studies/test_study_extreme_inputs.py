@@ -234,3 +234,61 @@ def test_gpu_readback_helpers_on_the_cpu_run(smoke, tmp_path, monkeypatch):
     (tmp_path / "outputs" / "extreme_inputs" / "gpu").mkdir(parents=True)
     shutil.copy(path / "results.nc", tmp_path / "outputs" / "extreme_inputs" / "gpu" / "results.nc")
     assert study.load_gpu_run() is None
+
+
+def test_real_highlights_regroup_the_cpu_run(smoke):
+    from attnum.studies import extreme_inputs as study
+
+    _, ds = smoke
+    lines = study.real_highlights(ds)
+    # both CPU backends return 0 on fully masked rows under a boolean mask and a -inf bias (section 7)
+    assert any(line.startswith("The mask deliveries that gave 0 on fully masked rows") and "-inf" in line
+               for line in lines)
+    bool_line = [line for line in lines if line.startswith("Fully masked rows") and "mask as bool:" in line]
+    assert len(bool_line) == 1 and "0 (the golden value): sdpa:flash (bf16, fp16), sdpa:math (bf16, fp16)" in bool_line[0]
+    padding = [line for line in lines if line.startswith("A NaN in a padding key")]
+    assert len(padding) == 1 and "100.0%" in padding[0]
+    # two kernels only: the far-from-golden check needs three, so it says nothing rather than "none"
+    assert not any(line.startswith("No kernel's finite output is far") for line in lines)
+    single = study.real_single_entry_statement(ds)
+    assert single is not None and ("departures" in single or "every kernel that ran" in single)
+
+
+def test_dilution_one_row_l2_says_where_the_rule_misses():
+    from attnum.studies import extreme_inputs as study
+
+    ds = study.dilution_experiment([64, 1024], ["fp32"], [0], [0.01, 0.12], [1], block_q=32, block_k=32,
+                                   golden_chunk=256, progress=False)
+    # 1% in one row: diluted by sqrt(1024) = 32 below 0.1% at N = 1024, not by sqrt(64) = 8 at N = 64
+    (line,) = study.dilution_one_row_l2(ds, row_error=0.01)
+    assert line.startswith("fa2_fp32: the 0.1% rule on the relative L2 misses 1% in one row at N 1024 (from 1024 rows")
+    assert line.endswith("and catches it at N 64.")
+    (line,) = study.dilution_one_row_l2(ds, row_error=0.12)
+    assert "misses it nowhere" in line and "(64,1024)" in line
+
+
+def test_exceptions_are_counted_per_experiment_and_fault():
+    import xarray as xr
+
+    from attnum.studies import extreme_inputs as study
+
+    entries = [{"count": 1, "where": f"detection narrow_p(severity=4) normal N={n} bf16 seed=0", "message": "E"}
+               for n in (256, 1024)] + [{"count": 2, "where": "dilution N=64 fp16 seed=0 golden", "message": "F"}]
+    lines = study.real_exceptions_by_experiment(xr.Dataset(attrs={"kernel_exceptions": json.dumps(entries)}))
+    assert lines == ["2 x detection narrow_p(severity=4): E", "2 x dilution N=64: F"]
+
+
+@pytest.mark.gpu
+def test_bit_width_faults_run_on_cuda():
+    """The committed gpu run at f934abd recorded a device-mismatch error for every point of the three
+    bit-width faults (attnum.kernels.faults.round_significand); the detection sweep must run them on CUDA."""
+    import torch
+
+    from attnum.studies import extreme_inputs as study
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    log = study.ExceptionLog()
+    study.detection_sweep(["low_precision_sum", "narrow_p", "low_precision_lse"], ["normal"], [256], ["bf16"], [0],
+                          causal=True, head_dim=64, device="cuda", log=log, progress=False)
+    assert log.counts == {}, log.to_json()
