@@ -53,7 +53,7 @@ def round_significand(x: torch.Tensor, bits: int) -> torch.Tensor:
     if not 1 <= int(bits) <= 52:
         raise ValueError(f"significand bits must be in 1..52, got {bits!r}")
     mantissa, exponent = torch.frexp(x)  # x = mantissa * 2^exponent, |mantissa| in [0.5, 1)
-    rounded = torch.ldexp(torch.round(torch.ldexp(mantissa, torch.tensor(int(bits)))), exponent - int(bits))
+    rounded = torch.ldexp(torch.round(torch.ldexp(mantissa, torch.tensor(int(bits), device=x.device))), exponent - int(bits))
     return torch.where(torch.isfinite(x), rounded.to(x.dtype), x)
 
 
