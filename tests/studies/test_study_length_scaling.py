@@ -3,6 +3,7 @@ import json
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from attnum import ncio, runner
 from attnum.publish import publish
@@ -286,3 +287,66 @@ def test_attribution_table_shares():
     assert t.loc[n, "growth removed by promote_stats"] == pytest.approx(1 - kept / growth)
     assert np.isnan(t.loc[256, "growth removed by promote_stats"])
     assert "N = 1024" in study.attribution_sentence(ds)
+
+
+def _fp32_stage_dataset(flat: tuple[str, ...], growth=(1.0, 2.0, 4.0)):
+    """A made-up fp32-stage dataset: every variant grows by ``growth`` except those in ``flat``."""
+    variants = list(study.FP32_STAGE_VARIANTS)
+    err = np.array([[[1e-7 * (1.0 if v in flat else g)] for g in growth] for v in variants])
+    coords = {"fp32_stage_variant": variants, "fp32_stage_seq_len": [1024, 4096, 16384], "fp32_stage_seed": [0]}
+    ds = xr.Dataset({"fp32_stage_rel_l2_err": (tuple(coords), err)}, coords=coords)
+    ds["fp32_stage_matmul_precision"] = "made up"
+    ds.attrs["device"] = "test device"
+    return ds
+
+
+def test_fp32_stage_cause_sentence_names_the_variants_that_remove_the_growth():
+    pv = study.fp32_stage_cause_sentence(_fp32_stage_dataset(("fp64_pv", "pv_split")))
+    assert "`fp64_pv`" in pv and "`pv_split`" in pv and "`fp64_sum`" not in pv
+    assert "grows x4.00 from N = 1024 to 16384" in pv and "the P·V product" in pv and "x4.0 over this range" in pv
+    row_sum = study.fp32_stage_cause_sentence(_fp32_stage_dataset(("fp64_sum", "sum_split")))
+    assert "the row sum" in row_sum and "P·V" not in row_sum
+    assert "not in one stage" in study.fp32_stage_cause_sentence(_fp32_stage_dataset(()))
+    flat = study.fp32_stage_cause_sentence(_fp32_stage_dataset((), growth=(1.0, 1.05, 1.1)))
+    assert "no growth to attribute" in flat
+    lacking = _fp32_stage_dataset(()).drop_vars("fp32_stage_rel_l2_err")
+    assert "no fp32_stage_rel_l2_err" in study.fp32_stage_cause_sentence(lacking)
+
+
+def test_real_kernel_fidelity_growth_and_alarm_sentences():
+    import json
+
+    real = study.real_kernel_sweep(["sdpa:math", "sdpa:cudnn"], [64, 128], ["bf16"], [16], [False, True], [0],
+                                   block_ks=(32,), progress=False)
+    by_n = study.fidelity_by_length(real)
+    assert set(by_n.index.get_level_values("kernel")) == {"sdpa:math"}  # cudnn cannot run on a CPU
+    best = study.best_fidelity(real)
+    cfg = best[(best["kernel"] == "sdpa:math") & ~best["causal"]]["best emulator config"].iloc[0]
+    cfg_causal = best[(best["kernel"] == "sdpa:math") & best["causal"]]["best emulator config"].iloc[0]
+    bits = real["real_bitwise_equal"].sel(real_kernel="sdpa:math", real_dtype="bf16", real_head_dim=16,
+                                          real_seq_len=128, real_seed=0)
+    expected = (float(bits.sel(real_causal=0, fidelity_config=cfg))
+                + float(bits.sel(real_causal=1, fidelity_config=cfg_causal))) / 2
+    assert by_n.loc[("sdpa:math", "bf16", 128), "bitwise equal"] == pytest.approx(expected)
+    lines = study.fidelity_length_sentences(real)
+    assert len(lines) == 1 and lines[0].startswith("`sdpa:math`") and "at N = 128" in lines[0]
+    growth = study.real_growth_sentences(real, 0)
+    assert len(growth) == 1 and "from N = 64 to 128" in growth[0] and "emulator `fa2_bf16`" in growth[0]
+    e = real["real_rel_l2_err"].sel(real_kernel="sdpa:math", real_causal=0, real_dtype="bf16", real_head_dim=16,
+                                    real_seed=0)
+    assert f"x{float(e.sel(real_seq_len=128) / e.sel(real_seq_len=64)):.2f}" in growth[0]
+    alarms = study.real_false_alarm_sentences(real, min_len=128)
+    fixed = next(s for s in alarms if s.startswith("fixed_0.1pct"))
+    assert "`sdpa:math` 100% of 2" in fixed and "`sdpa:cudnn`" not in fixed
+    assert study.real_false_alarm_sentences(real, min_len=10**6) == ["no real-kernel output at N >= 1000000"]
+    # the math backend against the emulated fp32-inside reference on the same inputs
+    lengths = study.summarize_lengths(study.length_sweep([64, 128], ["bf16"], [0], heads=2, head_dim=16, block_q=32,
+                                                         block_k=32, progress=False))
+    run = xr.merge([lengths, real], join="outer", compat="no_conflicts")
+    run.attrs["parameters"] = json.dumps({"head_dim": 16})
+    sentence = study.math_backend_sentence(run)
+    assert "over 2 cases" in sentence
+    lo, hi = (float(x) for x in sentence.split(": ")[-1].split(" over")[0].split("-"))
+    assert 0.5 < lo <= hi < 2
+    assert "did not measure" in study.math_backend_sentence(run, kernel="sdpa:flash")
+    assert "no fp32_inside_rel_l2_err" in study.math_backend_sentence(real)

@@ -1029,3 +1029,158 @@ def mac_growth_sentences(ds: xr.Dataset) -> list[str]:
                    f"{sub['two_rounding / fma'].max():.3g}; growth from the shortest to the longest N: "
                    + ", ".join(f"{m} x{g:.2f}" for m, g in growth.items()))
     return out
+
+
+# -- item 7 and the real kernels, stated from a run's data (review of the committed H200 run) --------
+
+FP32_STAGE_PLACES = {"score": "the score product Q Kᵀ", "max": "the row max", "exp": "the exponential",
+                     "sum": "the row sum over the N keys", "normalize": "the normalisation",
+                     "pv": "the P·V product (a reduction over the N keys)"}
+REMOVED_GROWTH = 0.75
+"""A variant 'removes' the fp32 reference's growth when it removes at least this share of it."""
+
+
+def fp32_stage_cause_sentence(ds: xr.Dataset) -> str:
+    """Item 7 in words: which variants remove at least ``REMOVED_GROWTH`` of the fp32 reference's growth
+    from the shortest to the longest N, and what that says; beside the growth a single running fp32 sum
+    over the N keys would have (√ of the length ratio) and a sum of fixed-size fp32 parts (about none)."""
+    t = fp32_stage_table(ds)
+    if isinstance(t, str):
+        return t
+    g = t["longest / shortest N"]
+    n0, n1 = int(ds["fp32_stage_seq_len"].values[0]), int(ds["fp32_stage_seq_len"].values[-1])
+    device = ds.attrs.get("device", "this device")
+    growth = g["reference"] - 1
+    if not growth > 0.2:
+        return (f"on {device} the fp32 reference's error grows only x{g['reference']:.2f} from N = {n0} to {n1}: "
+                "there is no growth to attribute on this device")
+    removed = {v: 1 - (g[v] - 1) / growth for v in g.index if v not in ("reference", "all_fp32")}
+    causes = [v for v, r in removed.items() if r >= REMOVED_GROWTH]
+    if not causes:
+        return (f"on {device} no single stage in fp64 and no split reduction removes {REMOVED_GROWTH:.0%} of the fp32 "
+                f"reference's growth (x{g['reference']:.2f} from N = {n0} to {n1}): the growth is not in one stage")
+    stages = sorted({v.removeprefix("fp64_").removesuffix("_split") for v in causes})
+    words = ", ".join(f"`{v}` (x{g[v]:.2f}, {removed[v]:.0%} of the growth removed)" for v in causes)
+    others = [g[v] for v in removed if v not in causes]
+    rest = f"; every other variant grows x{min(others):.2f}-{max(others):.2f}" if others else ""
+    return (f"on {device} the fp32 reference's error grows x{g['reference']:.2f} from N = {n0} to {n1}; the variants "
+            f"that remove at least {REMOVED_GROWTH:.0%} of that growth: {words}{rest}. The growth is in "
+            f"{' and '.join(FP32_STAGE_PLACES[s] for s in stages)}. For "
+            f"comparison, one running fp32 sum over all N keys has a relative error that grows like √N "
+            f"(x{math.sqrt(n1 / n0):.1f} over this range); a sum of fp32 parts of fixed length "
+            f"({REDUCTION_SPLIT} keys here) one that does not grow.")
+
+
+def fidelity_by_length(run: xr.Dataset) -> "pd.DataFrame":
+    """Per real kernel, dtype and N: the bitwise-equal share and deviation correlation of each case's best
+    emulator configuration (``best_fidelity``, per dtype, head dim and mask), averaged over head dims,
+    masks and seeds. Does the emulator reproduce the kernel equally well at every length?"""
+    import pandas as pd
+
+    best = best_fidelity(run)
+    rows = []
+    for _, b in best.iterrows():
+        sel = dict(real_kernel=b["kernel"], real_dtype=b["dtype"], real_head_dim=b["head_dim"],
+                   real_causal=int(b["causal"]), fidelity_config=b["best emulator config"])
+        bits = run["real_bitwise_equal"].sel(sel).mean("real_seed")
+        corr = run["real_error_corr"].sel(sel).mean("real_seed")
+        for n in run["real_seq_len"].values:
+            rows.append({"kernel": b["kernel"], "dtype": b["dtype"], "N": int(n),
+                         "bitwise equal": float(bits.sel(real_seq_len=n)), "error corr": float(corr.sel(real_seq_len=n))})
+    if not rows:
+        return pd.DataFrame(columns=["bitwise equal", "error corr"])
+    return pd.DataFrame(rows).groupby(["kernel", "dtype", "N"], sort=False).mean()
+
+
+def fidelity_length_sentences(run: xr.Dataset) -> list[str]:
+    """Per real kernel: the best configuration's bitwise share and correlation at the shortest and the longest
+    N where the kernel gave an output, per dtype."""
+    t = fidelity_by_length(run)
+    out = []
+    for kernel in dict.fromkeys(t.index.get_level_values("kernel")):
+        parts = []
+        for fmt in dict.fromkeys(t.loc[kernel].index.get_level_values("dtype")):
+            sub = t.loc[(kernel, fmt)].dropna(subset=["bitwise equal"])
+            if sub.empty:
+                continue
+            lo, hi = sub.iloc[0], sub.iloc[-1]
+            parts.append(f"{fmt}: bitwise equal {lo['bitwise equal']:.1%} at N = {sub.index[0]}, "
+                         f"{hi['bitwise equal']:.1%} at N = {sub.index[-1]} (correlation {lo['error corr']:.2f} → "
+                         f"{hi['error corr']:.2f})")
+        if parts:
+            out.append(f"`{kernel}` with its best configuration — " + "; ".join(parts))
+    return out
+
+
+def real_growth_sentences(run: xr.Dataset, causal: int = 0) -> list[str]:
+    """Per real kernel and dtype (``causal``: 0 no mask, 1 causal): its median error's factor from the
+    shortest to the longest N where it gave an output (range over head dims), beside the emulator's factor
+    under ``fa2_<dtype>`` (its configurations' range) over the same lengths."""
+    err = run["real_rel_l2_err"].sel(real_causal=causal).median("real_seed")
+    emu = run["real_emulator_rel_l2_err"].sel(real_causal=causal).median("real_seed")
+    out = []
+    for kernel in run["real_kernel"].values:
+        parts = []
+        for fmt in run["real_dtype"].values:
+            e = err.sel(real_kernel=kernel, real_dtype=fmt)
+            ok = [n for n in run["real_seq_len"].values if np.isfinite(e.sel(real_seq_len=n).values).all()]
+            if len(ok) < 2:
+                continue
+            f = (e.sel(real_seq_len=ok[-1]) / e.sel(real_seq_len=ok[0])).values
+            fe = (emu.sel(real_dtype=fmt, real_seq_len=ok[-1]) / emu.sel(real_dtype=fmt, real_seq_len=ok[0])).values
+            parts.append(f"{fmt} x{np.min(f):.2f}-{np.max(f):.2f} from N = {ok[0]} to {ok[-1]} (emulator "
+                         f"`fa2_{fmt}` x{np.min(fe):.2f}-{np.max(fe):.2f})")
+        if parts:
+            out.append(f"`{kernel}`, {'causal' if causal else 'no mask'}: " + "; ".join(parts))
+    return out
+
+
+def math_backend_sentence(run: xr.Dataset, kernel: str = "sdpa:math") -> str:
+    """Is the math backend the fp32-inside reference? Its median error (no mask) over that of the emulated
+    fp32-inside reference of the length sweep at the same N, dtype and head dim (other inputs: a ratio near
+    1 says the same arithmetic, not the same bits)."""
+    if kernel not in run["real_kernel"].values:
+        return f"this run did not measure `{kernel}`"
+    note = missing(run, "fp32_inside_rel_l2_err")
+    if note:
+        return note
+    import json
+
+    head_dim = json.loads(run.attrs.get("parameters", "{}")).get("head_dim")
+    if head_dim not in run["real_head_dim"].values:
+        return f"the length sweep's head dim ({head_dim}) is not among the real kernels' head dims"
+    real = run["real_rel_l2_err"].sel(real_kernel=kernel, real_causal=0, real_head_dim=head_dim).median("real_seed")
+    inside = run["fp32_inside_rel_l2_err"].median("seed")
+    ratios = []
+    for fmt in real["real_dtype"].values:
+        if fmt not in inside["dtype"].values:
+            continue
+        for n in real["real_seq_len"].values:
+            r = float(real.sel(real_dtype=fmt, real_seq_len=n))
+            if np.isfinite(r) and n in inside["seq_len"].values:
+                ratios.append(r / float(inside.sel(dtype=fmt, seq_len=n)))
+    if not ratios:
+        return f"no N and dtype where both `{kernel}` and the fp32-inside reference were measured"
+    return (f"`{kernel}`'s error / the emulated fp32-inside reference's (same N, dtype and d = {head_dim}, no mask): "
+            f"{min(ratios):.3f}-{max(ratios):.3f} over {len(ratios)} cases")
+
+
+def real_false_alarm_sentences(run: xr.Dataset, min_len: int = LONG_SEQUENCE_MIN) -> list[str]:
+    """Per acceptance rule: its false-alarm rate on each real kernel at N >= ``min_len`` (and over how many
+    outputs), and the rate per dtype where the dtypes differ."""
+    t = real_false_alarms(run, min_len)
+    if not len(t):
+        return [f"no real-kernel output at N >= {min_len}"]
+    out = []
+    p = run["real_passes"].sel(real_seq_len=[n for n in run["real_seq_len"].values if n >= min_len])
+    for rule in dict.fromkeys(t.index.get_level_values("rule")):
+        sub = t.xs(rule, level="rule")
+        words = ", ".join(f"`{k}` {r['false alarms']:.0%} of {int(r['outputs'])}" for k, r in sub.iterrows())
+        by_fmt = []
+        for fmt in run["real_dtype"].values:
+            v = p.sel(rule=rule, real_dtype=fmt).values
+            v = v[np.isfinite(v)]
+            if v.size:
+                by_fmt.append(f"{fmt} {1 - v.mean():.0%}")
+        out.append(f"{rule}: {words} (all kernels by dtype: {', '.join(by_fmt)})")
+    return out
