@@ -317,3 +317,70 @@ def test_load_gpu_run_reads_only_a_cuda_run(tmp_path, monkeypatch):
     assert study.load_gpu_run() is None
     xr.Dataset({"x": ("a", [1.0])}, attrs={"device": "cuda NVIDIA H200"}).to_netcdf(folder / "results.nc")
     assert float(study.load_gpu_run()["x"][0]) == 1.0
+
+
+def test_real_kernel_details_point_by_point_and_within_the_same_problem_limit(real_grid):
+    details = study.real_kernel_details(real_grid)
+    # the emulator passed as a "real" kernel is the bf16 variant itself: its ratio is 1 everywhere
+    same = details.loc["emulator:fa2_bf16:bk16:bq16"]
+    assert same["dQ err / emulator bf16's, min"] == 1.0 == same["dQ err / emulator bf16's, max"]
+    assert np.isnan(details.loc["sdpa:cudnn", "dQ err / emulator bf16's, min"])  # unavailable: no ratio
+    assert 0.3 < details.loc["sdpa:flash", "dQ err / emulator bf16's, min"]
+    assert details.loc["sdpa:flash", "dQ err / emulator bf16's, max"] < 3.0
+    assert details.loc["sdpa:math", "dQ err / emulator bf16's, min"] < 0.1  # far below once mu is there
+    assert np.isnan(details.loc["sdpa:flash", "same-problem growth, min"])  # no exact-problem data in this grid
+    assert details.loc["sdpa:flash", "corr with bf16, median at d=16"] > 0.5
+    assert details.loc["sdpa:flash", "dK err growth over |mu|=0, max"] < 2.0
+    assert details.loc["sdpa:flash", "dQ err |cos| with mu at the largest |mu|, min"] > 0.9
+    # with a same-problem limit of |mu| = 100 at sharpness 1 and 0 at sharpness 16: the growth to 100 at sharpness 1
+    shift = xr.DataArray(np.repeat(np.array([[0.0, 0.01, 0.5, 2.0], [0.0, 0.5, 1.0, 2.0]])[:, None, None, None, :],
+                                   2, axis=3),
+                         coords={"sharpness": [1.0, 16.0], "seq_len": [64], "head_dim": [16], "seed": [0, 1],
+                                 "mu_norm": REAL_MUS},
+                         dims=("sharpness", "seq_len", "head_dim", "seed", "mu_norm"))
+    limited = study.real_kernel_details(xr.merge([real_grid, xr.Dataset({"mech_exact_dq_shift": shift})],
+                                                 join="exact"))
+    err = real_grid["real_mech_dq_err"].sel(real_kernel="sdpa:flash", sharpness=1.0).isel(
+        real_seq_len=-1, real_head_dim=0).median("seed")
+    expected = float(err.sel(mu_norm=100.0) / err.sel(mu_norm=0.0))
+    assert limited.loc["sdpa:flash", "same-problem growth, min"] == pytest.approx(expected)
+    assert limited.loc["sdpa:flash", "same-problem growth, max"] == pytest.approx(expected)
+    sentences = study.real_kernel_detail_sentences(limited)
+    assert not any(s.startswith("`sdpa:cudnn`") for s in sentences)
+    flash = next(s for s in sentences if s.startswith("`sdpa:flash`"))
+    assert f"grows {expected:.3g}x over sharpness" in flash and "at d = 16" in flash
+
+
+def _trained(flag_at_last, params):
+    import json
+
+    checkpoints, offsets, layers = [0, 10], [0.0, 3.0, 30.0], [0, 1]
+    shape = (len(checkpoints), len(offsets), len(layers))
+    flagged = np.zeros(shape)
+    flagged[1, 2, 1] = 1
+    if flag_at_last:
+        flagged[1, :, 1] = 1
+    err = np.full(shape, 0.01)
+    err[1, 2] = [0.5, 2.0]
+    coords = {"checkpoint": checkpoints, "offset_norm": offsets, "layer": layers}
+    dims = ("checkpoint", "offset_norm", "layer")
+    return xr.Dataset({"diag_dq_rel_err": (dims, err), "diag_dq_row_rel_err": (dims, err * 3),
+                       "diag_flagged": (dims, flagged),
+                       "train_max_logit": (("run", "step", "layer"), np.ones((2, 3, 2))),
+                       "train_loss": (("run", "step"), np.array([[2.0, 1.5, 1.0], [2.0, 1.5, 1.1]]))},
+                      coords={**coords, "run": ["bf16", "fp32"], "step": [0, 5, 10]},
+                      attrs={"parameters": json.dumps(params)})
+
+
+def test_trained_model_and_same_training_sentences():
+    params = {k: 1 for k in study.TRAINING_PARAMS}
+    quiet, flagged = _trained(False, params), _trained(True, params)
+    text = study.trained_model_sentence(quiet)
+    assert "without an offset at none of the 2 checkpoints" in text
+    assert "at a common key offset of 30" in text and "0.5, 2 at the largest offset (30)" in text
+    assert "without an offset at checkpoints [10]" in study.trained_model_sentence(flagged)
+    other = _trained(False, params)
+    other["train_loss"][0, 0] = 2.002
+    same = study.same_training_sentence(quiet, other)
+    assert "differ by at most 1.0e-03" in same and "final losses are 1 here and 1 on the GPU" in same
+    assert study.same_training_sentence(quiet, _trained(False, {**params, "steps": 2})) is None

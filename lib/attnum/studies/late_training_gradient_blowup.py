@@ -622,6 +622,184 @@ def real_kernel_sentences(summary, *, emulator: str = "bf16") -> list[str]:
     return out
 
 
+def real_kernel_details(ds: xr.Dataset, *, emulator: str = "bf16", tolerance: float = 0.1):
+    """Per real kernel, what ``real_kernel_summary`` leaves out, over the whole real-kernel grid (every
+    sharpness, |mu|, N, d and seed): the ratio of its median row dQ error to the emulator variant's at the
+    same point (min, max); its median row dQ error growth from |mu| = 0 to the largest |mu| within the
+    mechanism grid's same-problem limit (``same_problem_limit`` at ``tolerance``, the smallest over its
+    N and d, per sharpness; largest real N, first real d; min and max over sharpness) beside the
+    emulator's; the median correlation of its dQ error with the emulator's at each head dimension
+    (|mu| > 0); its largest median row dK and dV errors and their largest growth over |mu| = 0 at the same
+    point; and, with it as the model's attention, the diagnostic's *median row* dQ error without an
+    offset (largest over layers), the smallest offset at which a layer is flagged (by the global relative
+    L2 dQ error; NaN: never) and the range of the query/key gradient-norm ratio over offsets and layers."""
+    import pandas as pd
+
+    low = float(ds["mu_norm"].min())
+    emu = ds["real_mech_emulator_dq_err"].sel(real_variant=emulator)
+    at = dict(real_seq_len=int(ds["real_seq_len"][-1]), real_head_dim=int(ds["real_head_dim"][0]))
+    limit = (same_problem_limit(ds, tolerance).min([d for d in ("seq_len", "head_dim") if d in ds.dims])
+             if "mech_exact_dq_shift" in ds else None)
+
+    def growth_within(da):
+        if limit is None:
+            return math.nan, math.nan
+        g = []
+        for s in ds["sharpness"].values:
+            top = float(limit.sel(sharpness=s))
+            if not np.isfinite(top) or top <= low:
+                continue
+            e = da.sel(sharpness=s, **at).median("seed")
+            g.append(float(e.sel(mu_norm=top) / e.sel(mu_norm=low)))
+        g = [x for x in g if np.isfinite(x)]
+        return (min(g), max(g)) if g else (math.nan, math.nan)
+
+    def finite(x):
+        x = np.asarray(x, dtype=float).ravel()
+        return x[np.isfinite(x)]
+
+    e_lo, e_hi = growth_within(emu)
+    rows = []
+    for kernel in ds["real_kernel"].values:
+        kernel = str(kernel)
+        real = ds.sel(real_kernel=kernel)
+        ratio = finite(real["real_mech_dq_err"] / emu)
+        g_lo, g_hi = growth_within(real["real_mech_dq_err"])
+        row = {"kernel": kernel,
+               f"dQ err / emulator {emulator}'s, min": ratio.min() if ratio.size else math.nan,
+               f"dQ err / emulator {emulator}'s, max": ratio.max() if ratio.size else math.nan,
+               "same-problem growth, min": g_lo, "same-problem growth, max": g_hi,
+               f"emulator {emulator} same-problem growth, min": e_lo,
+               f"emulator {emulator} same-problem growth, max": e_hi}
+        cos = finite(real["real_mech_dq_err_cos_mu"].sel(mu_norm=float(ds["mu_norm"].max())))
+        row["dQ err |cos| with mu at the largest |mu|, min"] = cos.min() if cos.size else math.nan
+        corr = real["real_mech_dq_err_corr"].sel(real_variant=emulator)
+        for d in ds["real_head_dim"].values:
+            c = finite(corr.sel(real_head_dim=d).where(corr["mu_norm"] > 0))
+            row[f"corr with {emulator}, median at d={int(d)}"] = float(np.median(c)) if c.size else math.nan
+        for g in ("dk", "dv"):
+            err = real[f"real_mech_{g}_err"]
+            e = finite(err)
+            gr = finite(err / err.sel(mu_norm=low))
+            name = {"dk": "dK", "dv": "dV"}[g]
+            row[f"{name} err, max"] = e.max() if e.size else math.nan
+            row[f"{name} err growth over |mu|={low:g}, max"] = gr.max() if gr.size else math.nan
+        if "real_diag_dq_row_rel_err" in ds:
+            ok = str(ds["real_diag_status"].sel(real_kernel=kernel).values) == "ok"
+            flagged = ds["real_diag_flagged"].sel(real_kernel=kernel).max("layer")
+            offs = ds["offset_norm"].values[np.asarray(flagged.values) > 0]
+            qk = finite(ds["real_diag_grad_norm_qk_ratio"].sel(real_kernel=kernel))
+            row.update({
+                "diag median row dQ err, no offset (max layer)":
+                    float(ds["real_diag_dq_row_rel_err"].sel(real_kernel=kernel, offset_norm=0.0).max()) if ok
+                    else math.nan,
+                "diag smallest offset flagged": float(offs.min()) if ok and offs.size else math.nan,
+                "diag q/k grad-norm ratio, min": qk.min() if ok and qk.size else math.nan,
+                "diag q/k grad-norm ratio, max": qk.max() if ok and qk.size else math.nan,
+                "diag model grad-norm ratio, largest |ratio - 1|":
+                    float(abs(ds["real_diag_total_grad_norm_ratio"].sel(real_kernel=kernel) - 1).max()) if ok
+                    else math.nan,
+                "diag forward identical at every offset":
+                    float(ds["real_diag_forward_identical"].sel(real_kernel=kernel).min()) if ok else math.nan})
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("kernel")
+
+
+def _span(lo: float, hi: float) -> str:
+    return f"{lo:.3g}x" if f"{lo:.3g}" == f"{hi:.3g}" else f"{lo:.3g}x to {hi:.3g}x"
+
+
+def real_kernel_detail_sentences(details, *, emulator: str = "bf16") -> list[str]:
+    """One sentence per real kernel from ``real_kernel_details`` (kernels without any gradients skipped):
+    its dQ error beside the emulator's point by point, the growth up to the same-problem limit, the
+    correlation per head dimension, dK and dV, and the diagnostic's median row dQ error and flagging."""
+    out = []
+    cols = list(details.columns)
+    dk_growth = next(c for c in cols if c.startswith("dK err growth"))
+    dv_growth = next(c for c in cols if c.startswith("dV err growth"))
+    corr_cols = [c for c in cols if c.startswith(f"corr with {emulator}, median at d=")]
+    for kernel, r in details.iterrows():
+        lo, hi = r[f"dQ err / emulator {emulator}'s, min"], r[f"dQ err / emulator {emulator}'s, max"]
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            continue
+        text = (f"`{kernel}`: median row dQ error {lo:.3g} to {hi:.3g} times the emulator `{emulator}`'s at the same "
+                f"point, over the whole real-kernel grid")
+        if np.isfinite(r["same-problem growth, min"]):
+            text += (f"; from |mu| = 0 to the largest |mu| at which the exact dQ has not moved (section 1b's limit) "
+                     f"it grows {_span(r['same-problem growth, min'], r['same-problem growth, max'])} over sharpness "
+                     f"(emulator: {_span(r[f'emulator {emulator} same-problem growth, min'], r[f'emulator {emulator} same-problem growth, max'])})")
+        text += (f"; at the largest |mu| the median over rows of |cos(row dQ error, mu)| is at least "
+                 f"{r['dQ err |cos| with mu at the largest |mu|, min']:.3f} at every grid point (1: along mu)"
+                 "; its dQ error correlates with the emulator's at a median "
+                 + ", ".join(f"{r[c]:.2f} at {c.split('at ')[-1].replace('=', ' = ')}" for c in corr_cols)
+                 + f" (|mu| > 0); its median row dK and dV errors stay at most {r['dK err, max']:.2g} and "
+                   f"{r['dV err, max']:.2g} (at most {r[dk_growth]:.3g}x and {r[dv_growth]:.3g}x their value at "
+                   f"|mu| = 0).")
+        row_err = r.get("diag median row dQ err, no offset (max layer)", math.nan)
+        if np.isfinite(row_err):
+            first = r["diag smallest offset flagged"]
+            flag = (f"a layer is first flagged (its global relative L2 error of dQ, dK or dV past the threshold) "
+                    f"at a common key offset of {first:g}" if np.isfinite(first) else "no layer flagged at any offset")
+            text += (f" In the diagnostic: median row dQ error {row_err:.3g} without an offset (largest over layers); "
+                     f"{flag}; query/key gradient-norm ratio {r['diag q/k grad-norm ratio, min']:.3g} to "
+                     f"{r['diag q/k grad-norm ratio, max']:.3g} over offsets and layers, the model's within "
+                     f"{r['diag model grad-norm ratio, largest |ratio - 1|']:.2g} of 1; forward "
+                     + ("bitwise identical in both passes at every offset."
+                        if r["diag forward identical at every offset"] == 1 else "NOT identical in both passes."))
+        out.append(text)
+    return out
+
+
+def trained_model_sentence(ds: xr.Dataset) -> str:
+    """What the run's own training reached, as the real-kernel diagnostic's model: at the last checkpoint,
+    without an offset, each layer's global relative L2 and median row dQ errors (the diagnostic of the
+    trained emulated kernel), the checkpoints at which any layer is flagged without an offset, and each
+    layer's largest attention logit at the last recorded step of the trained run."""
+    last = int(ds["checkpoint"].values.max())
+    no = ds.sel(offset_norm=0.0)
+    glob = no["diag_dq_rel_err"].sel(checkpoint=last).values
+    row = no["diag_dq_row_rel_err"].sel(checkpoint=last).values
+    flagged = no["diag_flagged"].max("layer")
+    at = [int(c) for c, f in zip(ds["checkpoint"].values, flagged.values) if f > 0]
+    offsets = ds["offset_norm"].values
+    first = offsets[ds["diag_flagged"].sel(checkpoint=last).max("layer").values > 0]
+    top = ds["diag_dq_rel_err"].sel(checkpoint=last, offset_norm=offsets.max()).values
+    logit = ds["train_max_logit"].sel(run="bf16").isel(step=-1).values
+    fmt = lambda xs: ", ".join(f"{x:.3g}" for x in xs)
+    return (f"the model this run trained, step {last} (layers {fmt(ds['layer'].values)}), with its trained emulated "
+            f"kernel: without an offset a global relative L2 dQ error of {fmt(glob)} and a median row dQ error of "
+            f"{fmt(row)}; a layer first flagged (global relative L2 error of dQ, dK or dV) at a common key offset of "
+            + (f"{first.min():g}" if first.size else "none of the offsets")
+            + f"; global relative L2 dQ error {fmt(top)} at the largest offset ({offsets.max():g}). A layer flagged "
+              "without an offset at " + (f"checkpoints {at}" if at else f"none of the {ds['checkpoint'].size} "
+                                                                         "checkpoints")
+            + f"; largest attention logit at the last recorded step {fmt(logit)}")
+
+
+TRAINING_PARAMS = ("task", "lm_loss", "context", "n_symbols", "n_layer", "n_head", "d_model", "train_attention",
+                   "model_block", "steps", "batch_size", "lr", "warmup_steps", "weight_decay", "grad_clip",
+                   "train_seed", "data_seed")
+
+
+def same_training_sentence(ds: xr.Dataset, other: xr.Dataset) -> str | None:
+    """When ``ds`` and ``other`` (two runs of this study, e.g. a CPU tier and the committed GPU run) trained the
+    same model the same way (``TRAINING_PARAMS`` equal), how their BF16 runs compare: the largest relative
+    difference of the loss over the first recorded steps, and each run's final loss; None otherwise."""
+    import json
+
+    p, q = (json.loads(x.attrs["parameters"]) if isinstance(x.attrs.get("parameters"), str)
+            else dict(x.attrs.get("parameters", {})) for x in (ds, other))
+    if not p or not q or any(p.get(k) != q.get(k) for k in TRAINING_PARAMS):
+        return None
+    a, b = (x["train_loss"].sel(run="bf16") for x in (ds, other))
+    n = min(4, a.sizes["step"], b.sizes["step"])
+    first = float(abs(a.isel(step=slice(0, n)).values / b.isel(step=slice(0, n)).values - 1).max())
+    return (f"this run and the GPU run trained the same model the same way (same parameters, initial weights and "
+            f"batches): their BF16 runs' losses over the first {n} recorded steps differ by at most {first:.1e} "
+            f"(relative), their final losses are {float(a.isel(step=-1)):.4g} here and {float(b.isel(step=-1)):.4g} "
+            f"on the GPU")
+
+
 class InFormat(kernels.Kernel):
     """A kernel fed q, k, v and dO in ``fmt`` by an fp32 model, its output and gradients handed
     back in the model's format: a real kernel in the model the way the emulator's ``fa2_bf16``
