@@ -528,3 +528,15 @@ def test_claims_take_the_fastest_fp32_attention_and_say_it_plainly():
     assert "**+33.4% of a training step for FP32 attention**: **reproduced** on a training step of our model" in plain
     assert "**219% -> 0.34% (median dQ error before -> after GProj)**: not measured on this run" not in plain
     assert "on the emulator" in plain  # our kernel gave no dQ errors here: the emulator's row stands in
+
+
+def test_emulator_timing_is_labelled_with_its_device():
+    fixes = ["none", "stable_max", "gproj_dq_dk"]
+    ds = xr.Dataset({"emul_forward_seconds": ("fix", [1.0, 1.2, 1.1]), "emul_backward_seconds": ("fix", [1.0, 1.0, 1.7])},
+                    coords={"fix": fixes}, attrs={"device": "cuda:0 NVIDIA H200", "timing_seq_len": 1024,
+                                                  "timing_head_dim": 64})
+    assert study.emulation_device(ds) == "GPU"
+    text = study.emulator_timing_summary(ds)
+    assert "the emulator on the GPU" in text and "slowest fix is `gproj_dq_dk` at 1.40x" in text
+    ds.attrs["device"] = "cpu AMD EPYC"
+    assert "the emulator on the CPU" in study.emulator_timing_summary(ds)

@@ -120,7 +120,7 @@ def plot_regimes(ds: xr.Dataset):
 
 def plot_costs(ds: xr.Dataset):
     """Left: analytic extras of each fix over the base kernel (forward + backward, per head).
-    Right: the CPU emulator's measured time relative to the base (an emulation, not a kernel)."""
+    Right: the emulator's measured time on the run's device relative to the base (an emulation, not a kernel)."""
     from ..plots import subplots
 
     fig, axes = subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2, 1]})
@@ -143,7 +143,8 @@ def plot_costs(ds: xr.Dataset):
     axes[0][1].axvline(1.0, color="k", lw=0.8)
     axes[0][1].set_yticks(y, fixes)
     axes[0][1].set_xlabel("fwd + bwd time / base")
-    axes[0][1].set_title(f"CPU EMULATION, measured: N = {ds.attrs.get('timing_seq_len')}, "
+    where = "GPU" if str(ds.attrs.get("device", "cpu")).startswith("cuda") else "CPU"
+    axes[0][1].set_title(f"{where} EMULATION, measured: N = {ds.attrs.get('timing_seq_len')}, "
                          f"d = {ds.attrs.get('timing_head_dim')}", fontsize="small")
     return fig
 

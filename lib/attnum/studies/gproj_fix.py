@@ -740,6 +740,25 @@ def grid_summary(ds: xr.Dataset, var: str = "grid_dq_err", mu_max: float = 1000.
                         index=pd.Index(ds["fix"].values, name="fix"))
 
 
+def emulation_device(ds: xr.Dataset) -> str:
+    """'GPU' when the run's device (the ``device`` attribute) is CUDA, else 'CPU': where the emulator was timed."""
+    return "GPU" if str(ds.attrs.get("device", "cpu")).startswith("cuda") else "CPU"
+
+
+def emulator_timing_summary(ds: xr.Dataset) -> str:
+    """One computed sentence: the emulator's forward + backward time of each fix relative to the base
+    on this run's device, the slowest fix and two-pass GProj's (an emulation, not a kernel timing)."""
+    emul = ds["emul_forward_seconds"] + ds["emul_backward_seconds"]
+    rel = (emul / emul.sel(fix="none")).to_series()
+    slow = rel.drop("none").idxmax()
+    text = (f"**Measured on this run** (the emulator on the {emulation_device(ds)}, N = {ds.attrs.get('timing_seq_len')}, "
+            f"d = {ds.attrs.get('timing_head_dim')}; an emulation, not a kernel): the slowest fix is `{slow}` at "
+            f"{rel[slow]:.2f}x the base forward + backward")
+    if "gproj_dq_dk" in rel.index and slow != "gproj_dq_dk":
+        text += f"; two-pass GProj {rel['gproj_dq_dk']:.2f}x"
+    return text + f"; the fixes span {rel.min():.2f}-{rel.max():.2f}x."
+
+
 def cost_summary(ds: xr.Dataset):
     """One row per fix: analytic extras over the base kernel (per head, forward + backward) and the
     emulator's measured time relative to the base's (labelled as an emulation)."""
@@ -760,7 +779,7 @@ def cost_summary(ds: xr.Dataset):
         "workspace (KiB per head)": total("workspace_bytes").values / 1024,
         "extra arithmetic time at H100 peaks, / base backward": ds["cost_extra_compute_vs_backward"].values,
         "extra arithmetic time at H100 peaks, / base fwd+bwd": ds["cost_extra_compute_vs_attention"].values,
-        "EMULATION (CPU): fwd+bwd time / base": (emul / emul.sel(fix="none")).values,
+        f"EMULATION ({emulation_device(ds)}): fwd+bwd time / base": (emul / emul.sel(fix="none")).values,
     }, index=pd.Index(ds["fix"].values, name="fix"))
     return table
 
