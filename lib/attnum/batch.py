@@ -255,6 +255,18 @@ def start_local_cluster(workers: int = 0, gpus: int = 0, *, dashboard: bool | No
     return cluster
 
 
+def _worker_threads(client) -> tuple[int, int]:
+    """Threads of the connected workers: (all, those of workers offering a GPU); at least (1, 0)."""
+    try:
+        info = client.scheduler_info(n_workers=-1) if _accepts_n_workers(client) else client.scheduler_info()
+        workers = info.get("workers", {}).values()
+        total = sum(int(w.get("nthreads", 1)) for w in workers)
+        gpu = sum(int(w.get("nthreads", 1)) for w in workers if (w.get("resources") or {}).get("GPU", 0) >= 1)
+        return max(1, total), gpu
+    except Exception:
+        return 1, 0
+
+
 def _gpu_workers(client) -> int:
     info = client.scheduler_info(n_workers=-1) if _accepts_n_workers(client) else client.scheduler_info()
     return sum(1 for w in info.get("workers", {}).values() if (w.get("resources") or {}).get("GPU", 0) >= 1)
@@ -448,19 +460,36 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
                 bar.start(msg["key"])
 
         client.subscribe_topic(EVENT_TOPIC, on_event)
-        futures = []
         prio = _priorities(tasks, base)
-        for rank, i in enumerate(submission_order(tasks, base)):  # submitted longest first, too
-            task = tasks[i]
-            key = f"{KEY_PREFIX}-{uuid.uuid4().hex}"
-            keys[key] = i
-            fut = client.submit(execute, task, str(base), timeout, threads, key, progress, key=key, pure=False,
-                                resources=task.resources or None, retries=0,
-                                priority=int(prio[i]) * 1000 - rank)  # longest known first, then plan order
-            futures.append(fut)
-        pending = list(futures)
+        queue = submission_order(tasks, base)  # longest expected first
+        pending: list = []
+
+        def submit_ready() -> None:
+            """Submit queued runs, longest first, while a worker thread that can take them is free."""
+            total, gpu = _worker_threads(client)
+            while queue:
+                busy_gpu = sum(1 for f in pending if tasks[keys[f.key]].resources)
+                if len(pending) >= total:
+                    return
+                fits = [i for i in queue if not tasks[i].resources or busy_gpu < gpu]
+                if not fits:
+                    return
+                i = fits[0]
+                rank = len(tasks) - len(queue)
+                queue.remove(i)
+                key = f"{KEY_PREFIX}-{uuid.uuid4().hex}"
+                keys[key] = i
+                pending.append(client.submit(execute, tasks[i], str(base), timeout, threads, key, progress,
+                                             key=key, pure=False, resources=tasks[i].resources or None,
+                                             retries=0, priority=int(prio[i]) * 1000 - rank))
+
         try:
-            while pending:
+            # A run is handed to Dask only when a worker thread that can take it is free, longest first:
+            # Dask binds each task of a small batch to a worker when it is submitted (it queues tasks on the
+            # scheduler, in priority order, only for groups larger than twice the cluster's threads), so a
+            # run submitted early could wait behind a long one while another worker idles.
+            while queue or pending:
+                submit_ready()
                 still = []
                 for fut in pending:
                     if not fut.done():
@@ -474,13 +503,15 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
                         results[i].error = f"{type(exc).__name__}: {exc}"
                     finished.add(fut.key)
                     bar.finish(fut.key, results[i].ok, tasks[i].label)
-                pending = still
+                pending[:] = still
                 if pending:
                     time.sleep(0.2)
         except KeyboardInterrupt:
             client.cancel(pending)
             for fut in pending:
                 results[keys[fut.key]].error = "interrupted (a run in progress leaves its folder to `make clean`)"
+            for i in queue:
+                results[i].error = "interrupted before it started"
             bar.close()
             log(summary(results))
             raise

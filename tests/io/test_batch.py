@@ -303,3 +303,33 @@ def test_gpu_pinned_workers_run_a_sweep_with_a_relative_pythonpath(outputs, seri
     text = batch.summary(results)
     assert all(f"gpu={r.gpu}]" in text for r in results), text
     xr.testing.assert_equal(_merged(outputs), serial)
+
+
+@pytest.mark.slow
+def test_a_run_goes_to_the_first_worker_that_is_free_longest_first(outputs):
+    """Three runs, two workers: the two expected longest start first; the third starts on the worker that
+    finished first, never queued early behind a run still going on the other worker."""
+    from distributed import Client
+
+    tasks = batch.plan_sweep(STUDY, {"head_dim": [16, 32, 64]}, "smoke", TINY)
+    longest = tasks[2]  # an earlier run of its folder took an hour: it starts first
+    folder = outputs / longest.study / longest.name
+    folder.mkdir(parents=True)
+    (folder / "RUN.json").write_text(json.dumps({"started": "2026-01-01T00:00:00+00:00",
+                                                 "finished": "2026-01-01T01:00:00+00:00"}))
+    assert batch.submission_order(tasks, outputs)[0] == 2
+    cluster = batch.start_local_cluster(2)
+    try:
+        with Client(cluster) as client:
+            client.wait_for_workers(2, timeout=60)
+            results = batch.run_batch(tasks, outputs=outputs, client=client, progress=False)
+    finally:
+        cluster.close()
+    assert [r.state for r in results] == ["ok"] * 3, [r.error for r in results]
+    first, second = sorted(results, key=lambda r: r.started)[:2]
+    third = max(results, key=lambda r: r.started)
+    assert results[2] in (first, second)
+    done_first = min((first, second), key=lambda r: r.finished)
+    assert third.started >= done_first.finished - 0.5, "the third run started before a worker was free"
+    before = next(r for r in (first, second) if r.worker == third.worker)
+    assert third.started >= before.finished - 0.5, "the third run waited behind a run on a busy worker"

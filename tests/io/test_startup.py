@@ -229,3 +229,28 @@ def test_kernels_of_your_own_and_other_code_are_never_taken_from_the_cache(tmp_p
     assert cached == ["golden"]  # attnum's own family only
     monkeypatch.setattr(runner, "_code_key", lambda: "other-code")  # other code: the cache does not apply
     assert runner._known_registry_names() == set()
+
+
+@pytest.mark.parametrize("every", [0.0, 1000.0])
+def test_the_executing_notebook_is_written_at_most_every_save_every_seconds_and_complete_at_the_end(
+        outputs, monkeypatch, every):
+    """SAVE_EVERY 0: papermill's writes, at every cell's start and end; 1000 s: only the final ones. Both
+    leave the complete executed notebook."""
+    import papermill.engines
+    import papermill.execute
+
+    writes = []
+    for module in (papermill.engines, papermill.execute):
+        real = module.write_ipynb
+        monkeypatch.setattr(module, "write_ipynb", lambda nb, path, _real=real, **kw: writes.append(path)
+                            or _real(nb, path, **kw))
+    monkeypatch.setattr(runner, "SAVE_EVERY", every)
+    folder = runner.run(STUDY, "smoke", TINY, progress=False)
+    nb = json.loads((folder / "notebook.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert all(c["execution_count"] and c["metadata"]["papermill"]["status"] == "completed" for c in code)
+    assert nb["metadata"]["papermill"]["end_time"]
+    if every == 0:
+        assert len(writes) >= 2 * len(code)
+    else:
+        assert len(writes) <= 4, writes  # the notebook's start, its end (papermill's two final writes)
