@@ -10,7 +10,8 @@ The studies and the trainer write ``from attnum.progress import tqdm`` and use i
   ``$ATTNUM_PROGRESS_INTERVAL`` seconds per bar, 10 by default, and the last state) to the kernel's
   original standard error, which is the terminal (or log) of the process that started the kernel.
   The executed notebook, and so the published page, holds no progress output.
-* ``off``: no bar at all.
+* ``off``: no bar at all; ``runner.run(progress=False)`` (``--no-progress``) starts the kernel with it,
+  whatever the environment says.
 * unset or anything else: ``tqdm.auto`` (a widget in JupyterLab, ipywidgets being installed;
   plain text elsewhere).
 """
