@@ -81,6 +81,8 @@ def _show_saved(fig, path: Path) -> None:
         original = png.lookup_by_type(Figure)
     except KeyError:
         return  # figures are not shown as PNG here
+    if getattr(getattr(original, "func", None), "__name__", "") == "retina_figure":
+        return  # figures shown at twice their resolution: draw them as configured
     if not getattr(original, "_attnum_saved_png_printer", False):
         png.for_type(Figure, _saved_png_printer(original))
     dpi = plt.rcParams["savefig.dpi"]
