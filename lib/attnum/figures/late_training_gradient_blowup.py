@@ -339,3 +339,77 @@ def plot_exact_problem(ds: xr.Dataset):
         ax.set_yscale("log")
         ax.legend(fontsize="x-small")
     return fig
+
+
+GPU_PANELS = (("loss", "training loss (nats/byte)"), ("grad_norm_layer", "gradient norm of the block"),
+              ("key_mean_norm", "common key offset |mean key|"), ("max_prob", "sharpness: mean row max of P"),
+              ("dq_rel_err", "dq_rel_err: rel. L2 err. of dQ vs FP32 recompute"),
+              ("tokens_per_s", "throughput (tokens/s)"))
+
+
+def plot_gpu_training(ds: xr.Dataset):
+    """The gathered GPU training records (gpu_training tier): per run, over training, the mean over
+    layers (line) and the range over layers (band) of each per-layer series; loss and throughput
+    per run (validation loss dashed)."""
+    from ..plots import subplots
+
+    fig, axes = subplots(2, 3, figsize=(14, 7.5))
+    runs = [str(r) for r in ds["run"].values]
+    colors = {r: f"C{i % 10}" for i, r in enumerate(runs)}
+    for ax, (var, label) in zip(axes.flat, GPU_PANELS):
+        for run in runs:
+            sub = ds[var].sel(run=run)
+            if "member" in sub.dims:
+                sub = sub.sel(member="a")
+            steps = ds["step"].values
+            ok = np.isfinite(sub.values if sub.ndim == 1 else sub.mean("layer").values)
+            ok &= steps > 0
+            if not ok.any():
+                continue
+            if "layer" in sub.dims:
+                ax.plot(steps[ok], sub.mean("layer").values[ok], color=colors[run], label=run)
+                ax.fill_between(steps[ok], sub.min("layer").values[ok], sub.max("layer").values[ok],
+                                color=colors[run], alpha=0.15, lw=0)
+            else:
+                ax.plot(steps[ok], sub.values[ok], color=colors[run], label=run)
+            if var == "loss":
+                val = ds["val_loss"].sel(run=run, member="a")
+                good = np.isfinite(val.values)
+                ax.plot(steps[good], val.values[good], "--", color=colors[run], lw=1)
+        ax.set_xlabel("optimiser step")
+        ax.set_ylabel(label)
+        if var in ("grad_norm_layer", "key_mean_norm", "dq_rel_err"):
+            ax.set_yscale("log")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("GPU training records (member a of each run): layer mean, band = range over layers")
+    return fig
+
+
+def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err"):
+    """``var`` per layer over training, one panel per run (member a), layers coloured from first to last."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import subplots
+
+    runs = [str(r) for r in ds["run"].values]
+    cols = min(4, len(runs))
+    rows = -(-len(runs) // cols)
+    fig, axes = subplots(rows, cols, figsize=(3.6 * cols + 0.6, 3.0 * rows), sharey=True)
+    layers = ds["layer"].values
+    cmap = plt.get_cmap("viridis")
+    steps = ds["step"].values
+    for ax, run in zip(axes.flat, runs):
+        sub = ds[var].sel(run=run, member="a")
+        for i, layer in enumerate(layers):
+            vals = sub.sel(layer=layer).values
+            ok = np.isfinite(vals) & (steps > 0)
+            ax.plot(steps[ok], vals[ok], color=cmap(i / max(1, len(layers) - 1)), lw=1, label=f"layer {layer}")
+        ax.set_yscale("log")
+        ax.set_title(run, fontsize=8)
+        ax.set_xlabel("optimiser step")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(var)
+    for ax in list(axes.flat)[len(runs):]:
+        ax.set_visible(False)
+    axes.flat[0].legend(fontsize=6, ncol=2)
+    return fig

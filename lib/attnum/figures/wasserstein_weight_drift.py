@@ -254,3 +254,91 @@ def plot_per_call(ds: xr.Dataset):
     axes[0][0].legend(fontsize="xx-small", ncol=2)
     axes[0][1].legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
+
+
+GPU_COLORS = {"flash_vs_fp32": "#c0392b", "noise_floor": "#2874a6", "gpu_repeat": "#7f8c8d",
+              "bf16_training": "#7d3c98", "fp16_training": "#d35400"}
+
+
+def plot_gpu_drift(ds: xr.Dataset):
+    """The GPU pair records (gpu_training tier): model-level W1 over training per record (thin) and
+    the geometric mean over seeds (thick); the relative W1 per kind of tensor at each comparison's
+    last snapshot; the low-precision/flash ratio over training beside Golden et al.'s 2-5x (their claim)."""
+    from ..plots import subplots
+
+    fig, axes = subplots(1, 3, figsize=(15, 4.2))
+    snaps = ds["snapshot"].values
+    ax = axes[0, 0]
+    for run in ds["run"].values:
+        comp = str(ds["gpu_comparison_of_run"].sel(run=run).values)
+        y = ds["gpu_model_wasserstein"].sel(run=run).values
+        ok = np.isfinite(y) & (snaps > 0) & (y > 0)
+        ax.plot(snaps[ok], y[ok], color=GPU_COLORS.get(comp, "grey"), lw=0.8, alpha=0.6)
+    for comp in ds["gpu_comparison"].values:
+        y = ds["gpu_drift"].sel(gpu_comparison=comp, gpu_metric="wasserstein").values
+        ok = np.isfinite(y) & (snaps > 0) & (y > 0)
+        ax.plot(snaps[ok], y[ok], color=GPU_COLORS.get(str(comp), "grey"), lw=2.2, marker="o", ms=3, label=str(comp))
+    ax.set_yscale("log")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("model-level W1 drift (b vs a)")
+    ax.legend(fontsize=7)
+    ax = axes[0, 1]
+    kinds = [str(k) for k in ds["kind"].values]
+    comps = [str(c) for c in ds["gpu_comparison"].values]
+    width = 0.8 / max(1, len(comps))
+    for i, comp in enumerate(comps):
+        runs = ds["run"].values[ds["gpu_comparison_of_run"].values == comp]
+        sub = ds["gpu_kind_wasserstein_rel"].sel(run=runs).transpose("run", "kind", "snapshot")
+        good = np.nonzero(np.isfinite(sub.values).all(axis=(0, 1)) & (snaps > 0))[0]
+        if not len(good):
+            continue
+        vals = sub.isel(snapshot=good[-1]).median("run").values
+        ax.bar(np.arange(len(kinds)) + i * width, np.where(vals > 0, vals, np.nan), width,
+               color=GPU_COLORS.get(comp, "grey"), label=f"{comp} (step {int(snaps[good[-1]])})")
+    ax.set_xticks(np.arange(len(kinds)) + 0.4 - width / 2, kinds, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("W1 / RMS weight of the kind (median over seeds)")
+    ax.legend(fontsize=6)
+    ax = axes[0, 2]
+    if "gpu_ratio" in ds:
+        for comp in ds["gpu_lowprec"].values:
+            sub = ds.sel(gpu_lowprec=comp, gpu_metric="wasserstein")
+            y, lo, hi = (sub[v].values for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
+            ok = np.isfinite(y)
+            ax.plot(snaps[ok], y[ok], marker="o", color=GPU_COLORS.get(str(comp), "grey"), label=str(comp))
+            band = ok & np.isfinite(lo) & np.isfinite(hi)
+            if band.any():
+                ax.fill_between(snaps[band], lo[band], hi[band], color=GPU_COLORS.get(str(comp), "grey"), alpha=0.2)
+    ax.axhspan(*GOLDEN_RATIO_RANGE, color="#f9e79f", alpha=0.5, label="Golden et al.'s 2-5x (their claim)")
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_yscale("log")
+    ax.set_xlabel("optimiser step")
+    ax.set_ylabel("low-precision W1 / flash_vs_fp32 W1")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_gpu_drift_by_layer(ds: xr.Dataset):
+    """Relative W1 drift per transformer block over training, one panel per comparison (median over seeds)."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import subplots
+
+    comps = [str(c) for c in ds["gpu_comparison"].values]
+    fig, axes = subplots(1, len(comps), figsize=(3.6 * len(comps) + 0.6, 3.2), sharey=True)
+    snaps = ds["snapshot"].values
+    layers = ds["layer"].values
+    cmap = plt.get_cmap("viridis")
+    for ax, comp in zip(axes[0], comps):
+        runs = ds["run"].values[ds["gpu_comparison_of_run"].values == comp]
+        sub = ds["gpu_layer_wasserstein_rel"].sel(run=runs).median("run")
+        for i, layer in enumerate(layers):
+            y = sub.sel(layer=layer).values
+            ok = np.isfinite(y) & (y > 0) & (snaps > 0)
+            ax.plot(snaps[ok], y[ok], color=cmap(i / max(1, len(layers) - 1)), lw=1, label=f"block {layer}")
+        ax.set_yscale("log")
+        ax.set_title(comp, fontsize=9)
+        ax.set_xlabel("optimiser step")
+    axes[0, 0].set_ylabel("W1 / RMS weight of the block")
+    axes[0, 0].legend(fontsize=6, ncol=2)
+    return fig

@@ -322,3 +322,67 @@ def summary(ds: xr.Dataset) -> xr.Dataset:
     for name, (units, long_name) in SUMMARY.items():
         out[name].attrs.update(units=units, long_name=long_name)
     return out
+
+
+# -- for the studies' gpu_training tiers ---------------------------------------------------------
+
+PROVENANCE = ("git_commit", "git_dirty", "created", "device", "version_torch", "version_cuda", "version_cudnn",
+              "version_triton", "version_gpu", "version_tf32_matmul", "corpus_parts", "corpus_python",
+              "corpus_files", "corpus_bytes", "corpus_sha256", "data_order_sha256", "stop_reason", "n_params")
+
+
+def campaign_runs(prefix: str = "") -> list[str]:
+    """The run names of ``params/lm/campaign.yaml`` that start with ``prefix`` (in the file's order)."""
+    import yaml
+
+    from ..paths import params_dir
+
+    path = params_dir() / "lm" / "campaign.yaml"
+    plans = yaml.safe_load(path.read_text()) if path.exists() else {}
+    return [name for name in (plans or {}) if str(name).startswith(prefix)]
+
+
+def require_records(folder, pattern: str, expected=(), what: str = "") -> Path:
+    """The folder (a relative path is read from the project root) if it holds at least one record
+    matching ``pattern``; otherwise a ``FileNotFoundError`` naming the folder, the pattern, the
+    expected runs (``expected``: campaign names) and what the folder does hold. Reads no record."""
+    from ..paths import project_root
+
+    path = Path(folder).expanduser()
+    if not path.is_absolute():
+        path = project_root() / path
+    expected = list(expected)
+    runs = f"; the campaign's runs for it: {', '.join(expected)}" if expected else ""
+    hint = (" (train them with `python -m attnum.lm train --plan NAME --out DIR` and commit the records "
+            "there)")
+    if not path.is_dir():
+        raise FileNotFoundError(f"GPU training records folder {str(folder)!r} ({path}) does not exist: "
+                                f"no records {pattern} {what}{runs}{hint}")
+    if not sorted(path.rglob(pattern)):
+        present = sorted(p.name for p in path.rglob("*.nc"))
+        have = f"; it holds {', '.join(present[:20])}" if present else "; it holds no .nc file"
+        raise FileNotFoundError(f"GPU training records folder {str(folder)!r} ({path}) has no records {pattern} "
+                                f"{what}{runs}{have}{hint}")
+    return path
+
+
+def missing_runs(folder, expected) -> list[str]:
+    """The campaign runs of ``expected`` with no record under ``folder`` (records are named
+    ``lm_<run>_s<seed>_d<data seed>.nc``)."""
+    stems = [p.stem for p in Path(folder).rglob("lm_*.nc")]
+    return [name for name in expected if not any(re.fullmatch(rf"lm_{re.escape(name)}_s\d+_d\d+", s) for s in stems)]
+
+
+def provenance(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
+    """Each record's own provenance attributes (``PROVENANCE``; GPU, versions, corpus, commit) as
+    string coordinates ``prov_<attribute>`` along ``run`` (named as ``gather`` names them)."""
+    paths = sorted(Path(folder).rglob(pattern))
+    rows = {}
+    for path in paths:
+        with xr.open_dataset(path, engine=ncio.ENGINE) as ds:
+            rows[path.stem] = {key: str(ds.attrs.get(key, "")) for key in PROVENANCE}
+    out = xr.Dataset(coords={"run": list(rows)})
+    for key in PROVENANCE:
+        out.coords[f"prov_{key}"] = ("run", np.array([rows[r][key] for r in rows], dtype=object))
+        out[f"prov_{key}"].attrs["long_name"] = f"the record's own provenance attribute {key}"
+    return out

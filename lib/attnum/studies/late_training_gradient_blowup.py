@@ -993,3 +993,236 @@ def training_summary(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp3
 
 
 # -- figures --------------------------------------------------------------------------------------
+
+
+# -- gpu_training tier (issue 13): the GPU training campaign's records -----------------------------
+
+GPU_PREFIX = "s04_"  # campaign runs of this study (params/lm/campaign.yaml); records lm_s04_*_s<seed>_d<seed>.nc
+GPU_PATTERN = f"lm_{GPU_PREFIX}*.nc"
+GPU_DQ_METRIC = "dq_rel_err"  # the main dQ metric of the records (attnum.lm.record.VARIABLES says what it is)
+GPU_SERIES = ("loss", "val_loss", "grad_norm", "grad_norm_layer", "grad_norm_qk", "key_mean_norm", "key_norm",
+              "key_mean_ratio", "offset_logit", "max_logit", "entropy", "max_prob", "dq_rel_err", "dq_row_rel_err",
+              "dk_rel_err", "dv_rel_err", "grad_norm_ratio", "lr", "step_time_s", "tokens_per_s", "elapsed_s",
+              "attn_fwd_s", "attn_fwd_bwd_s", "nonfinite_step", "attention_share", "steps_done", "tokens_done",
+              "wall_s")
+GPU_GROWTH = 2.0  # "the dQ error grew late": its last-fifth / first-fifth mean over layers above this
+GPU_LOSS_RISE = 1.5  # "the loss blew up" without becoming non-finite: a logged loss above this x its running minimum
+GPU_ATTRS = {
+    "loss_rise": ("1", "largest ratio of a logged training loss to the lowest loss logged before it (above 1: the "
+                       "loss rose)"),
+    "blowup": ("1", "1 if the training loss became non-finite or rose above GPU_LOSS_RISE x its running minimum"),
+    "max_key_mean_ratio": ("1", "largest norm of the mean key / mean key norm over steps and layers"),
+    "max_offset_spread": ("1", "largest r / sqrt(1 - r^2) over steps and layers, r = key_mean_ratio: the common key "
+                               "offset over the keys' spread about it (|mu| / sqrt(d) for the grid's keys)"),
+    "campaign_gpu_s": ("s", "GPU time of the gathered records: the sum of their wall_s (whole command from "
+                            "process start)"),
+    "grid_mu_at_level": ("1", "|mu| at which the mechanism grid's median row dQ error (bf16 flash emulator) "
+                              "reaches the level"),
+    "grid_offset_spread_at_level": ("1", "the grid's |mu| / sqrt(d) at that |mu|: the key offset over the keys' "
+                                         "spread about it (keys i.i.d. N(0, 1) plus mu)"),
+    "grid_dq_err_no_offset": ("1", "the mechanism grid's median row dQ error at |mu| = 0 (same variant and point)"),
+}
+
+
+def check_gpu_records(folder):
+    """The records folder, or a FileNotFoundError naming what is missing (before any work)."""
+    from ..lm import record
+
+    return record.require_records(folder, GPU_PATTERN, record.campaign_runs(GPU_PREFIX),
+                                  "for study 04 (late_training_gradient_blowup)")
+
+
+def _loss_rise(loss: np.ndarray) -> float:
+    loss = np.asarray(loss, dtype=float)
+    best, worst = math.inf, math.nan
+    for value in loss:
+        if not math.isfinite(value):
+            continue
+        if math.isfinite(best) and best > 0:
+            worst = max(worst, value / best) if math.isfinite(worst) else value / best
+        best = min(best, value)
+    return worst
+
+
+def grid_regime(mech: xr.Dataset | None, level: float = 0.1, *, context: int = 1024) -> dict:
+    """Where the mechanism grid (``mech_dq_err``, a run of this study's grid, e.g. the committed
+    ``gpu`` run) puts the start of the blowup regime: the |mu| at which the bf16 flash emulator's
+    median row dQ error reaches ``level`` at the first sharpness, the N nearest ``context`` and the
+    grid's first d; NaNs without a grid."""
+    nan = {"grid_mu_at_level": math.nan, "grid_offset_spread_at_level": math.nan, "grid_dq_err_no_offset": math.nan,
+           "grid_point": "no mechanism grid"}
+    if mech is None or "mech_dq_err" not in mech:
+        return nan
+    variant = "bf16_fused" if "bf16_fused" in mech["variant"].values else "bf16"
+    n = mech["seq_len"].values
+    seq = int(n[np.argmin(np.abs(np.log(n / context)))])
+    sub = mech["mech_dq_err"].sel(variant=variant, seq_len=seq).isel(sharpness=0, head_dim=0).median("seed")
+    d = int(mech["head_dim"].values[0])
+    mu = float(level_crossing(sub.rename("mech_dq_err"), "mu_norm", level))
+    return {"grid_mu_at_level": mu, "grid_offset_spread_at_level": mu / math.sqrt(d), "grid_dq_err_no_offset": float(sub.sel(mu_norm=0.0)) if 0.0 in sub["mu_norm"].values
+            else math.nan,
+            "grid_point": f"{variant}, sharpness {float(mech['sharpness'][0]):g}, N = {seq}, d = {d}, "
+                          f"{mech.attrs.get('device', '?')}, commit {str(mech.attrs.get('git_commit', '?'))[:12]}"}
+
+
+def gpu_training_dataset(folder, mech: xr.Dataset | None = None, level: float = 0.1) -> xr.Dataset:
+    """This study's GPU training records under ``folder`` gathered (``attnum.lm.record.gather``: one
+    ``run`` per record, outer join on steps), the per-layer series kept (no weight sketches),
+    ``record.summary``'s numbers as ``sum_*`` per run and member, the loss rise and blowup flag, the
+    records' own provenance as ``prov_*`` coordinates, the campaign's GPU time and, from ``mech``
+    (a run with the mechanism grid), where the grid puts the blowup regime (``grid_*``)."""
+    import json
+
+    from ..lm import record
+
+    folder = check_gpu_records(folder)
+    gathered = record.gather(folder, GPU_PATTERN)
+    out = gathered[[v for v in GPU_SERIES if v in gathered]]
+    out = out.drop_dims([d for d in ("tensor", "sketch", "snapshot") if d in out.dims], errors="ignore")
+    table = record.summary(gathered)
+    for name in table.data_vars:
+        out[f"sum_{name}"] = table[name]
+    rise = xr.apply_ufunc(_loss_rise, gathered["loss"], input_core_dims=[["step"]], vectorize=True)
+    out["sum_loss_rise"] = rise
+    out["sum_blowup"] = ((table["diverged"] == 1) | (rise > GPU_LOSS_RISE)).astype(float).where(
+        table["diverged"].notnull())
+    ratio = gathered["key_mean_ratio"].isel(step=slice(1, None))
+    out["sum_max_key_mean_ratio"] = ratio.max(("step", "layer"))
+    out["sum_max_offset_spread"] = (ratio / np.sqrt(np.clip(1 - ratio ** 2, 1e-300, None))).max(("step", "layer"))
+    out["campaign_gpu_s"] = float(gathered["wall_s"].sum())
+    regime = grid_regime(mech, level)
+    for key in ("grid_mu_at_level", "grid_offset_spread_at_level", "grid_dq_err_no_offset"):
+        out[key] = regime[key]
+    out.attrs["grid_point"] = regime["grid_point"]
+    out.attrs["grid_level"] = level
+    out = out.assign_coords(record.provenance(folder, GPU_PATTERN).coords)
+    out.attrs["records_folder"] = str(folder)
+    out.attrs["records"] = json.dumps(sorted(str(r) for r in out["run"].values))
+    out.attrs["missing_runs"] = json.dumps(record.missing_runs(folder, record.campaign_runs(GPU_PREFIX)))
+    for name, (units, long_name) in GPU_ATTRS.items():
+        for var in (name, f"sum_{name}"):
+            if var in out:
+                out[var].attrs.update(units=units, long_name=long_name)
+    return out
+
+
+def _kernel_of(ds: xr.Dataset, run: str, member: str = "a") -> str:
+    return str(ds["member_attention"].sel(run=run, member=member).values)
+
+
+def gpu_training_table(ds: xr.Dataset):
+    """One row per run and trained member: what it reached (``record.summary``) and its setting."""
+    import json
+
+    import pandas as pd
+
+    rows = []
+    for run in ds["run"].values:
+        params = json.loads(str(ds["run_parameters"].sel(run=run).values))
+        for member in ds["member"].values:
+            if not np.isfinite(float(ds["sum_tokens_done"].sel(run=run))) or \
+                    not np.isfinite(float(ds["sum_final_loss"].sel(run=run, member=member))):
+                continue
+            s = lambda k: float(ds[f"sum_{k}"].sel(run=run, **({"member": member} if "member" in ds[f"sum_{k}"].dims
+                                                                 else {})))
+            rows.append({"run": str(run), "member": str(member), "attention": _kernel_of(ds, run, member),
+                         "lr": float(params["lr"]), "clip": float(params["clip"]),
+                         "weight decay": float(params["weight_decay"]), "tokens": s("tokens_done"),
+                         "final loss": s("final_loss"), "min val loss": s("min_val_loss"),
+                         "loss rise": s("loss_rise"), "diverged": s("diverged"),
+                         f"{GPU_DQ_METRIC} growth": s("dq_err_growth"), f"max {GPU_DQ_METRIC}": s("max_dq_rel_err"),
+                         "max dq_row_rel_err": s("max_dq_row_rel_err"), "max key_mean_norm": s("max_key_mean_norm"),
+                         "max key_mean_ratio": s("max_key_mean_ratio"), "max offset/spread": s("max_offset_spread"),
+                         "max offset_logit": s("max_offset_logit"),
+                         "max max_prob": s("max_max_prob"), "max grad norm": s("max_grad_norm"),
+                         "tokens/s": float(ds["sum_median_tokens_per_s"].sel(run=run)),
+                         "attention share": float(ds["attention_share"].sel(run=run)),
+                         "wall s": float(ds["wall_s"].sel(run=run))})
+    return pd.DataFrame(rows).set_index(["run", "member"])
+
+
+def _family(attention: str) -> str:
+    if "gproj" in attention:
+        return "GProj"
+    if attention.startswith("sdpa:math") and attention.endswith("@fp32"):
+        return "FP32"
+    if attention.startswith("sdpa:flash"):
+        return "sdpa:flash"
+    return attention
+
+
+def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
+    """Issue 13 section 3's questions answered from the gathered records (every number computed)."""
+    import json
+
+    table = gpu_training_table(ds)
+    out = []
+    gpus = sorted(set(str(g) for g in ds["prov_version_gpu"].values))
+    missing = json.loads(ds.attrs.get("missing_runs", "[]"))
+    out.append(f"**Campaign.** {len(ds['run'])} record(s) of this study ({', '.join(map(str, ds['run'].values))}) on "
+               f"{', '.join(gpus)}; GPU time {float(ds['campaign_gpu_s']):.0f} s in all (the sum of the records' "
+               f"wall_s, each the whole training command from process start)"
+               + (f"; campaign runs without a record here: {', '.join(missing)}." if missing else
+                  "; every campaign run of this study has a record."))
+    grew = table[table[f"{GPU_DQ_METRIC} growth"] > GPU_GROWTH]
+    known = int(np.isfinite(table[f"{GPU_DQ_METRIC} growth"]).sum())
+    growth = ", ".join(f"{r} ({a}): {g:.3g}x" for (r, _), a, g in
+                       zip(table.index, table["attention"], table[f"{GPU_DQ_METRIC} growth"]))
+    out.append(f"**Does the dQ error grow late?** The dQ metric is `{GPU_DQ_METRIC}`, the relative L2 error of the "
+               f"kernel's dQ against the FP32 recompute on the same operands, per layer on the fixed diagnostic "
+               f"batch; its growth is the mean over layers in the last fifth of the logged steps over the first "
+               f"fifth (step 0 left out): {growth}. "
+               + (f"It grew more than {GPU_GROWTH:g}x in {len(grew)} of {len(table)} trained members "
+                  f"({', '.join(f'{r}/{m}' for r, m in grew.index)})." if len(grew) else
+                  f"In none of the {known} trained members with a growth (five logged steps or more) did it grow "
+                  f"more than {GPU_GROWTH:g}x: at this scale and within these tokens, no late growth." if known else
+                  "No member logged the five steps a growth needs: the question stays open."))
+    fam = table["attention"].map(_family)
+    blew = (table["diverged"] == 1) | (table["loss rise"] > GPU_LOSS_RISE)
+    by = {f: bool(blew[fam == f].any()) for f in sorted(set(fam))}
+    flash_only = by.get("sdpa:flash", False) and not by.get("FP32", False) and not by.get("GProj", False)
+    out.append("**Does the loss diverge with sdpa:flash and not with FP32 attention or GProj?** A run blows up when its "
+               f"training loss becomes non-finite or rises above {GPU_LOSS_RISE:g}x its running minimum. "
+               + "; ".join(f"{f}: {'blew up' if b else 'no blowup'} ({int((fam == f).sum())} member(s))"
+                           for f, b in by.items()) + ". "
+               + ("So the pattern of the sources appears: sdpa:flash blows up, FP32 attention and GProj do not "
+                  "(as far as they were run)." if flash_only else
+                  "So the sources' pattern (sdpa:flash blows up, FP32 and GProj do not) does not appear here."
+                  if any(by.values()) else "Nothing blew up within the budget."))
+    if not blew.any():
+        mu, ratio = float(ds["grid_mu_at_level"]), float(ds["grid_offset_spread_at_level"])
+        level = float(ds.attrs.get("grid_level", 0.1))
+        reached = float(table["max offset/spread"].max())
+        err = float(table["max dq_row_rel_err"].max())
+        bound = (f"**The bound.** The longest run trained {table['tokens'].max():.3g} tokens per model; the "
+                 f"largest common key offset reached is key_mean_norm {table['max key_mean_norm'].max():.3g} "
+                 f"(offset over the keys' spread about it, r / sqrt(1 - r^2) with r = key_mean_ratio, {reached:.3g}; "
+                 f"score shift offset_logit "
+                 f"{table['max offset_logit'].max():.3g}), the largest median row dQ error against the FP32 "
+                 f"recompute (dq_row_rel_err) {err:.3g} and the largest {GPU_DQ_METRIC} "
+                 f"{table[f'max {GPU_DQ_METRIC}'].max():.3g}. ")
+        if math.isfinite(mu):
+            bound += (f"The mechanism grid ({ds.attrs.get('grid_point', '')}) reaches a median row dQ error of "
+                      f"{level:g} at |mu| = {mu:.3g}, an offset over spread |mu| / sqrt(d) of {ratio:.3g} "
+                      f"(its error without offset: {float(ds['grid_dq_err_no_offset']):.3g}): the runs' offsets "
+                      + (f"stayed {ratio / reached:.3g}x below that ratio" if reached < ratio else
+                         f"reached {reached / ratio:.3g}x that ratio")
+                      + (f" and their row dQ errors {level / err:.3g}x below that level." if 0 < err < level else
+                         f" and their row dQ errors reached {err / level:.3g}x that level." if err >= level else "."))
+        else:
+            bound += "No mechanism grid in this checkout to set them against (the committed `gpu` run is absent)."
+        out.append(bound)
+    return out
+
+
+def cpu_tier_run(name: str = "default") -> xr.Dataset | None:
+    """This checkout's run ``outputs/late_training_gradient_blowup/<name>/results.nc`` of a CPU tier
+    (None when absent or made on a GPU): the CPU training the gpu_training tier is set beside."""
+    from ..ncio import open_results
+    from ..paths import outputs_root
+
+    path = outputs_root() / "late_training_gradient_blowup" / name / "results.nc"
+    if not path.exists():
+        return None
+    ds = open_results(path, squeeze_sweep_dims=True)
+    return None if "cuda" in str(ds.attrs.get("device", "")) or "train_grad_norm_total" not in ds else ds

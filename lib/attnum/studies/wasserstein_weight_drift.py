@@ -704,3 +704,259 @@ def precision_contrast(ds: xr.Dataset, base: str = "flash") -> list[str]:
         out.append(f"`{base}` over `{pair}`: per-call deviation (relative L2) {ratio:.3g}x; weight drift at the "
                    f"last checkpoint {drifts}.")
     return out
+
+
+# -- gpu_training tier (issue 13): the GPU training campaign's pair records ------------------------
+
+GPU_PREFIX = "s03_"  # campaign runs of this study (params/lm/campaign.yaml); records lm_s03_*_s<seed>_d<seed>.nc
+GPU_PATTERN = f"lm_{GPU_PREFIX}*.nc"
+GPU_COMPARISONS = ("flash_vs_fp32", "noise_floor", "gpu_repeat", "bf16_training", "fp16_training")
+GPU_LOW_PRECISION = ("bf16_training", "fp16_training")
+GPU_METRICS = ("wasserstein", "rel_l2")
+GPU_DESCRIPTIONS = {
+    "flash_vs_fp32": "member a sdpa:flash (bf16), member b FP32 attention, same init and batches (bf16 autocast)",
+    "noise_floor": "the same kernel, a different init seed (the noise floor)",
+    "gpu_repeat": "the same everything twice: GPU training's own non-determinism",
+    "bf16_training": "member a fp32 training (no autocast, FP32 attention), member b bf16 training",
+    "fp16_training": "member a fp32 training, member b fp16 training (loss scaling)",
+}
+GPU_ATTRS = {
+    "gpu_comparison_of_run": ("1", "what the pair record's two members differ in (GPU_DESCRIPTIONS)"),
+    "gpu_model_wasserstein": ("1", "exact Wasserstein-1 drift b vs a, element-weighted mean over every tensor"),
+    "gpu_model_wasserstein_rel": ("1", "model-level W1 drift over the RMS of member a's weights"),
+    "gpu_model_rel_l2": ("1", "model-level ||b - a|| / ||a|| over every tensor"),
+    "gpu_model_max_abs": ("1", "largest |b - a| over every weight"),
+    "gpu_kind_wasserstein": ("1", "exact W1 drift b vs a, element-weighted mean over the tensors of a kind"),
+    "gpu_kind_wasserstein_rel": ("1", "W1 drift of a kind of tensor over the RMS of member a's weights of that kind"),
+    "gpu_layer_wasserstein": ("1", "exact W1 drift b vs a, element-weighted mean over a block's tensors"),
+    "gpu_layer_wasserstein_rel": ("1", "W1 drift of a block over the RMS of member a's weights of that block"),
+    "gpu_drift": ("1", "model-level drift of the comparison: geometric mean over its records (seeds)"),
+    "gpu_drift_low": ("1", "lower end of the t interval (on logs) over seeds of the model-level drift (NaN: < 2 seeds)"),
+    "gpu_drift_high": ("1", "upper end of the t interval (on logs) over seeds of the model-level drift"),
+    "gpu_n_seeds": ("1", "records (seeds) of the comparison with a drift at the snapshot"),
+    "gpu_ratio": ("1", "low-precision training drift / flash_vs_fp32 drift (geometric mean over seeds; the flash "
+                       "drift interpolated linearly in step to the low-precision snapshots)"),
+    "gpu_ratio_low": ("1", "lower end of the t interval over seeds of the ratio (NaN: < 2 seeds)"),
+    "gpu_ratio_high": ("1", "upper end of the t interval over seeds of the ratio"),
+    "campaign_gpu_s": ("s", "GPU time of the gathered records: the sum of their wall_s (whole command from "
+                            "process start)"),
+}
+
+
+def check_gpu_records(folder):
+    """The records folder, or a FileNotFoundError naming what is missing (before any work)."""
+    from ..lm import record
+
+    return record.require_records(folder, GPU_PATTERN, record.campaign_runs(GPU_PREFIX),
+                                  "for study 03 (wasserstein_weight_drift)")
+
+
+def gpu_comparison(run: xr.Dataset) -> str:
+    """What a pair record's members differ in, from its members' attention, autocast and seed."""
+    att, amp, seed = (list(map(str, run[c].values)) for c in ("member_attention", "member_amp", "member_seed"))
+    if len(att) != 2:
+        raise ValueError("not a pair record: it has one member")
+    if seed[0] != seed[1]:
+        return "noise_floor"
+    if amp[0] != amp[1]:
+        low = amp[1] if amp[0] == "off" else amp[0]
+        return f"{low}_training"
+    if att[0] != att[1]:
+        return "flash_vs_fp32"
+    return "gpu_repeat"
+
+
+def _interval(values, confidence: float) -> tuple[float, float, float, int]:
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    if v.size and (v == 0).all():  # bitwise identical members (a repeat pair on a deterministic device)
+        return 0.0, math.nan, math.nan, int(v.size)
+    v = v[v > 0]
+    centre, low, high = ratio_interval(v, confidence)
+    return centre, low, high, int(v.size)
+
+
+def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
+    """This study's GPU pair records under ``folder`` gathered (``attnum.lm.record.gather``), each
+    pair's exact drift per tensor (``pair_w1``...), per kind, per layer and over the model at its
+    snapshots (``record.pair_drift`` and ``attnum.drift.aggregate``); per comparison the drift's
+    geometric mean over seeds with a t interval (``gpu_drift*``); the low-precision/flash ratio
+    (``gpu_ratio*``); the records' provenance (``prov_*``) and the campaign's GPU time."""
+    import json
+
+    from ..lm import record
+
+    folder = check_gpu_records(folder)
+    gathered = record.gather(folder, GPU_PATTERN)
+    pairs = [str(r) for r in gathered["run"].values if int(gathered["run_pair"].sel(run=r)) == 1]
+    if not pairs:
+        raise FileNotFoundError(f"the records {GPU_PATTERN} under {folder} hold no pair (two-member) record")
+    gathered = gathered.sel(run=pairs)
+    keep = ["loss", "val_loss", "grad_norm", "key_mean_ratio", "max_logit", "dq_rel_err", "pair_w1", "pair_max_abs",
+            "pair_rel_l2", "weight_l2", "tokens_per_s", "tokens_done", "steps_done", "wall_s", "attention_share"]
+    out = gathered[[k for k in keep if k in gathered]]
+    out = out.drop_dims([d for d in ("sketch",) if d in out.dims], errors="ignore")
+    snaps = gathered["snapshot"].values
+    comps = [gpu_comparison(gathered.sel(run=r)) for r in pairs]
+    out = out.assign_coords(gpu_comparison_of_run=("run", comps))
+    parts = {"model": [], "kind": [], "layer": []}
+    for run in pairs:
+        exact = record.pair_drift(gathered.sel(run=run))
+        for by in parts:
+            agg = drift.aggregate(exact, by).reindex(snapshot=snaps)
+            parts[by].append(agg)
+    for by, items in parts.items():
+        agg = xr.concat(items, dim="run").assign_coords(run=pairs)
+        for metric in (("wasserstein", "wasserstein_rel", "rel_l2", "max_abs") if by == "model"
+                       else ("wasserstein", "wasserstein_rel")):
+            out[f"gpu_{by}_{metric}"] = agg[metric]
+    present = [c for c in GPU_COMPARISONS if c in comps]
+    shape = (len(present), len(GPU_METRICS), len(snaps))
+    centre, low, high, count = (np.full(shape, np.nan) for _ in range(4))
+    for i, comp in enumerate(present):
+        runs = [r for r, c in zip(pairs, comps) if c == comp]
+        for j, metric in enumerate(GPU_METRICS):
+            vals = out[f"gpu_model_{metric}"].sel(run=runs).values
+            for k in range(len(snaps)):
+                centre[i, j, k], low[i, j, k], high[i, j, k], count[i, j, k] = _interval(vals[:, k], confidence)
+    dims = ("gpu_comparison", "gpu_metric", "snapshot")
+    coords = {"gpu_comparison": present, "gpu_metric": list(GPU_METRICS)}
+    for name, arr in (("gpu_drift", centre), ("gpu_drift_low", low), ("gpu_drift_high", high),
+                      ("gpu_n_seeds", count)):
+        out[name] = xr.DataArray(arr, dims=dims, coords=coords)
+    out["gpu_comparison_description"] = ("gpu_comparison", [GPU_DESCRIPTIONS[c] for c in present])
+    out["gpu_comparison_description"].attrs.update(units="1", long_name="what the comparison's two members differ in")
+    lows = [c for c in GPU_LOW_PRECISION if c in present]
+    flash_runs = [r for r, c in zip(pairs, comps) if c == "flash_vs_fp32"]
+    if lows and flash_runs:
+        shape = (len(lows), len(GPU_METRICS), len(snaps))
+        ratio, rlow, rhigh = (np.full(shape, np.nan) for _ in range(3))
+        for j, metric in enumerate(GPU_METRICS):
+            # the flash drift's geometric mean over seeds at its own snapshots, interpolated in step
+            flash = np.array([_interval(out[f"gpu_model_{metric}"].sel(run=flash_runs).values[:, k], confidence)[0]
+                              for k in range(len(snaps))])
+            ok = np.isfinite(flash) & (snaps > 0)
+            for i, comp in enumerate(lows):
+                runs = [r for r, c in zip(pairs, comps) if c == comp]
+                vals = out[f"gpu_model_{metric}"].sel(run=runs).values
+                for k, step in enumerate(snaps):
+                    if step <= 0 or ok.sum() < 1 or not (snaps[ok].min() <= step <= snaps[ok].max()):
+                        continue
+                    denom = float(np.interp(step, snaps[ok], flash[ok]))
+                    ratio[i, j, k], rlow[i, j, k], rhigh[i, j, k], _ = _interval(vals[:, k] / denom, confidence)
+        coords = {"gpu_lowprec": lows, "gpu_metric": list(GPU_METRICS)}
+        for name, arr in (("gpu_ratio", ratio), ("gpu_ratio_low", rlow), ("gpu_ratio_high", rhigh)):
+            out[name] = xr.DataArray(arr, dims=("gpu_lowprec", "gpu_metric", "snapshot"), coords=coords)
+    out["campaign_gpu_s"] = float(gathered["wall_s"].sum())
+    out = out.assign_coords(record.provenance(folder, GPU_PATTERN).sel(run=pairs).coords)
+    out.attrs["records_folder"] = str(folder)
+    out.attrs["records"] = json.dumps(pairs)
+    out.attrs["missing_runs"] = json.dumps(record.missing_runs(folder, record.campaign_runs(GPU_PREFIX)))
+    out.attrs["confidence"] = confidence
+    for name, (units, long_name) in GPU_ATTRS.items():
+        if name in out:
+            out[name].attrs.update(units=units, long_name=long_name)
+    return out
+
+
+def gpu_drift_table(ds: xr.Dataset, metric: str = "wasserstein"):
+    """Per comparison at its last snapshot: the drift (geometric mean over seeds), its interval and seeds."""
+    import pandas as pd
+
+    rows = []
+    for comp in ds["gpu_comparison"].values:
+        sub = ds.sel(gpu_comparison=comp, gpu_metric=metric)
+        ok = np.nonzero(np.isfinite(sub["gpu_drift"].values) & (ds["snapshot"].values > 0))[0]
+        if not len(ok):
+            continue
+        k = ok[-1]
+        rows.append({"comparison": str(comp), "last snapshot (step)": int(ds["snapshot"][k]),
+                     f"model {metric}": float(sub["gpu_drift"][k]), "ci low": float(sub["gpu_drift_low"][k]),
+                     "ci high": float(sub["gpu_drift_high"][k]), "seeds": int(sub["gpu_n_seeds"][k])})
+    return pd.DataFrame(rows).set_index("comparison")
+
+
+def _at_common(ds: xr.Dataset, a: str, b: str, metric: str = "wasserstein"):
+    """(step, a's drift / b's drift) at the last snapshot > 0 where both comparisons have one."""
+    if a not in ds["gpu_comparison"].values or b not in ds["gpu_comparison"].values:
+        return None
+    x = ds["gpu_drift"].sel(gpu_comparison=a, gpu_metric=metric).values
+    y = ds["gpu_drift"].sel(gpu_comparison=b, gpu_metric=metric).values
+    ok = np.nonzero(np.isfinite(x) & np.isfinite(y) & (y > 0) & (ds["snapshot"].values > 0))[0]
+    if not len(ok):
+        return None
+    k = ok[-1]
+    return int(ds["snapshot"][k]), float(x[k] / y[k])
+
+
+def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
+    """Issue 13 section 4's questions answered from the gathered pair records (every number computed)."""
+    import json
+
+    out = []
+    gpus = sorted(set(str(g) for g in ds["prov_version_gpu"].values))
+    missing = json.loads(ds.attrs.get("missing_runs", "[]"))
+    out.append(f"**Campaign.** {ds.sizes['run']} pair record(s) ({', '.join(map(str, ds['run'].values))}) on "
+               f"{', '.join(gpus)}; GPU time {float(ds['campaign_gpu_s']):.0f} s in all (the sum of the records' "
+               "wall_s, each the whole training command from process start)"
+               + (f"; campaign runs without a record here: {', '.join(missing)}." if missing else
+                  "; every campaign run of this study has a record."))
+    table = gpu_drift_table(ds)
+    conf = float(ds.attrs.get("confidence", 0.95))
+    for comp, row in table.iterrows():
+        row = {**row, "seeds": int(row["seeds"]), "last snapshot (step)": int(row["last snapshot (step)"])}
+        ci = (f" ({conf:.0%} interval over {row['seeds']} seeds {row['ci low']:.3g} to {row['ci high']:.3g})"
+              if row["seeds"] >= 2 else " (one seed: no interval)")
+        out.append(f"`{comp}`: model-level W1 drift {row['model wasserstein']:.3g} at step "
+                   f"{row['last snapshot (step)']}{ci}.")
+    floor = _at_common(ds, "flash_vs_fp32", "noise_floor")
+    if floor:
+        out.append(f"**Flash against the noise floor:** at step {floor[0]} the flash-vs-FP32 drift is "
+                   f"{floor[1]:.3g}x the drift between two init seeds ("
+                   + ("below" if floor[1] < 1 else "above") + " the floor).")
+    rep = _at_common(ds, "gpu_repeat", "flash_vs_fp32")
+    if rep:
+        out.append(f"**GPU repeat:** at step {rep[0]} two identical GPU runs drift {rep[1]:.3g}x as far as the "
+                   "flash-vs-FP32 pair" + (" (the repeat pair is bitwise identical)" if rep[1] == 0 else "") + ".")
+    if "gpu_ratio" in ds:
+        for comp in ds["gpu_lowprec"].values:
+            sub = ds.sel(gpu_lowprec=comp, gpu_metric="wasserstein")
+            ok = np.nonzero(np.isfinite(sub["gpu_ratio"].values))[0]
+            if not len(ok):
+                continue
+            k = ok[-1]
+            r, lo, hi = (float(sub[v][k]) for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
+            where = verdict(lo, hi, claim) if np.isfinite(lo) else (
+                "one seed, so no interval; the point value lies " +
+                ("inside" if claim[0] <= r <= claim[1] else "below" if r < claim[0] else "above") +
+                f" the claimed {claim[0]:g}-{claim[1]:g}x")
+            out.append(f"**Golden et al.'s 2-5x** (their claim: flash causes 2-5x less weight deviation than "
+                       f"low-precision training): `{comp}` / `flash_vs_fp32` model-level W1 at step "
+                       f"{int(ds['snapshot'][k])} is {r:.3g}" + (f" ({lo:.3g} to {hi:.3g})" if np.isfinite(lo) else "")
+                       + f": {where}.")
+    else:
+        out.append("No low-precision pair and flash pair both present: the 2-5x ratio cannot be computed.")
+    if "gpu_kind_wasserstein_rel" in ds and "flash_vs_fp32" in ds["gpu_comparison"].values:
+        runs = ds["run"].values[ds["gpu_comparison_of_run"].values == "flash_vs_fp32"]
+        kind = ds["gpu_kind_wasserstein_rel"].sel(run=runs).transpose("run", "kind", "snapshot")
+        ok = np.nonzero(np.isfinite(kind.values).all(axis=(0, 1)) & (ds["snapshot"].values > 0))[0]
+        if len(ok):
+            last = kind.isel(snapshot=ok[-1]).median("run")
+            top = str(last["kind"].values[int(np.argmax(last.values))])
+            out.append(f"**Where the flash drift sits:** at step {int(ds['snapshot'][ok[-1]])} the relative W1 per kind "
+                       "of tensor (median over seeds) is largest for " + f"`{top}` ({float(last.max()):.3g}; "
+                       + ", ".join(f"{k}: {v:.3g}" for k, v in zip(last["kind"].values, last.values)) + ").")
+    return out
+
+
+def cpu_tier_run(name: str = "default") -> xr.Dataset | None:
+    """This checkout's run ``outputs/wasserstein_weight_drift/<name>/results.nc`` of a CPU tier (None
+    when absent or without drift ratios): the CPU drift the gpu_training tier is set beside."""
+    from ..ncio import open_results
+    from ..paths import outputs_root
+
+    path = outputs_root() / "wasserstein_weight_drift" / name / "results.nc"
+    if not path.exists():
+        return None
+    ds = open_results(path, squeeze_sweep_dims=True)
+    return ds if "drift_ratio" in ds else None

@@ -1,0 +1,186 @@
+"""The gpu_training tiers of studies 03 and 04 (issue 13) on tiny CPU records made with attnum.lm's
+trainer: the gathered datasets, the computed answers, the early error for a folder without records,
+and one runner (papermill) run of each notebook on those records."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from attnum import ncio
+from attnum.lm import record
+from attnum.lm.train import TrainConfig, train
+from attnum.studies import late_training_gradient_blowup as s04
+from attnum.studies import wasserstein_weight_drift as s03
+
+RUNS = {
+    "s04_flash_lr1e-3": dict(kernel="sdpa:flash"),
+    "s04_fp32_lr1e-3": dict(kernel="sdpa:math"),
+    "s03_flash_vs_fp32_s0": dict(pair=True, pair_kernel="sdpa:math"),
+    "s03_flash_vs_fp32_s1": dict(pair=True, pair_kernel="sdpa:math", seed=1, data_seed=1),
+    "s03_noise_floor_s0": dict(pair=True, pair_seed=1),
+    "s03_repeat_s0": dict(pair=True),
+    "s03_lowprec_s0": dict(pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash", pair_amp="bf16",
+                           steps=15, snapshot_every=5),
+}
+
+
+def _tiny(**kw):
+    base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=30, log_every=5, eval_every=10,
+                snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup=2, lr=3e-3,
+                sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("records")
+    for tag, kw in RUNS.items():
+        train(_tiny(tag=tag, **kw), folder, progress=lambda s: None)
+    return folder
+
+
+# -- the early error ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("study, prefix", [(s03, "s03_"), (s04, "s04_")])
+def test_a_folder_without_records_fails_at_once_naming_what_is_missing(tmp_path, study, prefix):
+    with pytest.raises(FileNotFoundError, match="does not exist") as err:
+        study.check_gpu_records(tmp_path / "nope")
+    for name in record.campaign_runs(prefix):
+        assert name in str(err.value)
+    (tmp_path / "other.nc").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=rf"no records lm_{prefix}\*\.nc") as err:
+        study.check_gpu_records(tmp_path)
+    assert "other.nc" in str(err.value) and f"{prefix}flash" in str(err.value)
+    with pytest.raises(FileNotFoundError):
+        study.gpu_training_dataset(tmp_path)
+
+
+def test_each_study_takes_only_its_own_records(records):
+    assert s04.check_gpu_records(records) == records
+    ds = s04.gpu_training_dataset(records)
+    assert sorted(ds["run"].values) == ["lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"]
+    assert "s04_gproj_lr1e-3" in json.loads(ds.attrs["missing_runs"])
+    assert "s04_flash_lr1e-3" not in json.loads(ds.attrs["missing_runs"])
+
+
+# -- study 04 ------------------------------------------------------------------------------------------
+
+def test_study04_gathers_the_per_layer_series_and_answers_from_them(records):
+    ds = s04.gpu_training_dataset(records, mech=None)
+    for var in ("key_mean_norm", "max_prob", "dq_rel_err", "grad_norm_layer"):
+        assert ds[var].dims == ("run", "member", "step", "layer")
+    assert list(ds["step"].values) == [0, 5, 10, 15, 20, 25, 30]
+    assert "weight_sketch" not in ds and "tensor" not in ds.dims
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    # FP32 attention is its own recompute; bf16 flash is not
+    assert float(ds["sum_max_dq_rel_err"].sel(run=fp32, member="a")) < 1e-5
+    assert float(ds["sum_max_dq_rel_err"].sel(run=flash, member="a")) > 1e-4
+    assert np.isfinite(float(ds["sum_dq_err_growth"].sel(run=flash, member="a")))  # six logged steps
+    assert int(ds["sum_tokens_done"].sel(run=flash)) == 30 * 8 * 32
+    assert float(ds["sum_blowup"].sel(run=flash, member="a")) == 0.0
+    # GPU time: the records' own wall_s, summed
+    walls = [float(record.open_record(p)["wall_s"]) for p in sorted(records.glob("lm_s04_*.nc"))]
+    assert float(ds["campaign_gpu_s"]) == pytest.approx(sum(walls))
+    # the records' own provenance carried over
+    assert set(ds["prov_version_torch"].values) == {__import__("torch").__version__}
+    sha = record.open_record(records / f"{flash}.nc").attrs["corpus_sha256"]
+    assert str(ds["prov_corpus_sha256"].sel(run=flash).values) == sha
+    text = "\n".join(s04.gpu_training_sentences(ds))
+    assert "dq_rel_err" in text and ("no late growth" in text or "grew more than" in text)
+    assert "Nothing blew up" in text and "No mechanism grid" in text
+    table = s04.gpu_training_table(ds)
+    assert list(table["attention"]) == ["sdpa:flash@bf16", "sdpa:math@fp32"]
+
+
+def test_study04_blowup_and_the_grid_bound_are_computed(records):
+    assert s04._loss_rise([math.nan, 3.0, 2.0, 1.0, 2.5]) == pytest.approx(2.5)
+    assert s04._loss_rise([math.nan, 3.0, 2.0, 1.0]) < 1
+    mech = s04.load_gpu_run("gpu")
+    if mech is None:
+        pytest.skip("no committed gpu run of study 04 in this checkout")
+    ds = s04.gpu_training_dataset(records, mech=mech, level=0.1)
+    mu = float(ds["grid_mu_at_level"])
+    err = mech["mech_dq_err"].sel(variant="bf16_fused", seq_len=1024).isel(sharpness=0, head_dim=0).median("seed")
+    below = err.sel(mu_norm=err["mu_norm"] < mu).values
+    assert (below < 0.1).all() and float(err.sel(mu_norm=err["mu_norm"] > mu).max()) >= 0.1
+    assert float(ds["grid_offset_spread_at_level"]) == pytest.approx(mu / math.sqrt(int(mech["head_dim"][0])))
+    assert "The bound" in "\n".join(s04.gpu_training_sentences(ds))
+
+
+# -- study 03 ------------------------------------------------------------------------------------------
+
+def test_study03_classifies_pairs_and_measures_their_drift(records):
+    ds = s03.gpu_training_dataset(records)
+    comp = dict(zip(ds["run"].values, ds["gpu_comparison_of_run"].values))
+    assert comp == {"lm_s03_flash_vs_fp32_s0_s0_d0": "flash_vs_fp32", "lm_s03_flash_vs_fp32_s1_s1_d1": "flash_vs_fp32",
+                    "lm_s03_noise_floor_s0_s0_d0": "noise_floor", "lm_s03_repeat_s0_s0_d0": "gpu_repeat",
+                    "lm_s03_lowprec_s0_s0_d0": "bf16_training"}
+    assert list(ds["snapshot"].values) == [0, 5, 10, 15, 20, 30]  # the union of the pairs' snapshots
+    # on the CPU the repeat pair is bitwise identical; the others drift
+    rep = ds["gpu_model_wasserstein"].sel(run="lm_s03_repeat_s0_s0_d0")
+    assert float(rep.max()) == 0.0
+    last = ds["gpu_model_wasserstein"].sel(snapshot=30)
+    assert float(last.sel(run="lm_s03_noise_floor_s0_s0_d0")) > float(last.sel(run="lm_s03_flash_vs_fp32_s0_s0_d0")) > 0
+    # the model-level W1 is the element-weighted mean of the record's own exact per-tensor W1
+    run = ds.sel(run="lm_s03_flash_vs_fp32_s0_s0_d0", snapshot=30)
+    numel = run["tensor_numel"].values.astype(float)
+    assert float(run["gpu_model_wasserstein"]) == pytest.approx(float((run["pair_w1"].values * numel).sum() / numel.sum()))
+    assert set(ds["kind"].values) == {"embedding", "attention", "mlp", "norm", "head"}
+    # two flash seeds: a geometric mean inside its interval; one noise-floor seed: no interval
+    flash = ds.sel(gpu_comparison="flash_vs_fp32", gpu_metric="wasserstein", snapshot=30)
+    a, b = last.sel(run=["lm_s03_flash_vs_fp32_s0_s0_d0", "lm_s03_flash_vs_fp32_s1_s1_d1"]).values
+    assert float(flash["gpu_drift"]) == pytest.approx(math.sqrt(a * b))
+    assert float(flash["gpu_drift_low"]) < float(flash["gpu_drift"]) < float(flash["gpu_drift_high"])
+    assert int(flash["gpu_n_seeds"]) == 2
+    assert np.isnan(float(ds["gpu_drift_low"].sel(gpu_comparison="noise_floor", gpu_metric="wasserstein",
+                                                  snapshot=30)))
+
+
+def test_study03_ratio_interpolates_the_flash_drift_and_is_stated_against_golden(records):
+    ds = s03.gpu_training_dataset(records)
+    ratio = ds["gpu_ratio"].sel(gpu_lowprec="bf16_training", gpu_metric="wasserstein")
+    flash = ds["gpu_drift"].sel(gpu_comparison="flash_vs_fp32", gpu_metric="wasserstein")
+    low = ds["gpu_model_wasserstein"].sel(run="lm_s03_lowprec_s0_s0_d0")
+    # step 10: both pairs have a snapshot; step 15: the flash drift interpolated between 10 and 20
+    assert float(ratio.sel(snapshot=10)) == pytest.approx(float(low.sel(snapshot=10) / flash.sel(snapshot=10)))
+    mid = 0.5 * (float(flash.sel(snapshot=10)) + float(flash.sel(snapshot=20)))
+    assert float(ratio.sel(snapshot=15)) == pytest.approx(float(low.sel(snapshot=15)) / mid)
+    assert np.isnan(float(ratio.sel(snapshot=5)))  # before the flash pair's first snapshot > 0
+    text = "\n".join(s03.gpu_sentences(ds))
+    assert "Golden et al.'s 2-5x" in text and "one seed, so no interval" in text
+    assert f"{float(ratio.sel(snapshot=15)):.3g}" in text
+    assert "Flash against the noise floor" in text and "GPU repeat" in text
+
+
+def test_results_write_with_provenance(records, tmp_path):
+    ds = s03.gpu_training_dataset(records)
+    path = ncio.write_results(ds, tmp_path / "r.nc", study="wasserstein_weight_drift", params={},
+                              variables=s03.VARIABLES)
+    back = ncio.open_results(path)
+    assert back.sizes["run"] == 5 and "prov_version_gpu" in back.coords
+    assert np.allclose(back["gpu_model_wasserstein"].values, ds["gpu_model_wasserstein"].values, equal_nan=True)
+
+
+# -- the notebooks, through the runner ------------------------------------------------------------------
+
+@pytest.mark.parametrize("study, figure, needle", [
+    ("late_training_gradient_blowup", "gpu_training.png", "Does the dQ error grow late?"),
+    ("wasserstein_weight_drift", "gpu_drift.png", "Golden et al.'s 2-5x"),
+])
+def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path, study, figure, needle):
+    import nbformat
+
+    from attnum import runner
+
+    folder = runner.run(study, "gpu_training", {"gpu_records": str(records)}, outputs=tmp_path, progress=False)
+    folder = __import__("pathlib").Path(folder)
+    ds = ncio.open_results(folder / "results.nc")
+    prefix = "s04_" if study.startswith("late") else "s03_"
+    assert all(str(r).startswith(f"lm_{prefix}") for r in ds["run"].values)
+    assert float(ds["campaign_gpu_s"]) > 0 and "mech_dq_err" not in ds and "drift_ratio" not in ds
+    assert (folder / figure).exists()
+    nb = nbformat.read(folder / "notebook.ipynb", 4)
+    text = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert needle in text and '"ename"' not in text
