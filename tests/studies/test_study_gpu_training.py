@@ -83,6 +83,10 @@ def test_study04_gathers_the_per_layer_series_and_answers_from_them(records):
     # GPU time: the records' own wall_s, summed
     walls = [float(record.open_record(p)["wall_s"]) for p in sorted(records.glob("lm_s04_*.nc"))]
     assert float(ds["campaign_gpu_s"]) == pytest.approx(sum(walls))
+    every = [float(record.open_record(p)["wall_s"]) for p in sorted(records.glob("lm_*.nc"))]
+    assert len(every) == len(RUNS) and float(ds["campaign_all_gpu_s"]) == pytest.approx(sum(every))
+    assert sum(every) > sum(walls)
+    assert ds.attrs["records_in_folder"] == len(RUNS)
     # the records' own provenance carried over
     assert set(ds["prov_version_torch"].values) == {__import__("torch").__version__}
     sha = record.open_record(records / f"{flash}.nc").attrs["corpus_sha256"]
@@ -183,4 +187,4 @@ def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path, study
     assert (folder / figure).exists()
     nb = nbformat.read(folder / "notebook.ipynb", 4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
-    assert needle in text and '"ename"' not in text
+    assert needle in text and '"ename"' not in text and "nothing is trained here" in text

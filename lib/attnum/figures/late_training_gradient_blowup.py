@@ -341,7 +341,7 @@ def plot_exact_problem(ds: xr.Dataset):
     return fig
 
 
-GPU_PANELS = (("loss", "training loss (nats/byte)"), ("grad_norm_layer", "gradient norm of the block"),
+GPU_PANELS = (("loss", "loss (nats/byte): training, validation dashed"), ("grad_norm_layer", "gradient norm of the block"),
               ("key_mean_norm", "common key offset |mean key|"), ("max_prob", "sharpness: mean row max of P"),
               ("dq_rel_err", "dq_rel_err: rel. L2 err. of dQ vs FP32 recompute"),
               ("tokens_per_s", "throughput (tokens/s)"))

@@ -386,3 +386,15 @@ def provenance(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
         out.coords[f"prov_{key}"] = ("run", np.array([rows[r][key] for r in rows], dtype=object))
         out[f"prov_{key}"].attrs["long_name"] = f"the record's own provenance attribute {key}"
     return out
+
+
+def total_wall_s(folder, pattern: str = "lm_*.nc") -> tuple[float, int]:
+    """(sum of ``wall_s``, number of records) over every record under ``folder``: the GPU time of
+    the whole campaign there (each record's command from process start to its last write)."""
+    total, count = 0.0, 0
+    for path in sorted(Path(folder).rglob(pattern)):
+        with xr.open_dataset(path, engine=ncio.ENGINE) as ds:
+            if "wall_s" in ds and np.isfinite(float(ds["wall_s"])):
+                total += float(ds["wall_s"])
+                count += 1
+    return total, count

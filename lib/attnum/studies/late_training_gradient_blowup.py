@@ -1016,6 +1016,8 @@ GPU_ATTRS = {
                                "offset over the keys' spread about it (|mu| / sqrt(d) for the grid's keys)"),
     "campaign_gpu_s": ("s", "GPU time of the gathered records: the sum of their wall_s (whole command from "
                             "process start)"),
+    "campaign_all_gpu_s": ("s", "GPU time of every record in the folder (both studies' runs and the pilot): the sum "
+                                "of their wall_s"),
     "grid_mu_at_level": ("1", "|mu| at which the mechanism grid's median row dQ error (bf16 flash emulator) "
                               "reaches the level"),
     "grid_offset_spread_at_level": ("1", "the grid's |mu| / sqrt(d) at that |mu|: the key offset over the keys' "
@@ -1059,8 +1061,8 @@ def grid_regime(mech: xr.Dataset | None, level: float = 0.1, *, context: int = 1
     sub = mech["mech_dq_err"].sel(variant=variant, seq_len=seq).isel(sharpness=0, head_dim=0).median("seed")
     d = int(mech["head_dim"].values[0])
     mu = float(level_crossing(sub.rename("mech_dq_err"), "mu_norm", level))
-    return {"grid_mu_at_level": mu, "grid_offset_spread_at_level": mu / math.sqrt(d), "grid_dq_err_no_offset": float(sub.sel(mu_norm=0.0)) if 0.0 in sub["mu_norm"].values
-            else math.nan,
+    no_offset = float(sub.sel(mu_norm=0.0)) if 0.0 in sub["mu_norm"].values else math.nan
+    return {"grid_mu_at_level": mu, "grid_offset_spread_at_level": mu / math.sqrt(d), "grid_dq_err_no_offset": no_offset,
             "grid_point": f"{variant}, sharpness {float(mech['sharpness'][0]):g}, N = {seq}, d = {d}, "
                           f"{mech.attrs.get('device', '?')}, commit {str(mech.attrs.get('git_commit', '?'))[:12]}"}
 
@@ -1090,6 +1092,7 @@ def gpu_training_dataset(folder, mech: xr.Dataset | None = None, level: float = 
     out["sum_max_key_mean_ratio"] = ratio.max(("step", "layer"))
     out["sum_max_offset_spread"] = (ratio / np.sqrt(np.clip(1 - ratio ** 2, 1e-300, None))).max(("step", "layer"))
     out["campaign_gpu_s"] = float(gathered["wall_s"].sum())
+    out["campaign_all_gpu_s"], out.attrs["records_in_folder"] = record.total_wall_s(folder)
     regime = grid_regime(mech, level)
     for key in ("grid_mu_at_level", "grid_offset_spread_at_level", "grid_dq_err_no_offset"):
         out[key] = regime[key]
@@ -1160,7 +1163,9 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
     gpus = sorted(set(str(g) for g in ds["prov_version_gpu"].values))
     missing = json.loads(ds.attrs.get("missing_runs", "[]"))
     out.append(f"**Campaign.** {len(ds['run'])} record(s) of this study ({', '.join(map(str, ds['run'].values))}) on "
-               f"{', '.join(gpus)}; GPU time {float(ds['campaign_gpu_s']):.0f} s in all (the sum of the records' "
+               f"{', '.join(gpus)}; GPU time {float(ds['campaign_gpu_s']):.0f} s for these records and "
+               f"{float(ds['campaign_all_gpu_s']):.0f} s for all {int(ds.attrs.get('records_in_folder', 0))} records "
+               "of the folder, the whole campaign (sums of the records' "
                f"wall_s, each the whole training command from process start)"
                + (f"; campaign runs without a record here: {', '.join(missing)}." if missing else
                   "; every campaign run of this study has a record."))
@@ -1181,7 +1186,8 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
     blew = (table["diverged"] == 1) | (table["loss rise"] > GPU_LOSS_RISE)
     by = {f: bool(blew[fam == f].any()) for f in sorted(set(fam))}
     flash_only = by.get("sdpa:flash", False) and not by.get("FP32", False) and not by.get("GProj", False)
-    out.append("**Does the loss diverge with sdpa:flash and not with FP32 attention or GProj?** A run blows up when its "
+    out.append("**Does the loss diverge with sdpa:flash and not with FP32 attention or GProj?** A run blows up when "
+               "its "
                f"training loss becomes non-finite or rises above {GPU_LOSS_RISE:g}x its running minimum. "
                + "; ".join(f"{f}: {'blew up' if b else 'no blowup'} ({int((fam == f).sum())} member(s))"
                            for f, b in by.items()) + ". "

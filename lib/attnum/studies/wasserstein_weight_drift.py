@@ -740,6 +740,8 @@ GPU_ATTRS = {
     "gpu_ratio_high": ("1", "upper end of the t interval over seeds of the ratio"),
     "campaign_gpu_s": ("s", "GPU time of the gathered records: the sum of their wall_s (whole command from "
                             "process start)"),
+    "campaign_all_gpu_s": ("s", "GPU time of every record in the folder (both studies' runs and the pilot): the sum "
+                                "of their wall_s"),
 }
 
 
@@ -848,6 +850,7 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
         for name, arr in (("gpu_ratio", ratio), ("gpu_ratio_low", rlow), ("gpu_ratio_high", rhigh)):
             out[name] = xr.DataArray(arr, dims=("gpu_lowprec", "gpu_metric", "snapshot"), coords=coords)
     out["campaign_gpu_s"] = float(gathered["wall_s"].sum())
+    out["campaign_all_gpu_s"], out.attrs["records_in_folder"] = record.total_wall_s(folder)
     out = out.assign_coords(record.provenance(folder, GPU_PATTERN).sel(run=pairs).coords)
     out.attrs["records_folder"] = str(folder)
     out.attrs["records"] = json.dumps(pairs)
@@ -897,7 +900,9 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
     gpus = sorted(set(str(g) for g in ds["prov_version_gpu"].values))
     missing = json.loads(ds.attrs.get("missing_runs", "[]"))
     out.append(f"**Campaign.** {ds.sizes['run']} pair record(s) ({', '.join(map(str, ds['run'].values))}) on "
-               f"{', '.join(gpus)}; GPU time {float(ds['campaign_gpu_s']):.0f} s in all (the sum of the records' "
+               f"{', '.join(gpus)}; GPU time {float(ds['campaign_gpu_s']):.0f} s for these records and "
+               f"{float(ds['campaign_all_gpu_s']):.0f} s for all {int(ds.attrs.get('records_in_folder', 0))} records "
+               "of the folder, the whole campaign (sums of the records' "
                "wall_s, each the whole training command from process start)"
                + (f"; campaign runs without a record here: {', '.join(missing)}." if missing else
                   "; every campaign run of this study has a record."))
