@@ -188,3 +188,16 @@ def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path, study
     nb = nbformat.read(folder / "notebook.ipynb", 4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
     assert needle in text and '"ename"' not in text and "nothing is trained here" in text
+
+
+def test_notebook_gpu_training_tier_stops_at_once_without_records(tmp_path):
+    from attnum import runner
+
+    empty = tmp_path / "records"
+    empty.mkdir()
+    with pytest.raises(Exception) as err:
+        runner.run("late_training_gradient_blowup", "gpu_training", {"gpu_records": str(empty)},
+                   outputs=tmp_path / "out", progress=False)
+    text = str(err.value)
+    assert "no records lm_s04_*.nc" in text and "s04_flash_lr1e-3" in text
+    assert not list((tmp_path / "out").rglob("results.nc"))
