@@ -201,3 +201,21 @@ def test_notebook_gpu_training_tier_stops_at_once_without_records(tmp_path):
     text = str(err.value)
     assert "no records lm_s04_*.nc" in text and "s04_flash_lr1e-3" in text
     assert not list((tmp_path / "out").rglob("results.nc"))
+
+
+def test_pair_records_are_classified_by_their_members():
+    import xarray as xr
+
+    def pair(att, amp=("bf16", "bf16"), seed=(0, 0)):
+        return xr.Dataset(coords={"member": ["a", "b"], "member_attention": ("member", list(att)),
+                                  "member_amp": ("member", list(amp)), "member_seed": ("member", list(seed))})
+
+    assert s03.gpu_comparison(pair(["sdpa:flash@bf16", "sdpa:math@fp32"])) == "flash_vs_fp32"
+    assert s03.gpu_comparison(pair(["sdpa:math@fp32", "sdpa:flash@bf16"])) == "flash_vs_fp32"
+    assert s03.gpu_comparison(pair(["triton:fa2@bf16", "sdpa:math@fp32"])) == \
+        "attention_triton:fa2@bf16_vs_sdpa:math@fp32"
+    assert s03.gpu_comparison(pair(["sdpa:flash@bf16"] * 2, seed=(0, 1))) == "noise_floor"
+    assert s03.gpu_comparison(pair(["sdpa:flash@bf16"] * 2)) == "gpu_repeat"
+    assert s03.gpu_comparison(pair(["sdpa:math@fp32", "sdpa:flash@fp16"], amp=("off", "fp16"))) == "fp16_training"
+    with pytest.raises(ValueError, match="one member"):
+        s03.gpu_comparison(pair(["sdpa:flash@bf16"] * 2).isel(member=[0]))

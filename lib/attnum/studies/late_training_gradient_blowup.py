@@ -47,6 +47,12 @@ The experiments, each a function returning an xarray Dataset with CF attributes:
     q, k, v and dO handed to it in bf16, as the emulator rounds them). A kernel that
     cannot run here, refuses the inputs or runs out of memory is recorded with the
     reason, never replaced by another.
+
+``gpu_training_dataset`` (the ``gpu_training`` tier, issue 13)
+    trains nothing: gathers ``attnum.lm``'s GPU training records (``lm_s04_*.nc``, the ``s04_*`` runs
+    of params/lm/campaign.yaml), their per-layer series and ``record.summary``, the loss rise, the
+    records' provenance and GPU time, and where a mechanism grid run puts the blowup regime
+    (``grid_regime``); ``gpu_training_sentences`` answers issue 13 section 3 from them.
 """
 from __future__ import annotations
 

@@ -30,6 +30,11 @@ pair over the flash pair of its own format, ``flash_bf16`` / ``flash_fp16``, as 
 of each flash pair's flash-trained run, the model's own attention inputs (q, k, v of every layer,
 on the batch of that step) go through the flash kernel, the reference kernel of the same policy and
 the fp64 golden value; the output deviation per layer is recorded beside the weight drift.
+
+``gpu_training_dataset`` (the ``gpu_training`` tier, issue 13): trains nothing; gathers the GPU pair
+records of ``attnum.lm`` (``lm_s03_*.nc``, params/lm/campaign.yaml's ``s03_*`` runs), classifies each
+pair by its members (``gpu_comparison``), aggregates their exact per-tensor W1 per kind, layer and model,
+gives geometric means and t intervals over seeds and the low-precision/flash ratio (``gpu_sentences``).
 """
 from __future__ import annotations
 
@@ -764,7 +769,9 @@ def gpu_comparison(run: xr.Dataset) -> str:
         low = amp[1] if amp[0] == "off" else amp[0]
         return f"{low}_training"
     if att[0] != att[1]:
-        return "flash_vs_fp32"
+        if "sdpa:flash" in {a.split("@")[0] for a in att} and "sdpa:math@fp32" in att:
+            return "flash_vs_fp32"
+        return f"attention_{att[0]}_vs_{att[1]}"  # another attention pair: kept, named by its members
     return "gpu_repeat"
 
 
@@ -812,7 +819,7 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
         for metric in (("wasserstein", "wasserstein_rel", "rel_l2", "max_abs") if by == "model"
                        else ("wasserstein", "wasserstein_rel")):
             out[f"gpu_{by}_{metric}"] = agg[metric]
-    present = [c for c in GPU_COMPARISONS if c in comps]
+    present = [c for c in GPU_COMPARISONS if c in comps] + sorted(set(comps) - set(GPU_COMPARISONS))
     shape = (len(present), len(GPU_METRICS), len(snaps))
     centre, low, high, count = (np.full(shape, np.nan) for _ in range(4))
     for i, comp in enumerate(present):
@@ -826,7 +833,7 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
     for name, arr in (("gpu_drift", centre), ("gpu_drift_low", low), ("gpu_drift_high", high),
                       ("gpu_n_seeds", count)):
         out[name] = xr.DataArray(arr, dims=dims, coords=coords)
-    out["gpu_comparison_description"] = ("gpu_comparison", [GPU_DESCRIPTIONS[c] for c in present])
+    out["gpu_comparison_description"] = ("gpu_comparison", [GPU_DESCRIPTIONS.get(c, c) for c in present])
     out["gpu_comparison_description"].attrs.update(units="1", long_name="what the comparison's two members differ in")
     lows = [c for c in GPU_LOW_PRECISION if c in present]
     flash_runs = [r for r, c in zip(pairs, comps) if c == "flash_vs_fp32"]
