@@ -59,7 +59,7 @@ smaller model with more steps), and each is a departure from the sources' settin
 Campaign: ``params/lm/campaign.yaml`` names every planned run (``python -m attnum.lm plan``
 lists them); ``python -m attnum.lm train --plan NAME --out $OUT`` runs one, flags overriding the
 plan. Each run leaves ``lm_<NAME>_s<seed>_d<data seed>.nc`` (a few MiB at most) in ``--out``;
-commit the records together (e.g. under ``outputs/lm_training/records/``) and ``gather`` them.
+commit the records together under ``outputs/lm/records/`` (the folder the studies' ``gpu_training`` tiers read) and ``gather`` them.
 
 Running on the lent H200 (from the repository root, ``.whl`` carried for netCDF4; set the commit,
 since the copy there has no git history)::
