@@ -333,3 +333,27 @@ def test_a_run_goes_to_the_first_worker_that_is_free_longest_first(outputs):
     assert third.started >= done_first.finished - 0.5, "the third run started before a worker was free"
     before = next(r for r in (first, second) if r.worker == third.worker)
     assert third.started >= before.finished - 0.5, "the third run waited behind a run on a busy worker"
+
+
+def test_the_kernel_does_not_inherit_the_nannys_malloc_setting(monkeypatch, tmp_path):
+    """Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in every worker; a run's kernel gets the launcher's value."""
+    import dask
+
+    assert "MALLOC_TRIM_THRESHOLD_" in dask.config.get("distributed.nanny.pre-spawn-environ")
+    seen = {}
+
+    def fake_run(*args, **kwargs):
+        seen["env"] = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+        return tmp_path
+
+    monkeypatch.setattr(runner, "run", fake_run)
+    for var in (*batch.THREAD_VARS, batch.WORKER_ENV):  # execute sets them: restored after the test
+        monkeypatch.delenv(var, raising=False)
+    task = batch.Task(STUDY, "smoke", {}, "smoke")
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as in a worker
+    out = batch.execute(task, str(tmp_path), launcher={"MALLOC_TRIM_THRESHOLD_": None})
+    assert out["state"] == "ok" and seen["env"] is None
+    batch.execute(task, str(tmp_path), launcher={"MALLOC_TRIM_THRESHOLD_": "1048576"})
+    assert seen["env"] == "1048576"  # a value the launcher set on purpose is kept
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
+    assert batch.launcher_env() == {"MALLOC_TRIM_THRESHOLD_": None}
