@@ -338,6 +338,7 @@ def test_a_run_goes_to_the_first_worker_that_is_free_longest_first(outputs):
 def test_the_kernel_does_not_inherit_the_nannys_malloc_setting(monkeypatch, tmp_path):
     """Dask's nanny sets MALLOC_TRIM_THRESHOLD_ in every worker; a run's kernel gets the launcher's value."""
     import dask
+    import distributed  # noqa: F401 (loads its configuration)
 
     assert "MALLOC_TRIM_THRESHOLD_" in dask.config.get("distributed.nanny.pre-spawn-environ")
     seen = {}
