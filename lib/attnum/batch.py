@@ -44,9 +44,9 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NU
                "VECLIB_MAXIMUM_THREADS")
 # Set by Dask's nanny in every worker (``distributed.nanny.pre-spawn-environ``) and so inherited by the
 # notebook kernels: MALLOC_TRIM_THRESHOLD_=65536 turns off glibc's adaptive mmap threshold, so every
-# tensor above 128 KiB is a fresh mmap (page faults, zeroing): the studies' many mid-sized eager ops ran
-# about 2x slower in a worker than in a plain run (a torch loop of small matmuls: 0.56 s -> 1.19 s here).
-# A run's kernel gets the value of the process that launched the batch instead (usually unset).
+# tensor above 128 KiB is a fresh mmap (page faults, zeroing): a torch loop of small matmuls and softmaxes
+# ran 2.1x slower with it here (0.56 s -> 1.19 s). A run's kernel gets the value of the process that
+# launched the batch instead (usually unset), as a plain run would.
 NANNY_ENV = ("MALLOC_TRIM_THRESHOLD_",)
 EVENT_TOPIC = "attnum-batch"
 KEY_PREFIX = "attnum-run"  # one Dask task group: the scheduler queues the runs and hands them out by priority
@@ -320,9 +320,9 @@ def dashboard_line(client, local: bool) -> str:
 # Seconds a study's default tier took as a one-thread run on the 2-core CPU this project is developed on
 # (README: "Measured run times"; rounded), used only to start the longest runs first when no earlier run
 # of the same folder left its RUN.json (a fresh clone). Only the order matters, not the values.
-TYPICAL_SECONDS = {("length_scaling", "default"): 110, ("late_training_gradient_blowup", "default"): 95,
-                   ("gproj_fix", "default"): 90, ("wasserstein_weight_drift", "default"): 45,
-                   ("extreme_inputs", "default"): 35}
+TYPICAL_SECONDS = {("length_scaling", "default"): 92, ("late_training_gradient_blowup", "default"): 56,
+                   ("gproj_fix", "default"): 47, ("extreme_inputs", "default"): 34,
+                   ("wasserstein_weight_drift", "default"): 33}
 
 
 def _priorities(tasks: list[Task], base: Path) -> list[float]:
