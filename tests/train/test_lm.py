@@ -25,6 +25,16 @@ def _tiny(**kw):
     return TrainConfig(**base)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _without_the_triton_interpreter():
+    """tests/kernels/test_triton_fa2.py sets TRITON_INTERPRET=1 for the whole pytest session (before triton's
+    import); the tests here check what a CPU without the interpreter records (the CUDA-only kernels as
+    unavailable), so the variable is switched off while they run (subprocesses that want the interpreter set it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TRITON_INTERPRET", "0")
+        yield
+
+
 @pytest.fixture(scope="module")
 def small_corpus():
     return corpus.Corpus.build(("stdlib",), max_bytes=MAX_BYTES)
