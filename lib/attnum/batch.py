@@ -445,6 +445,9 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
     from distributed import Client
 
     cluster, own_client = None, client is None
+    # read before a LocalCluster starts: its nannies live in this process and set their pre-spawn environment
+    # (MALLOC_TRIM_THRESHOLD_=65536) in this process's os.environ, which the old read after the start returned
+    launcher = launcher_env()
     if client is not None:
         where = f"the cluster of the given client ({client.scheduler.address})"
     elif scheduler:
@@ -480,7 +483,6 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
 
         client.subscribe_topic(EVENT_TOPIC, on_event)
         prio = _priorities(tasks, base)
-        launcher = launcher_env()
         queue = submission_order(tasks, base)  # longest expected first
         pending: list = []
 

@@ -358,3 +358,36 @@ def test_the_kernel_does_not_inherit_the_nannys_malloc_setting(monkeypatch, tmp_
     assert seen["env"] == "1048576"  # a value the launcher set on purpose is kept
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     assert batch.launcher_env() == {"MALLOC_TRIM_THRESHOLD_": None}
+
+
+def test_the_launchers_malloc_value_is_read_before_a_local_cluster_starts(monkeypatch):
+    """A LocalCluster's nannies run in the launching process and put their pre-spawn environment into its
+    os.environ; the value handed to the kernels must be read before that (it was read after, and the kernels
+    of make reproduce ran with MALLOC_TRIM_THRESHOLD_=65536: mostly system time)."""
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    cluster = batch.start_local_cluster(1, 0)
+    try:  # the premise, with the real LocalCluster
+        assert os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536"
+    finally:
+        cluster.close()
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    read = []
+    real_launcher_env = batch.launcher_env
+
+    def recording_launcher_env():
+        read.append(os.environ.get("MALLOC_TRIM_THRESHOLD_"))
+        return real_launcher_env()
+
+    class Started(Exception):
+        pass
+
+    def fake_cluster(workers, gpus):
+        os.environ["MALLOC_TRIM_THRESHOLD_"] = "65536"  # what the real one does
+        raise Started
+
+    monkeypatch.setattr(batch, "launcher_env", recording_launcher_env)
+    monkeypatch.setattr(batch, "start_local_cluster", fake_cluster)
+    with pytest.raises(Started):
+        batch._run_on_dask([batch.Task(STUDY, "smoke", {}, "smoke")], {}, ".", None, None, 2, 0, 1, None,
+                           False, print)
+    assert read == [None]
