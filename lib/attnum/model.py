@@ -72,12 +72,14 @@ class CausalSelfAttention(nn.Module):
 
 
 @torch.no_grad()
-def attention_statistics(q, k, scale: float | None = None) -> dict[str, float]:
+def attention_statistics(q, k, scale: float | None = None, extended: bool = False) -> dict[str, float]:
     """Sharpness and key statistics of causal attention with scores q k^T * scale, in fp32.
 
     ``max_logit``: largest scaled score; ``entropy``: mean over rows of -sum P log P (nats);
     ``key_mean_norm``: ||mean_j k_j|| (mean over batch and heads); ``key_norm``: mean_j ||k_j||;
     ``key_mean_ratio``: their ratio (1 when every key is the same vector, ~1/sqrt(N) for random keys).
+    ``extended`` adds ``offset_logit`` (mean |q . mean_j k_j| * scale, the logit the common key offset
+    adds) and ``max_prob`` (mean row maximum of P).
     """
     q, k = q.float(), k.float()
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -88,16 +90,23 @@ def attention_statistics(q, k, scale: float | None = None) -> dict[str, float]:
     entropy = -(logp.exp() * torch.where(torch.isinf(logp), torch.zeros_like(logp), logp)).sum(-1)
     key_mean_norm = k.mean(dim=-2).norm(dim=-1)
     key_norm = k.norm(dim=-1).mean(dim=-1)
-    return {"max_logit": s.amax().item(), "entropy": entropy.mean().item(),
-            "key_mean_norm": key_mean_norm.mean().item(), "key_norm": key_norm.mean().item(),
-            "key_mean_ratio": (key_mean_norm / key_norm).mean().item()}
+    stats = {"max_logit": s.amax().item(), "entropy": entropy.mean().item(),
+             "key_mean_norm": key_mean_norm.mean().item(), "key_norm": key_norm.mean().item(),
+             "key_mean_ratio": (key_mean_norm / key_norm).mean().item()}
+    if extended:
+        offset = (q @ k.mean(dim=-2).unsqueeze(-1)).squeeze(-1).abs().mean() * scale
+        stats.update(offset_logit=offset.item(), max_prob=logp.exp().amax(-1).mean().item())
+    return stats
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig, kernel: Kernel):
+    """Pre-LN block; ``attn``: an attention module of another model (``attnum.lm``) in place of this
+    module's ``CausalSelfAttention(cfg, kernel)``."""
+
+    def __init__(self, cfg: GPTConfig, kernel: Kernel | None = None, attn: nn.Module | None = None):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg, kernel)
+        self.attn = CausalSelfAttention(cfg, kernel) if attn is None else attn
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
                                  nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))

@@ -36,31 +36,16 @@ import numpy as np
 import torch
 
 from ..diagnostics import backward_errors
+from ..model import attention_statistics
 
 LAYER_STATS = ("key_mean_norm", "key_norm", "key_mean_ratio", "offset_logit", "max_logit", "entropy", "max_prob")
 DIAG_ERRORS = ("dq_rel_err", "dq_row_rel_err", "dk_rel_err", "dk_row_rel_err", "dv_rel_err", "dv_row_rel_err",
                "grad_norm_ratio")
 
 
-@torch.no_grad()
 def attention_stats(q, k, scale: float | None = None) -> dict[str, float]:
     """``LAYER_STATS`` of causal attention with scores q k^T * scale, in fp32 (see the module docstring)."""
-    q, k = q.float(), k.float()
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    n = q.shape[-2]
-    s = (q @ k.transpose(-1, -2)) * scale
-    s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), -math.inf)
-    logp = torch.log_softmax(s, dim=-1)
-    p = logp.exp()
-    entropy = -(p * torch.where(p > 0, logp, torch.zeros_like(logp))).sum(-1)
-    k_mean = k.mean(dim=-2)  # (batch, heads, d)
-    key_mean_norm = k_mean.norm(dim=-1)
-    key_norm = k.norm(dim=-1).mean(dim=-1)
-    offset = (q @ k_mean.unsqueeze(-1)).squeeze(-1).abs().mean() * scale
-    return {"key_mean_norm": key_mean_norm.mean().item(), "key_norm": key_norm.mean().item(),
-            "key_mean_ratio": (key_mean_norm / key_norm.clamp_min(1e-30)).mean().item(),
-            "offset_logit": offset.item(), "max_logit": s.amax().item(), "entropy": entropy.mean().item(),
-            "max_prob": p.amax(-1).mean().item()}
+    return attention_statistics(q, k, scale, extended=True)
 
 
 _FP32_REFERENCE = None

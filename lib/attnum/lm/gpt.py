@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import kernels
+from .. import model
 from ..model import init_weights
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -127,18 +128,9 @@ class CausalSelfAttention(nn.Module):
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
-class Block(nn.Module):
-    def __init__(self, cfg: LMConfig, choice: AttentionChoice):
-        super().__init__()
-        self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg, choice)
-        self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
-                                 nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))
-
-    def forward(self, x):
-        x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))
+def Block(cfg: LMConfig, choice: AttentionChoice) -> nn.Module:
+    """``attnum.model``'s pre-LN block (same layers and tensor names) around this module's attention."""
+    return model.Block(cfg, attn=CausalSelfAttention(cfg, choice))
 
 
 class LM(nn.Module):
