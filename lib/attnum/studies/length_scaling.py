@@ -10,17 +10,21 @@ microbenchmark), the ``fa2_<dtype>`` family is what production kernels do.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import xarray as xr
 from ..progress import tqdm
 
+if TYPE_CHECKING:  # the tables' type in annotations only; pandas is imported where they are built
+    import pandas as pd
+
 from .. import acceptance
 from ..inputs import normal_qkv
 from .. import kernels
 from ..metrics import GROWTH_MODELS, STRATA, error_summary, fit_growth, mean_rel_error, row_rel_l2, strata_bounds
-from ..precision import FORMATS, SCORE_MACS, min_normal, policy_for, round_to
+from ..precision import FORMATS, min_normal, policy_for, round_to
 
 KERNELS = ("reference", "flash")
 FAMILIES = ("all", "fa2")
@@ -117,7 +121,7 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
             xmax[d, i, j] = max(t.abs().max().item() for t in (q, k, v))
             floors[d, i, j] = acceptance.dtype_floor(gold, fmt)
             # Identical policies (all_fp32 == fa2_fp32) share one evaluation.
-            cache: dict = {}
+            cache = {}
 
             def run_kernel(kernel, pol):
                 key = (kernel, pol.formats())
@@ -364,17 +368,14 @@ def mac_sweep(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=1, head_
     roundings (product, then sum). ``query_rows`` rows against all N keys, as in ``stage_attribution``."""
     shape = (len(MAC_MODES), len(families), len(dtypes), len(seq_lens), len(seeds))
     err = np.full(shape, np.nan)
-    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
-    for i, n, j, seed in tqdm(work, desc="multiply-add", disable=not progress):
-        q64, k64, v64 = _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device)
-        for d, fmt in enumerate(dtypes):
-            q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
-            gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
-            for f, family in enumerate(families):
-                for a, mode in enumerate(MAC_MODES):
-                    pol = policy_for(family, fmt).with_score_mac(None if mode == "matmul" else mode)
-                    out = kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(q, k, v)[0]
-                    err[a, f, d, i, j] = error_summary(out, gold, fmt)["rel_l2"]
+    cases = _rounded_row_cases(query_rows, seq_lens, seeds, dtypes, batch, heads, head_dim, device, golden_chunk,
+                               "multiply-add", progress)
+    for i, j, d, fmt, (q, k, v), gold in cases:
+        for f, family in enumerate(families):
+            for a, mode in enumerate(MAC_MODES):
+                pol = policy_for(family, fmt).with_score_mac(None if mode == "matmul" else mode)
+                out = kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(q, k, v)[0]
+                err[a, f, d, i, j] = error_summary(out, gold, fmt)["rel_l2"]
     coords = {"mac": list(MAC_MODES), "policy": list(families), "mac_dtype": list(dtypes),
               "mac_seq_len": list(seq_lens), "mac_seed": list(seeds)}
     ds = xr.Dataset({"mac_rel_l2_err": (tuple(coords), err)}, coords=coords)
@@ -387,6 +388,18 @@ def _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device):
     q64, _, _ = normal_qkv(batch, heads, query_rows, head_dim, seed=seed, device=device)
     _, k64, v64 = normal_qkv(batch, heads, n, head_dim, seed=seed + 1_000_003, device=device)
     return q64, k64, v64
+
+
+def _rounded_row_cases(query_rows, seq_lens, seeds, dtypes, batch, heads, head_dim, device, golden_chunk, desc,
+                       progress):
+    """For every (N, seed) the row-subset inputs, then per format: (i, j, d, fmt, (q, k, v) rounded to fmt,
+    the fp64 golden output of those rounded operands); i, j, d index seq_lens, seeds, dtypes."""
+    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
+    for i, n, j, seed in tqdm(work, desc=desc, disable=not progress):
+        q64, k64, v64 = _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device)
+        for d, fmt in enumerate(dtypes):
+            q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
+            yield i, j, d, fmt, (q, k, v), kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
 
 
 DENOMINATOR_WINDOWS = ("every_block", "first_90pct", "last_10pct")
@@ -430,19 +443,17 @@ def denominator_tail(seq_lens, dtypes, seeds, *, query_rows=64, batch=1, heads=1
     """
     shape = (len(DENOMINATOR_WINDOWS), len(dtypes), len(seq_lens), len(seeds))
     err = np.full(shape, np.nan)
-    work = [(i, n, j, s) for i, n in enumerate(seq_lens) for j, s in enumerate(seeds)]
-    for i, n, j, seed in tqdm(work, desc="denominator", disable=not progress):
-        q64, k64, v64 = _row_subset_inputs(query_rows, n, seed, batch, heads, head_dim, device)
-        for d, fmt in enumerate(dtypes):
-            q, k, v = (round_to(t, fmt) for t in (q64, k64, v64))
-            gold = kernels.get("golden", chunk=golden_chunk).forward(q, k, v)[0]
-            pol = policy_for("all", "fp32").replace(name=f"fp32_inside_{fmt}", inputs=fmt)
-            for w, window in enumerate(DENOMINATOR_WINDOWS):
-                hooks = _row_sum_rounder(fmt, n, block_k, window)
-                out = kernels.emulator(pol, block_q=block_q, block_k=block_k, fault=hooks).forward(q, k, v)[0]
-                if hooks.block != hooks.n_blocks:
-                    raise RuntimeError(f"row-sum hook called {hooks.block} times for {hooks.n_blocks} key blocks")
-                err[w, d, i, j] = error_summary(out, gold, fmt)["rel_l2"]
+    cases = _rounded_row_cases(query_rows, seq_lens, seeds, dtypes, batch, heads, head_dim, device, golden_chunk,
+                               "denominator", progress)
+    for i, j, d, fmt, (q, k, v), gold in cases:
+        n = seq_lens[i]
+        pol = policy_for("all", "fp32").replace(name=f"fp32_inside_{fmt}", inputs=fmt)
+        for w, window in enumerate(DENOMINATOR_WINDOWS):
+            hooks = _row_sum_rounder(fmt, n, block_k, window)
+            out = kernels.emulator(pol, block_q=block_q, block_k=block_k, fault=hooks).forward(q, k, v)[0]
+            if hooks.block != hooks.n_blocks:
+                raise RuntimeError(f"row-sum hook called {hooks.block} times for {hooks.n_blocks} key blocks")
+            err[w, d, i, j] = error_summary(out, gold, fmt)["rel_l2"]
     coords = {"denominator_window": list(DENOMINATOR_WINDOWS), "denominator_dtype": list(dtypes),
               "denominator_seq_len": list(seq_lens), "denominator_seed": list(seeds)}
     ds = xr.Dataset({"denominator_rel_l2_err": (tuple(coords), err)}, coords=coords)
@@ -893,7 +904,7 @@ def denominator_sentence(ds: xr.Dataset, n: int = 4096) -> str:
     at = (f" (N = {n} is {'' if n in share['denominator_seq_len'].values else 'not '}among the lengths measured)")
     return ("error with the row sum rounded only over the last 10% of the keys, as a share of the error with it "
             "rounded after every key block — " + "; ".join(parts) + at
-            + f". Seed 000: 62% at n = 4096 (its MI210 port, its own error decomposition).")
+            + ". Seed 000: 62% at n = 4096 (its MI210 port, its own error decomposition).")
 
 
 def mac_table(ds: xr.Dataset) -> "pd.DataFrame | str":
