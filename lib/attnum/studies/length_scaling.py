@@ -149,7 +149,7 @@ def length_sweep(seq_lens, dtypes, seeds, *, batch=1, heads=2, head_dim=64, bloc
                                                x_max=xmax[d, i, j], fmt=fmt, reference_max_abs=pt_err,
                                                floor=floors[d, i, j])
                     passes[:, kk, f, d, i, j] = [verdict[rule] for rule in acceptance.RULES]
-            del cache
+            cache.clear()  # free the outputs before the next format
     dims = ("kernel", "policy", "dtype", "seq_len", "seed")
     coords = {"kernel": list(KERNELS), "policy": list(families), "dtype": list(dtypes),
               "seq_len": list(seq_lens), "seed": list(seeds), "rule": list(acceptance.RULES)}
