@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from conftest import without_triton_interpreter
 import torch
 
 from attnum.lm import corpus, diag, record
@@ -25,14 +27,8 @@ def _tiny(**kw):
     return TrainConfig(**base)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _without_the_triton_interpreter():
-    """tests/kernels/test_triton_fa2.py sets TRITON_INTERPRET=1 for the whole pytest session (before triton's
-    import); the tests here check what a CPU without the interpreter records (the CUDA-only kernels as
-    unavailable), so the variable is switched off while they run (subprocesses that want the interpreter set it)."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("TRITON_INTERPRET", "0")
-        yield
+# test_triton_fa2 switches the Triton interpreter on for the whole session; these tests check a CPU without it
+_without_the_triton_interpreter = pytest.fixture(scope="module", autouse=True)(without_triton_interpreter)
 
 
 @pytest.fixture(scope="module")
