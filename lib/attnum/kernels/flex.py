@@ -3,8 +3,8 @@
 FlexAttention generates a fused kernel only under ``torch.compile``; eager mode is a slow
 reference path, not the kernel users run, so this registry entry always compiles and runs only
 on CUDA (on a CPU it says so). Masks are expressed as FlexAttention's own functions: the causal
-mask as a ``mask_mod`` turned into a block mask (bottom-right aligned, like every kernel of the
-package), an additive bias as a ``score_mod`` that adds ``bias[b, h, q, kv]`` to the scaled score.
+mask as a ``mask_mod`` with its block tables computed per block (bottom-right aligned, like every
+kernel of the package; ``_causal_tables``), an additive bias as a ``score_mod`` that adds ``bias[b, h, q, kv]`` to the scaled score.
 ``return_lse=True`` gives the log-sum-exp of the scaled scores, which the forward returns.
 The backward is FlexAttention's own, through autograd.
 """
@@ -29,15 +29,50 @@ def _compiled():
     return torch.compile(flex_attention)
 
 
+BLOCK = 128  # FlexAttention's default block size, both axes
+
+
+def _causal_tables(n_q: int, n_k: int, block: int = BLOCK, device=None):
+    """The bottom-right causal mask's block tables, computed per block, never per element.
+
+    Query block i covers rows [i*block, (i+1)*block - 1], key block j the columns likewise; row q
+    sees column c when c <= q + (n_k - n_q). Block j is *visible* to block i when its first column is
+    seen by the block's last row, and *full* when its last column is seen by the block's first row and
+    neither block runs past the end of its axis; a visible block that is not full is partial
+    (FlexAttention applies ``mask_mod`` inside it). Each index table lists its blocks in ascending order first, then the others (ignored past
+    the count), the layout ``create_block_mask`` produces. Memory: (n_q/block) x (n_k/block) entries,
+    where ``create_block_mask`` evaluates the mask on all n_q x n_k elements (128 GiB at 131072^2,
+    which ran out of memory on an H200).
+    """
+    offset = n_k - n_q
+    n_qb, n_kb = -(-n_q // block), -(-n_k // block)
+    q_first = torch.arange(n_qb, device=device) * block
+    k_first = torch.arange(n_kb, device=device) * block
+    # a block that runs past the end of its axis is padded: never full (the padding is masked), and its
+    # padded rows count towards visibility, as in create_block_mask, which evaluates the mask on them
+    q_whole, k_whole = q_first + block <= n_q, k_first + block <= n_k
+    visible = k_first[None, :] <= (q_first + block - 1)[:, None] + offset
+    full = (k_first + block - 1)[None, :] <= q_first[:, None] + offset
+    full &= q_whole[:, None] & k_whole[None, :]
+    partial = visible & ~full
+
+    def table(selected):
+        order = torch.argsort((~selected).to(torch.int8), dim=1, stable=True)  # selected first, ascending
+        return selected.sum(1).to(torch.int32)[None, None], order.to(torch.int32)[None, None]
+
+    return table(partial), table(full)
+
+
 def _block_mask(n_q: int, n_k: int, device):
-    from torch.nn.attention.flex_attention import create_block_mask
+    from torch.nn.attention.flex_attention import BlockMask
 
     offset = n_k - n_q
 
     def causal(b, h, q_idx, kv_idx):
         return kv_idx <= q_idx + offset
 
-    return create_block_mask(causal, B=None, H=None, Q_LEN=n_q, KV_LEN=n_k, device=device)
+    (num, idx), (full_num, full_idx) = _causal_tables(n_q, n_k, BLOCK, device)
+    return BlockMask.from_kv_blocks(num, idx, full_num, full_idx, BLOCK, causal, (n_q, n_k))
 
 
 class FlexKernel(Kernel):

@@ -1,0 +1,43 @@
+"""The flex kernel's causal block mask: built per block (no N x N evaluation), equal to PyTorch's own.
+
+``create_block_mask`` evaluates the mask on every (query, key) element; at N = 131072 that asked for
+128 GiB on an H200 and ran out of memory (study 01's gpu run at 689a291). ``attnum.kernels.flex``
+computes the same block tables from block bounds. These tests run on the CPU: they compare the tables,
+which is all that FlexAttention reads of a block mask besides ``mask_mod`` itself.
+"""
+import pytest
+import torch
+
+from attnum.kernels.flex import BLOCK, _block_mask, _causal_tables
+
+TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+          "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+@pytest.mark.parametrize("n_q,n_k", [(128, 128), (256, 320), (300, 300), (1000, 513), (513, 1000), (1, 700),
+                                     (700, 1), (129, 257), (2048, 2048), (640, 1920), (1920, 640), (127, 129)])
+def test_causal_block_tables_equal_create_block_mask(n_q, n_k):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    offset = n_k - n_q
+    expected = create_block_mask(lambda b, h, q, kv: kv <= q + offset, B=None, H=None, Q_LEN=n_q, KV_LEN=n_k,
+                                 device="cpu")
+    got = _block_mask(n_q, n_k, "cpu")
+    for name in TABLES:
+        assert torch.equal(getattr(got, name), getattr(expected, name)), name
+    assert got.seq_lengths == (n_q, n_k)
+    # the mask_mod FlexAttention applies inside partial blocks is the bottom-right causal mask
+    q_idx, kv_idx = torch.tensor([0, n_q - 1]), torch.tensor([offset, offset])
+    assert got.mask_mod(0, 0, q_idx, kv_idx).tolist() == [True, True]
+    assert got.mask_mod(0, 0, torch.tensor(0), torch.tensor(offset + 1)).item() is False
+
+
+def test_long_sequence_tables_are_per_block():
+    n = 131072  # study 01's longest length, where the element-wise construction ran out of memory
+    (num, idx), (full_num, full_idx) = _causal_tables(n, n)
+    blocks = n // BLOCK
+    assert idx.shape == full_idx.shape == (1, 1, blocks, blocks)
+    # square causal: block row i has block i partial (the diagonal) and blocks 0..i-1 full
+    assert torch.equal(num[0, 0], torch.ones(blocks, dtype=torch.int32))
+    assert torch.equal(full_num[0, 0], torch.arange(blocks, dtype=torch.int32))
+    assert torch.equal(idx[0, 0, :, 0], torch.arange(blocks, dtype=torch.int32))
