@@ -986,19 +986,42 @@ def _where(points) -> str:
     return ", ".join(points) if points else "none"
 
 
+def _real_only(ds: xr.Dataset, pairs: bool = False) -> xr.Dataset:
+    """The real-kernel variables alone (and the pair variables only if asked): ``Dataset.sel`` indexes
+    every variable, so the per-cell loops below select from this view (the study's 80-odd variables
+    made those loops cost seconds of every run's start). Values are the same objects, not copies."""
+    keep = [v for v in ds.data_vars if str(v).startswith("real_") and (pairs or not str(v).startswith("real_pair_"))]
+    return ds[keep]
+
+
+def _cells(ds: xr.Dataset):
+    """``cell(kernel, dtype, input, mask)`` -> {variable: 0-d array} for every real-kernel variable on those
+    four dimensions: what ``ds.sel`` of one cell gives ``_real_label`` and the loops, read from numpy arrays
+    (thousands of cells a run; a Dataset ``sel`` each cost seconds)."""
+    dims = ("real_kernel", "real_dtype", "real_input", "real_mask")
+    arrays = {str(v): ds[v].transpose(*dims).values for v in ds.data_vars if set(ds[v].dims) == set(dims)}
+    index = [{str(x): j for j, x in enumerate(ds[d].values)} for d in dims]
+
+    def cell(k, f, i, m):
+        at = tuple(ix[str(x)] for ix, x in zip(index, (k, f, i, m)))
+        return {name: np.asarray(a[at]) for name, a in arrays.items()}
+
+    return cell
+
+
 def real_kernel_summary(ds: xr.Dataset) -> pd.DataFrame:
     """Per real kernel and input format, from the data: points with no output (and the first word
     of why), inputs|masks with NaN/inf where the golden output is finite, with zero rows where the
     golden row is not, with fully masked rows output as NaN, and rows attending masked keys."""
     rows = []
+    cells = _cells(ds)
     for kernel in ds["real_kernel"].values:
         for fmt in ds["real_dtype"].values:
-            sub = ds.sel(real_kernel=kernel, real_dtype=fmt)
             no_out, nonfinite, zero, masked_nan, attend = {}, [], [], [], []
             for inp in ds["real_input"].values:
                 for mask in ds["real_mask"].values:
-                    cell = sub.sel(real_input=inp, real_mask=mask)
-                    status = str(cell["real_status"].values)
+                    cell = cells(kernel, fmt, inp, mask)
+                    status = str(cell["real_status"])
                     label = f"{inp}{'' if mask == 'none' else '|' + str(mask)}"
                     if status.startswith("not applicable: the input"):
                         continue
@@ -1028,12 +1051,15 @@ def emulator_beside_real(ds: xr.Dataset, policy_family: str = "fa2") -> pd.DataF
     golden value is finite, zero rows, masked-key influence; else its relative L2 error)."""
     fams = [f for f in ds["family"].values if f in ds["real_input"].values]
     n = ds["seq_len"].values.max()
+    real = _cells(ds)
+    emulated = ds[["nan_where_golden_finite", "inf_where_golden_finite", "zero_rows", "masked_key_influence",
+                   "finite_rel_l2_err"]]
     rows = []
     for fmt in ds["real_dtype"].values:
         if fmt not in ds["dtype"].values:
             continue
         for fam in fams:
-            cell = ds.sel(family=fam, dtype=fmt, seq_len=n, kernel="flash", policy=policy_family)
+            cell = emulated.sel(family=fam, dtype=fmt, seq_len=n, kernel="flash", policy=policy_family)
             seed_max = lambda name: float(cell[name].max("seed"))  # noqa: E731
             issues = []
             size = float(ds["output_size"].sel(seq_len=n))
@@ -1052,8 +1078,8 @@ def emulator_beside_real(ds: xr.Dataset, policy_family: str = "fa2") -> pd.DataF
             for kernel in ds["real_kernel"].values:
                 texts = []
                 for mask in masks:
-                    c = ds.sel(real_kernel=kernel, real_dtype=fmt, real_input=fam, real_mask=mask)
-                    if not str(c["real_status"].values).startswith("not applicable: the input"):
+                    c = real(kernel, fmt, fam, mask)
+                    if not str(c["real_status"]).startswith("not applicable: the input"):
                         texts.append(_real_label(c)[1])
                 row[str(kernel)] = texts[0] if texts else "-"
             rows.append(row)
@@ -1066,13 +1092,14 @@ def real_findings_by_input(ds: xr.Dataset) -> list[str]:
     kernels that agree with the golden value grouped as "as golden", and the emulator's outcome on the
     same family when the family sweep has it (``emulator_beside_real``)."""
     beside = emulator_beside_real(ds) if "family" in ds else None
+    cell = _cells(ds)
     out = []
     for fmt in ds["real_dtype"].values:
         for inp in ds["real_input"].values:
             for mask in ds["real_mask"].values:
                 labels = {}
                 for kernel in ds["real_kernel"].values:
-                    code, text = _real_label(ds.sel(real_kernel=kernel, real_dtype=fmt, real_input=inp, real_mask=mask))
+                    code, text = _real_label(cell(kernel, fmt, inp, mask))
                     if not (isinstance(code, float) and math.isnan(code)):
                         labels[str(kernel)] = (code, text)
                 if not labels or all(code == 0 for code, _ in labels.values()):
@@ -1120,9 +1147,8 @@ def real_highlights(ds: xr.Dataset, far: float = 10.0, floor: float = 1e-2) -> l
     dtypes_ = [str(f) for f in ds["real_dtype"].values]
     masks = [str(m) for m in ds["real_mask"].values if m != "none"]
     inputs = [str(i) for i in ds["real_input"].values]
-    status = lambda k, f, i, m: str(ds["real_status"].sel(real_kernel=k, real_dtype=f, real_input=i,  # noqa: E731
-                                                          real_mask=m).values)
-    cell = lambda k, f, i, m: ds.sel(real_kernel=k, real_dtype=f, real_input=i, real_mask=m)  # noqa: E731
+    cell = _cells(ds)
+    status = lambda k, f, i, m: str(cell(k, f, i, m)["real_status"])  # noqa: E731
     val = lambda c, name: float(c[name])  # noqa: E731
     out = []
 
@@ -1639,7 +1665,7 @@ def _real_label(cell: xr.Dataset) -> tuple[float, str]:
     """(colour code, short text) of one (kernel, dtype, input, mask): 0 agrees with the golden value's
     finite-ness, zero rows and masking (text: its relative error); 1 departs (text: how); 0.5 no output
     (text: why, in one word); NaN not applicable."""
-    status = str(cell["real_status"].values)
+    status = str(np.asarray(cell["real_status"]))
     if status.startswith("not applicable"):
         return math.nan, "n/a"
     if status != "ok":
@@ -1687,14 +1713,13 @@ def real_outcome_table(ds: xr.Dataset, dtype: str) -> tuple[pd.DataFrame, pd.Dat
 def real_status_table(ds: xr.Dataset) -> pd.DataFrame:
     """Per kernel, format and reason: how many (input, mask) points gave no output, and which inputs."""
     rows = []
-    status = ds["real_status"]
-    for kernel in ds["real_kernel"].values:
-        for fmt in ds["real_dtype"].values:
-            sub = status.sel(real_kernel=kernel, real_dtype=fmt)
+    status = ds["real_status"].transpose("real_kernel", "real_dtype", "real_input", "real_mask").values
+    for a, kernel in enumerate(ds["real_kernel"].values):
+        for b, fmt in enumerate(ds["real_dtype"].values):
             reasons: dict[str, list[str]] = {}
-            for inp in ds["real_input"].values:
-                for mask in ds["real_mask"].values:
-                    text = str(sub.sel(real_input=inp, real_mask=mask).values)
+            for i, inp in enumerate(ds["real_input"].values):
+                for m, mask in enumerate(ds["real_mask"].values):
+                    text = str(status[a, b, i, m])
                     if text == "ok" or text.startswith("not applicable: the input"):
                         continue
                     reasons.setdefault(text, []).append(f"{inp}{'' if mask == 'none' else '|' + str(mask)}")
@@ -1709,13 +1734,23 @@ def real_disagreements(ds: xr.Dataset) -> pd.DataFrame:
     """Every pair of kernels that ran on the same input and whose outputs differ in where they are
     NaN/inf or in which rows are all zero, with each kernel's outcome (``_real_label``)."""
     rows = []
+    ds = _real_only(ds, pairs=True)
     names = [str(k) for k in ds["real_kernel"].values]
+    # which cells to look at, found on whole arrays first (a per-cell sel of every cell cost ~1 s a run)
+    order = ("real_kernel", "real_other_kernel", "real_dtype", "real_input", "real_mask")
+    differs = ((ds["real_pair_nonfinite_mismatch"] > 0) | (ds["real_pair_zero_row_mismatch"] > 0)).transpose(*order)
+    differs = differs.values
+    other = {str(k): j for j, k in enumerate(ds["real_other_kernel"].values)}
     for a, ka in enumerate(names):
         for kb in names[a + 1:]:
+            if not differs[a, other[kb]].any():
+                continue
             pair = ds.sel(real_kernel=ka, real_other_kernel=kb)
-            for fmt in ds["real_dtype"].values:
-                for inp in ds["real_input"].values:
-                    for mask in ds["real_mask"].values:
+            for f, fmt in enumerate(ds["real_dtype"].values):
+                for i, inp in enumerate(ds["real_input"].values):
+                    for m, mask in enumerate(ds["real_mask"].values):
+                        if not differs[a, other[kb], f, i, m]:
+                            continue
                         cell = pair.sel(real_dtype=fmt, real_input=inp, real_mask=mask)
                         nonfinite = float(cell["real_pair_nonfinite_mismatch"])
                         zero = float(cell["real_pair_zero_row_mismatch"])
