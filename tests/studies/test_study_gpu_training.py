@@ -158,6 +158,96 @@ def test_study03_ratio_interpolates_the_flash_drift_and_is_stated_against_golden
     assert "Flash against the noise floor" in text and "GPU repeat" in text
 
 
+def test_study03_common_step_is_the_last_snapshot_every_pair_record_has(records):
+    ds = s03.gpu_training_dataset(records)
+    # the low-precision pair stops at step 15 (snapshots 0, 5, 10, 15), the others at 30 (0, 10, 20, 30)
+    assert list(s03.gpu_common_steps(ds)) == [10] and s03.gpu_common_step(ds) == 10
+    assert list(s03.gpu_common_steps(ds, ["flash_vs_fp32", "noise_floor"])) == [10, 20, 30]
+    assert s03.gpu_common_step(ds, ["bf16_training"]) == 15
+    # by definition: every record of every pair has a drift there, and at no later snapshot
+    finite = np.isfinite(ds["gpu_model_wasserstein"].transpose("run", "snapshot").values).all(0)
+    later = ds["snapshot"].values > s03.gpu_common_step(ds)
+    assert finite[list(ds["snapshot"].values).index(10)] and not finite[later].any()
+    table = s03.gpu_kind_table(ds, 10)
+    flash = ["lm_s03_flash_vs_fp32_s0_s0_d0", "lm_s03_flash_vs_fp32_s1_s1_d1"]
+    want = ds["gpu_kind_wasserstein_rel"].sel(run=flash, snapshot=10).median("run").to_pandas()
+    assert np.allclose(table.loc["flash_vs_fp32"].values, want.values)
+    assert set(table.index) == set(ds["gpu_comparison"].values)
+    text = s03.gpu_kind_sentence(ds)
+    assert "at step 10, the last snapshot every pair record shares" in text
+    assert f"{table.loc['flash_vs_fp32', 'attention']:.3g}" in text and "(repeat exactly 0)" in text
+
+
+def _repeat_stops_early(ds, factor=(0.5, 2.0)):
+    """The dataset with a repeat pair that drifts (factor x the flash drift at steps 10, 20) and stops at 20."""
+    ds = ds.copy(deep=True)
+    rep, steps = "lm_s03_repeat_s0_s0_d0", [10, 20]
+    flash = ds["gpu_drift"].sel(gpu_comparison="flash_vs_fp32", gpu_metric="wasserstein", snapshot=steps).values
+    for var in ("gpu_model_wasserstein", "gpu_kind_wasserstein_rel"):
+        ds[var].loc[dict(run=rep, snapshot=30)] = np.nan
+    ds["gpu_drift"].loc[dict(gpu_comparison="gpu_repeat", gpu_metric="wasserstein", snapshot=steps)] = \
+        flash * np.array(factor)
+    ds["gpu_drift"].loc[dict(gpu_comparison="gpu_repeat", snapshot=30)] = np.nan
+    return ds
+
+
+def test_study03_repeat_ratio_is_taken_over_the_common_steps_and_says_what_it_means(records):
+    ds = s03.gpu_training_dataset(records)
+    # on the CPU the repeat pair is bitwise identical: none of the flash drift is non-determinism
+    text = "\n".join(s03.gpu_repeat_sentences(ds))
+    assert "bitwise identical" in text and "steps 10-30" in text
+    early = _repeat_stops_early(ds)
+    ratio = s03.gpu_ratio_series(early, "gpu_repeat", "flash_vs_fp32")
+    assert list(ratio.index) == [10, 20] and np.allclose(ratio.values, [0.5, 2.0])  # step 30: the repeat has none
+    text = "\n".join(s03.gpu_repeat_sentences(early))
+    assert "0.5x to 2x" in text and "2x at step 20" in text and "at 1 of them (step 20)" in text
+    assert "cannot be told apart from run-to-run noise" in text
+    text = "\n".join(s03.gpu_repeat_sentences(_repeat_stops_early(ds, (2.0, 0.25))))
+    assert "0.25x to 2x" in text and "reaches 25% of the flash-vs-FP32 pair's drift" in text and "4x as far" in text
+    assert "0.25x to 2x" in "\n".join(s03.gpu_conclusion_lines(_repeat_stops_early(ds, (2.0, 0.25))))
+
+
+@pytest.fixture(scope="module")
+def records_without_lowprec(records, tmp_path_factory):
+    import shutil
+
+    folder = tmp_path_factory.mktemp("records_without_lowprec")
+    for path in records.glob("lm_s03_*.nc"):
+        if "lowprec" not in path.name:
+            shutil.copy(path, folder / path.name)
+    return folder
+
+
+def test_study03_gpu_figure_with_and_without_a_low_precision_pair(records, records_without_lowprec):
+    import matplotlib.pyplot as plt
+
+    from attnum.figures import wasserstein_weight_drift as figures
+
+    for folder, common in ((records, 10), (records_without_lowprec, 30)):
+        ds = s03.gpu_training_dataset(folder)
+        fig = figures.plot_gpu_drift(ds)
+        left, middle, right = fig.axes[:3]
+        assert f"step {common}, the last snapshot every pair shares" in middle.get_title()
+        table = s03.gpu_kind_table(ds, common)
+        heights = [bar.get_height() for bar in middle.patches]
+        kinds = len(ds["kind"])
+        for i, comp in enumerate(ds["gpu_comparison"].values):  # bars in comparison order, NaN where 0
+            want = table.loc[str(comp)].values
+            assert np.allclose(heights[i * kinds:(i + 1) * kinds], np.where(want > 0, want, np.nan), equal_nan=True)
+        texts = " ".join(t.get_text() for t in right.texts)
+        legend = right.get_legend()
+        if "bf16_training" in ds["gpu_comparison"].values:
+            assert s03.gpu_lowprec_absence(ds) is None and not texts
+            assert "their claim" in " ".join(t.get_text() for t in legend.get_texts())
+            assert right.lines  # the ratio itself
+        else:
+            assert "No low-precision pair record" in texts and legend is None and not right.patches
+            assert "No low-precision pair record" in s03.gpu_lowprec_absence(ds)
+            lines = s03.gpu_conclusion_lines(ds)
+            assert any("not tested by these records" in line for line in lines)
+        plt.close(fig)
+
+
 def test_results_write_with_provenance(records, tmp_path):
     ds = s03.gpu_training_dataset(records)
     path = ncio.write_results(ds, tmp_path / "r.nc", study="wasserstein_weight_drift", params={},

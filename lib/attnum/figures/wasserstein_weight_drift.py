@@ -2,9 +2,12 @@
 study's results dataset (as written to ``results.nc``) and returns a matplotlib figure."""
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import xarray as xr
-from ..studies.wasserstein_weight_drift import GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS, group_table, layer_statistic
+from ..studies.wasserstein_weight_drift import (GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS, gpu_common_step, gpu_kind_table,
+                                                gpu_lowprec_absence, group_table, layer_statistic)
 
 
 PAIR_STYLE = {"repeat": ("#7f8c8d", ":"), "flash": ("#c0392b", "-"), "flash_fp32": ("#f1948a", "--"),
@@ -262,8 +265,9 @@ GPU_COLORS = {"flash_vs_fp32": "#c0392b", "noise_floor": "#2874a6", "gpu_repeat"
 
 def plot_gpu_drift(ds: xr.Dataset):
     """The GPU pair records (gpu_training tier): model-level W1 over training per record (thin) and
-    the geometric mean over seeds (thick); the relative W1 per kind of tensor at each comparison's
-    last snapshot; the low-precision/flash ratio over training beside Golden et al.'s 2-5x (their claim)."""
+    the geometric mean over seeds (thick); the relative W1 per kind of tensor at the last snapshot every
+    pair record shares (``gpu_common_step``); the low-precision/flash ratio over training beside Golden
+    et al.'s 2-5x (their claim), or, without a low-precision pair, a note saying so."""
     from ..plots import subplots
 
     fig, axes = subplots(1, 3, figsize=(15, 4.2))
@@ -281,35 +285,51 @@ def plot_gpu_drift(ds: xr.Dataset):
     ax.set_yscale("log")
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("model-level W1 drift (b vs a)")
+    # like for like: every pair at the last snapshot all of them share (pairs bounded by a time budget
+    # stop at different steps); only without one, each pair at its own last snapshot, the step in the legend
+    common = gpu_common_step(ds)
+    if common is not None:
+        ax.axvline(common, color="grey", lw=0.8, ls=":", label=f"step {common}: middle panel")
     ax.legend(fontsize=7)
     ax = axes[0, 1]
-    kinds = [str(k) for k in ds["kind"].values]
     comps = [str(c) for c in ds["gpu_comparison"].values]
     width = 0.8 / max(1, len(comps))
+    kinds = [str(k) for k in ds["kind"].values]
     for i, comp in enumerate(comps):
-        runs = ds["run"].values[ds["gpu_comparison_of_run"].values == comp]
-        sub = ds["gpu_kind_wasserstein_rel"].sel(run=runs).transpose("run", "kind", "snapshot")
-        good = np.nonzero(np.isfinite(sub.values).all(axis=(0, 1)) & (snaps > 0))[0]
-        if not len(good):
+        step = common if common is not None else gpu_common_step(ds, [comp])
+        if step is None:
             continue
-        vals = sub.isel(snapshot=good[-1]).median("run").values
-        ax.bar(np.arange(len(kinds)) + i * width, np.where(vals > 0, vals, np.nan), width,
-               color=GPU_COLORS.get(comp, "grey"), label=f"{comp} (step {int(snaps[good[-1]])})")
+        vals = gpu_kind_table(ds, step).loc[comp]
+        label = comp if common is not None else f"{comp} (step {step})"
+        ax.bar(np.arange(len(kinds)) + i * width, np.where(vals.values > 0, vals.values, np.nan), width,
+               color=GPU_COLORS.get(comp, "grey"), label=label)
     ax.set_xticks(np.arange(len(kinds)) + 0.4 - width / 2, kinds, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("W1 / RMS weight of the kind (median over seeds)")
+    ax.set_title(f"per kind at step {common}, the last snapshot every pair shares" if common is not None
+                 else "per kind, each pair at its own last snapshot (no snapshot shared by all)", fontsize=9)
     ax.legend(fontsize=6)
     ax = axes[0, 2]
-    if "gpu_ratio" in ds:
-        for comp in ds["gpu_lowprec"].values:
-            sub = ds.sel(gpu_lowprec=comp, gpu_metric="wasserstein")
-            y, lo, hi = (sub[v].values for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
-            ok = np.isfinite(y)
-            ax.plot(snaps[ok], y[ok], marker="o", color=GPU_COLORS.get(str(comp), "grey"), label=str(comp))
-            band = ok & np.isfinite(lo) & np.isfinite(hi)
-            if band.any():
-                ax.fill_between(snaps[band], lo[band], hi[band], color=GPU_COLORS.get(str(comp), "grey"), alpha=0.2)
-    ax.axhspan(*GOLDEN_RATIO_RANGE, color="#f9e79f", alpha=0.5, label="Golden et al.'s 2-5x (their claim)")
+    absent = gpu_lowprec_absence(ds)
+    if absent:
+        note = (f"{absent}: no low-precision / flash_vs_fp32 ratio to draw (Golden et al. claim "
+                f"{GOLDEN_RATIO_RANGE[0]:g}-{GOLDEN_RATIO_RANGE[1]:g}x; their claim, not tested here).")
+        ax.text(0.5, 0.5, textwrap.fill(note, 38), ha="center", va="center", fontsize=8, transform=ax.transAxes)
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.grid(False)
+        ax.set_title("low-precision / flash_vs_fp32 W1", fontsize=9)
+        return fig
+    for comp in ds["gpu_lowprec"].values:
+        sub = ds.sel(gpu_lowprec=comp, gpu_metric="wasserstein")
+        y, lo, hi = (sub[v].values for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
+        ok = np.isfinite(y)
+        ax.plot(snaps[ok], y[ok], marker="o", color=GPU_COLORS.get(str(comp), "grey"), label=str(comp))
+        band = ok & np.isfinite(lo) & np.isfinite(hi)
+        if band.any():
+            ax.fill_between(snaps[band], lo[band], hi[band], color=GPU_COLORS.get(str(comp), "grey"), alpha=0.2)
+    ax.axhspan(*GOLDEN_RATIO_RANGE, color="#f9e79f", alpha=0.5,
+               label=f"Golden et al.'s {GOLDEN_RATIO_RANGE[0]:g}-{GOLDEN_RATIO_RANGE[1]:g}x (their claim)")
     ax.axhline(1.0, color="k", lw=0.6)
     ax.set_yscale("log")
     ax.set_xlabel("optimiser step")

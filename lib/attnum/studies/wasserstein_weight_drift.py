@@ -34,7 +34,10 @@ the fp64 golden value; the output deviation per layer is recorded beside the wei
 ``gpu_training_dataset`` (the ``gpu_training`` tier, issue 13): trains nothing; gathers the GPU pair
 records of ``attnum.lm`` (``lm_s03_*.nc``, params/lm/campaign.yaml's ``s03_*`` runs), classifies each
 pair by its members (``gpu_comparison``), aggregates their exact per-tensor W1 per kind, layer and model,
-gives geometric means and t intervals over seeds and the low-precision/flash ratio (``gpu_sentences``).
+gives geometric means and t intervals over seeds and the low-precision/flash ratio (``gpu_sentences``). Pairs
+bounded by a time budget stop at different steps: they are compared at the snapshots every record of them
+shares (``gpu_common_steps``), per kind at the last of those (``gpu_kind_table``), and the repeat pair over the
+flash pair at every one (``gpu_ratio_series``, ``gpu_repeat_sentences``).
 """
 from __future__ import annotations
 
@@ -670,7 +673,7 @@ def conclusion_lines(ds: xr.Dataset) -> list[str]:
         if old in comps and not np.array_equal(ds["drift_ratio"].sel(comparison=new).values,
                                                ds["drift_ratio"].sel(comparison=old).values, equal_nan=True):
             prev = ds["drift_ratio"].sel(comparison=old).isel(step=-1)
-            text += f" (over `flash`: " + ", ".join(f"{m} {float(prev.sel(metric=m)):.2f}" for m in DRIFT_METRICS) + ")"
+            text += " (over `flash`: " + ", ".join(f"{m} {float(prev.sel(metric=m)):.2f}" for m in DRIFT_METRICS) + ")"
         out.append(text + ".")
     if "call_max_abs" in ds:
         seen = set()
@@ -886,17 +889,196 @@ def gpu_drift_table(ds: xr.Dataset, metric: str = "wasserstein"):
     return pd.DataFrame(rows).set_index("comparison")
 
 
+def _runs_of(ds: xr.Dataset, comp: str) -> np.ndarray:
+    return ds["run"].values[ds["gpu_comparison_of_run"].values == comp]
+
+
+def gpu_common_steps(ds: xr.Dataset, comps=None) -> np.ndarray:
+    """Snapshot steps > 0 at which every record of each comparison in ``comps`` (default: every one
+    present) has its drift, model-level and per kind: the steps at which those pairs compare like for
+    like (pairs bounded by a time budget stop at different steps)."""
+    comps = [str(c) for c in ds["gpu_comparison"].values] if comps is None else list(comps)
+    ok = ds["snapshot"].values > 0
+    for comp in comps:
+        runs = _runs_of(ds, comp)
+        if not len(runs):
+            return np.array([], dtype=int)
+        ok &= np.isfinite(ds["gpu_model_wasserstein"].sel(run=runs).transpose("run", "snapshot").values).all(0)
+        if "gpu_kind_wasserstein_rel" in ds:
+            kind = ds["gpu_kind_wasserstein_rel"].sel(run=runs).transpose("run", "kind", "snapshot").values
+            ok &= np.isfinite(kind).all(axis=(0, 1))
+    return ds["snapshot"].values[ok].astype(int)
+
+
+def gpu_common_step(ds: xr.Dataset, comps=None) -> int | None:
+    """The last snapshot step > 0 that every record of the comparisons shares (None: there is none)."""
+    steps = gpu_common_steps(ds, comps)
+    return int(steps[-1]) if len(steps) else None
+
+
+def gpu_kind_table(ds: xr.Dataset, step: int, metric: str = "wasserstein_rel"):
+    """Per comparison (rows) and kind of tensor (columns): the drift at ``step``, median over the
+    comparison's records (seeds); NaN where a record has no snapshot at that step."""
+    import pandas as pd
+
+    rows = {}
+    for comp in ds["gpu_comparison"].values:
+        sub = ds[f"gpu_kind_{metric}"].sel(run=_runs_of(ds, str(comp)), snapshot=step)
+        rows[str(comp)] = sub.median("run", skipna=False).to_pandas()
+    table = pd.DataFrame(rows).T
+    table.columns.name, table.index.name = "kind", "comparison"
+    return table
+
+
+def gpu_ratio_series(ds: xr.Dataset, a: str, b: str, metric: str = "wasserstein"):
+    """a's model-level drift / b's (geometric means over seeds) at every snapshot step > 0 that every
+    record of both comparisons has (``gpu_common_steps``); empty when one is absent or b's drift is 0."""
+    import pandas as pd
+
+    present = set(map(str, ds["gpu_comparison"].values))
+    if a not in present or b not in present:
+        return pd.Series(dtype=float, name=f"{a} / {b}")
+    steps = gpu_common_steps(ds, [a, b])
+    x, y = (ds["gpu_drift"].sel(gpu_comparison=c, gpu_metric=metric, snapshot=steps).values for c in (a, b))
+    keep = y > 0
+    return pd.Series(x[keep] / y[keep], index=pd.Index(steps[keep], name="step"), name=f"{a} / {b}")
+
+
 def _at_common(ds: xr.Dataset, a: str, b: str, metric: str = "wasserstein"):
-    """(step, a's drift / b's drift) at the last snapshot > 0 where both comparisons have one."""
-    if a not in ds["gpu_comparison"].values or b not in ds["gpu_comparison"].values:
+    """(step, a's drift / b's drift) at the last snapshot > 0 that every record of both shares (None: none)."""
+    series = gpu_ratio_series(ds, a, b, metric)
+    return (int(series.index[-1]), float(series.iloc[-1])) if len(series) else None
+
+
+def _steps(steps) -> str:
+    steps = [int(s) for s in steps]
+    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+
+
+def gpu_repeat_sentences(ds: xr.Dataset) -> list[str]:
+    """The repeat pair over the flash-vs-FP32 pair at every snapshot both share, and what it means: how
+    much of the flash pair's drift GPU non-determinism alone (two identical runs) reaches."""
+    rep = gpu_ratio_series(ds, "gpu_repeat", "flash_vs_fp32")
+    if not len(rep):
+        return []
+    steps, last, r = rep.index.values, int(rep.index[-1]), float(rep.iloc[-1])
+    if (rep.values == 0).all():
+        return [f"**GPU repeat:** the two identical runs are bitwise identical at every snapshot they share with the "
+                f"flash-vs-FP32 pair ({_steps(steps)}): none of the flash pair's drift is run-to-run non-determinism."]
+    above = steps[rep.values >= 1]
+    out = [f"**GPU repeat:** two identical GPU runs drift {rep.min():.3g}x to {rep.max():.3g}x as far as the "
+           f"flash-vs-FP32 pair (model-level W1, repeat / flash) over the {len(rep)} snapshots both pairs have "
+           f"({_steps(steps)}), and {r:.3g}x at step {last}, the last of them; the repeat pair drifts at least as far "
+           f"as the flash pair at {len(above)} of them" + (f" (step {', '.join(map(str, above))})" if len(above) else "")
+           + "."]
+    if r >= 1:
+        out.append(f"So at step {last} GPU non-determinism alone (two identical runs) moves the weights as far as "
+                   "changing the attention kernel from flash (bf16) to FP32, or farther: by weight drift the kernel's "
+                   "effect cannot be told apart from run-to-run noise.")
+    else:
+        out.append(f"So at step {last} GPU non-determinism alone (two identical runs, no change of kernel) reaches "
+                   f"{r:.0%} of the flash-vs-FP32 pair's drift: changing the attention kernel from flash (bf16) to "
+                   f"FP32 moves the weights only {1 / r:.3g}x as far as changing nothing (and the flash pair's own "
+                   "drift carries the same non-determinism).")
+    return out
+
+
+def gpu_kind_sentence(ds: xr.Dataset) -> str | None:
+    """The per-kind drift of the flash pair beside the repeat pair's and the noise floor's, at the last
+    snapshot every pair record shares (the middle panel of ``plot_gpu_drift``)."""
+    if "gpu_kind_wasserstein_rel" not in ds or "flash_vs_fp32" not in ds["gpu_comparison"].values:
         return None
-    x = ds["gpu_drift"].sel(gpu_comparison=a, gpu_metric=metric).values
-    y = ds["gpu_drift"].sel(gpu_comparison=b, gpu_metric=metric).values
-    ok = np.nonzero(np.isfinite(x) & np.isfinite(y) & (y > 0) & (ds["snapshot"].values > 0))[0]
-    if not len(ok):
-        return None
-    k = ok[-1]
-    return int(ds["snapshot"][k]), float(x[k] / y[k])
+    step = gpu_common_step(ds)
+    where = "the last snapshot every pair record shares"
+    if step is None:
+        step, where = gpu_common_step(ds, ["flash_vs_fp32"]), "the flash pair's own last snapshot: no snapshot is shared by every pair record"
+        if step is None:
+            return None
+    table = gpu_kind_table(ds, step)
+    flash = table.loc["flash_vs_fp32"]
+    others = [c for c in ("gpu_repeat", "noise_floor") if c in table.index and table.loc[c].notna().all()]
+    names = {"gpu_repeat": "repeat", "noise_floor": "noise floor"}
+    parts = []
+    for kind, value in flash.items():
+        text = f"{kind} " + " / ".join(f"{v:.3g}" for v in [value] + [table.loc[c, kind] for c in others])
+        if "gpu_repeat" in others:
+            rep = table.loc["gpu_repeat", kind]
+            text += f" ({value / rep:.3g}x)" if rep > 0 else " (repeat exactly 0)"
+        parts.append(text)
+    header = " / ".join(["flash"] + [names[c] for c in others]) + (" (flash over repeat)" if "gpu_repeat" in others else "")
+    out = (f"**Where the drift sits:** at step {step}, {where} (relative W1 per kind of tensor, median over "
+           f"seeds), the flash-vs-FP32 drift is largest for `{flash.idxmax()}`; per kind, {header}: "
+           + "; ".join(parts) + ".")
+    if "gpu_repeat" in others:
+        rep = table.loc["gpu_repeat"]
+        more = [str(k) for k in flash.index if flash[k] > rep[k]]
+        less = [str(k) for k in flash.index if flash[k] <= rep[k]]
+        out += (f" The flash pair drifts more than the repeat pair in {len(more)} of {len(flash)} kinds"
+                + (f" ({', '.join(more)})" if more else "") + (f", as far or less in {', '.join(less)}" if less else "")
+                + ".")
+    return out
+
+
+def gpu_lowprec_absence(ds: xr.Dataset) -> str | None:
+    """Why there is no low-precision/flash ratio to show (None: there is one at some snapshot)."""
+    present = set(map(str, ds["gpu_comparison"].values))
+    if not present & set(GPU_LOW_PRECISION):
+        return f"No low-precision pair record ({' or '.join(GPU_LOW_PRECISION)}) among the gathered records"
+    if "flash_vs_fp32" not in present:
+        return "No flash_vs_fp32 pair record among the gathered records"
+    if "gpu_ratio" not in ds or not np.isfinite(ds["gpu_ratio"].sel(gpu_metric="wasserstein").values).any():
+        return "No low-precision snapshot lies within the flash pair's snapshots"
+    return None
+
+
+def gpu_conclusion_lines(ds: xr.Dataset) -> list[str]:
+    """What the GPU pair records say on the questions of the CPU conclusions 1-4 (every number computed)."""
+    out = []
+    rep = gpu_ratio_series(ds, "gpu_repeat", "flash_vs_fp32")
+    if "gpu_repeat" not in ds["gpu_comparison"].values:
+        out.append("Determinism (conclusion 1): no `gpu_repeat` record, so the GPU drifts have no run-to-run "
+                   "yardstick here.")
+    else:
+        steps = gpu_common_steps(ds, ["gpu_repeat"])
+        drift = ds["gpu_drift"].sel(gpu_comparison="gpu_repeat", gpu_metric="wasserstein", snapshot=steps).values
+        if len(steps) and (drift == 0).all():
+            out.append(f"Determinism (conclusion 1): GPU training was bitwise deterministic here (`gpu_repeat` is 0 at "
+                       f"every snapshot, {_steps(steps)}).")
+        elif len(steps):
+            zero = np.nonzero(drift == 0)[0]
+            since = (f"from step {int(steps[zero[-1] + 1])} on" if len(zero) and zero[-1] + 1 < len(steps)
+                     else f"at {int((drift > 0).sum())} of {len(steps)} snapshots" if len(zero) else
+                     f"from step {int(steps[0])} on")
+            out.append(f"Determinism (conclusion 1): GPU training is not bitwise deterministic: two identical runs "
+                       f"(`gpu_repeat`) drift apart {since} (model-level W1 {drift[-1]:.3g} at step "
+                       f"{int(steps[-1])}), so every GPU drift is read against that pair, not against 0"
+                       + (f"; its drift is {rep.min():.3g}x to {rep.max():.3g}x the flash-vs-FP32 pair's "
+                          f"({_steps(rep.index)})" if len(rep) else "") + ".")
+    absent = gpu_lowprec_absence(ds)
+    if absent:
+        out.append(f"Golden et al.'s headline (conclusion 2): not tested by these records. {absent}.")
+    else:
+        for comp in ds["gpu_lowprec"].values:
+            ratio = ds["gpu_ratio"].sel(gpu_lowprec=comp, gpu_metric="wasserstein")
+            ok = np.nonzero(np.isfinite(ratio.values))[0]
+            if len(ok):
+                out.append(f"Golden et al.'s headline (conclusion 2): `{comp}` / `flash_vs_fp32` model-level W1 is "
+                           f"{np.nanmin(ratio.values):.3g}x to {np.nanmax(ratio.values):.3g}x "
+                           f"({_steps(ds['snapshot'].values[ok])}) against their claimed "
+                           f"{GOLDEN_RATIO_RANGE[0]:g}-{GOLDEN_RATIO_RANGE[1]:g}x.")
+    floor = gpu_ratio_series(ds, "flash_vs_fp32", "noise_floor")
+    if len(floor):
+        below = int((floor.values < 1).sum())
+        out.append(f"Noise floor (conclusion 3): the flash-vs-FP32 drift is below the drift of two init seeds at "
+                   f"{below} of {len(floor)} common snapshots ({_steps(floor.index)}; {floor.min():.3g}x to "
+                   f"{floor.max():.3g}x).")
+    if len(rep) > 1 and (rep.values > 0).all():
+        out.append(f"Ratios over time (conclusion 4): the repeat/flash ratio moves from {rep.iloc[0]:.3g}x at step "
+                   f"{int(rep.index[0])} to {rep.iloc[-1]:.3g}x at step {int(rep.index[-1])}.")
+    seeds = {str(c): int(len(_runs_of(ds, str(c)))) for c in ds["gpu_comparison"].values}
+    out.append("Seeds: " + ", ".join(f"`{c}` {n}" for c, n in seeds.items())
+               + (" (one seed each: no intervals)." if max(seeds.values()) == 1 else "."))
+    return out
 
 
 def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
@@ -921,15 +1103,14 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
               if row["seeds"] >= 2 else " (one seed: no interval)")
         out.append(f"`{comp}`: model-level W1 drift {row['model wasserstein']:.3g} at step "
                    f"{row['last snapshot (step)']}{ci}.")
-    floor = _at_common(ds, "flash_vs_fp32", "noise_floor")
-    if floor:
-        out.append(f"**Flash against the noise floor:** at step {floor[0]} the flash-vs-FP32 drift is "
-                   f"{floor[1]:.3g}x the drift between two init seeds ("
-                   + ("below" if floor[1] < 1 else "above") + " the floor).")
-    rep = _at_common(ds, "gpu_repeat", "flash_vs_fp32")
-    if rep:
-        out.append(f"**GPU repeat:** at step {rep[0]} two identical GPU runs drift {rep[1]:.3g}x as far as the "
-                   "flash-vs-FP32 pair" + (" (the repeat pair is bitwise identical)" if rep[1] == 0 else "") + ".")
+    floor = gpu_ratio_series(ds, "flash_vs_fp32", "noise_floor")
+    if len(floor):
+        last, r = int(floor.index[-1]), float(floor.iloc[-1])
+        out.append(f"**Flash against the noise floor:** at step {last}, the last snapshot both pairs have, the "
+                   f"flash-vs-FP32 drift is {r:.3g}x the drift between two init seeds ("
+                   + ("below" if r < 1 else "above") + f" the floor); {floor.min():.3g}x to {floor.max():.3g}x over "
+                   f"their {len(floor)} common snapshots ({_steps(floor.index)}).")
+    out += gpu_repeat_sentences(ds)
     if "gpu_ratio" in ds:
         for comp in ds["gpu_lowprec"].values:
             sub = ds.sel(gpu_lowprec=comp, gpu_metric="wasserstein")
@@ -946,18 +1127,12 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
                        f"low-precision training): `{comp}` / `flash_vs_fp32` model-level W1 at step "
                        f"{int(ds['snapshot'][k])} is {r:.3g}" + (f" ({lo:.3g} to {hi:.3g})" if np.isfinite(lo) else "")
                        + f": {where}.")
-    else:
-        out.append("No low-precision pair and flash pair both present: the 2-5x ratio cannot be computed.")
-    if "gpu_kind_wasserstein_rel" in ds and "flash_vs_fp32" in ds["gpu_comparison"].values:
-        runs = ds["run"].values[ds["gpu_comparison_of_run"].values == "flash_vs_fp32"]
-        kind = ds["gpu_kind_wasserstein_rel"].sel(run=runs).transpose("run", "kind", "snapshot")
-        ok = np.nonzero(np.isfinite(kind.values).all(axis=(0, 1)) & (ds["snapshot"].values > 0))[0]
-        if len(ok):
-            last = kind.isel(snapshot=ok[-1]).median("run")
-            top = str(last["kind"].values[int(np.argmax(last.values))])
-            out.append(f"**Where the flash drift sits:** at step {int(ds['snapshot'][ok[-1]])} the relative W1 per kind "
-                       "of tensor (median over seeds) is largest for " + f"`{top}` ({float(last.max()):.3g}; "
-                       + ", ".join(f"{k}: {v:.3g}" for k, v in zip(last["kind"].values, last.values)) + ").")
+    absent = gpu_lowprec_absence(ds)
+    if absent:
+        out.append(f"{absent}: the 2-5x ratio cannot be computed.")
+    kind = gpu_kind_sentence(ds)
+    if kind:
+        out.append(kind)
     return out
 
 
