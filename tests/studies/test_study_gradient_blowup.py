@@ -384,3 +384,127 @@ def test_trained_model_and_same_training_sentences():
     same = study.same_training_sentence(quiet, other)
     assert "differ by at most 1.0e-03" in same and "final losses are 1 here and 1 on the GPU" in same
     assert study.same_training_sentence(quiet, _trained(False, {**params, "steps": 2})) is None
+
+
+# -- the gpu_training tier's computed text (section 10) ----------------------------------------------------
+
+def _gathered_series(dq_rel_err):
+    """A gathered dataset of two single-member runs with the series ``attnum.lm.record.summary`` reads."""
+    dq = np.asarray(dq_rel_err, dtype=float)  # (run, step)
+    runs, steps, layers = ["r0", "r1"], np.arange(dq.shape[1]) * 10, [0, 1]
+    per_layer = np.repeat(dq[:, None, :, None], len(layers), axis=3)
+    loss = np.tile(np.linspace(3.0, 1.0, len(steps)), (2, 1))[:, None, :]
+    loss[:, :, 0] = np.nan
+    val = np.full_like(loss, np.nan)
+    val[:, :, ::2] = [[[3.0, 2.0, 2.5, 2.8]], [[3.0, 2.0, 1.9, 1.8]]]
+    dims3, dims4 = ("run", "member", "step"), ("run", "member", "step", "layer")
+    data = {"loss": (dims3, loss), "val_loss": (dims3, val), "grad_norm": (dims3, np.ones_like(loss)),
+            "dq_rel_err": (dims4, per_layer), "dq_row_rel_err": (dims4, per_layer),
+            "key_mean_norm": (dims4, np.ones_like(per_layer)), "offset_logit": (dims4, np.ones_like(per_layer)),
+            "max_prob": (dims4, np.ones_like(per_layer)), "tokens_done": ("run", [1000, 3000]),
+            "nonfinite_step": (("run", "member"), [[-1], [-1]]), "tokens_per_s": (("run", "step"), np.ones((2, len(steps))))}
+    return xr.Dataset(data, coords={"run": runs, "member": ["a"], "step": steps, "layer": layers,
+                                    "run_corpus_train_bytes": ("run", [500.0, np.nan])})
+
+
+def test_record_summary_growth_of_an_all_zero_error_is_nan_without_a_warning():
+    import warnings
+
+    from attnum.lm import record
+
+    rising = np.linspace(0.01, 0.05, 8)
+    ds = _gathered_series([rising, np.zeros(8)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        table = record.summary(ds)
+    growth = table["dq_err_growth"].sel(member="a")
+    # seven logged steps after step 0: a fifth is one step, last over first
+    assert float(growth.sel(run="r0")) == pytest.approx(rising[-1] / rising[1])
+    assert np.isnan(float(growth.sel(run="r1")))
+    # the lowest validation loss and its step; passes only where the split's size is known
+    assert float(table["min_val_loss_step"].sel(run="r0", member="a")) == 20
+    assert float(table["min_val_loss_step"].sel(run="r1", member="a")) == 60
+    assert float(table["train_passes"].sel(run="r0")) == 2.0 and np.isnan(float(table["train_passes"].sel(run="r1")))
+
+
+@pytest.fixture(scope="module")
+def s04_records(tmp_path_factory):
+    """Two tiny CPU records of the s04 campaign, same setting, stopped at different steps: flash at 30
+    (logged every 5) and FP32 attention at 23 (logged at 5, ..., 20 and 23); evaluated every 15 steps."""
+    from attnum.lm.train import TrainConfig, train
+
+    folder = tmp_path_factory.mktemp("records")
+    base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, log_every=5, eval_every=15,
+                snapshot_every=10, corpus_max_bytes=1_000_000, val_windows=8, diag_batch=2, warmup=2, lr=3e-3,
+                sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
+    train(TrainConfig(**base, steps=30, kernel="sdpa:flash", tag="s04_flash_lr1e-3"), folder, progress=lambda s: None)
+    train(TrainConfig(**base, steps=23, kernel="sdpa:math", tag="s04_fp32_lr1e-3"), folder, progress=lambda s: None)
+    return study.gpu_training_dataset(folder, mech=None)
+
+
+FLASH, FP32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+
+
+def test_gpu_sentences_say_fp32_attention_has_zero_dq_error_not_nan(s04_records):
+    ds = s04_records.copy(deep=True)
+    ds["dq_rel_err"].loc[{"run": FP32}] = 0.0  # as on the GPU: the diagnostic recomputes FP32 attention exactly
+    ds["sum_max_dq_rel_err"].loc[{"run": FP32}] = 0.0
+    ds["sum_dq_err_growth"].loc[{"run": FP32}] = np.nan
+    text = "\n".join(study.gpu_training_sentences(ds))
+    assert "nanx" not in text and " nan" not in text
+    grow = next(s for s in study.gpu_training_sentences(ds) if s.startswith("**Does the dQ error grow late?**"))
+    assert f"{FP32} (sdpa:math@fp32): no growth: its dQ error is 0" in grow
+    assert "recomputes this kernel itself" in grow
+    assert np.isfinite(float(ds["sum_dq_err_growth"].sel(run=FLASH, member="a")))
+    # only the member with a finite growth is counted
+    assert "of the 1 trained member(s) with a growth" in grow
+
+
+def test_gpu_equal_step_table_takes_the_largest_common_logged_step(s04_records):
+    ds = s04_records
+    assert int(ds["steps_done"].sel(run=FLASH)) == 30 and int(ds["steps_done"].sel(run=FP32)) == 23
+    table = study.gpu_equal_step_table(ds)
+    assert list(table.index.get_level_values("run")) == [FLASH, FP32]
+    assert (table["common step"] == 20).all()  # 23 is logged by the FP32 run only
+    assert list(table["last step"]) == [30, 23]
+    for run in (FLASH, FP32):
+        one = ds.sel(run=run, member="a")
+        row = table.loc[(run, "a")]
+        assert row["train loss"] == float(one["loss"].sel(step=20))
+        assert row["val step"] == 15 and row["val loss"] == float(one["val_loss"].sel(step=15))  # last eval <= 20
+        assert row["key_mean_norm"] == pytest.approx(float(one["key_mean_norm"].sel(step=20).mean()))
+        assert row["grad norm"] == float(one["grad_norm"].sel(step=20))
+    (sentence,) = study.gpu_equal_step_sentences(ds)
+    assert "at step 20, the largest logged step they all reached, against " + FP32 in sentence
+    assert f"{FLASH}: step 30, {FP32}: step 23" in sentence
+    # a setting with a single run gives no comparison
+    alone = ds.sel(run=[FLASH])
+    assert study.gpu_equal_step_table(alone).empty
+    assert "no comparison at equal steps" in study.gpu_equal_step_sentences(alone)[0]
+
+
+def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
+    ds = s04_records
+    text = study.gpu_memorisation_sentence(ds)
+    split = float(ds["run_corpus_train_bytes"].sel(run=FLASH))
+    passes = 30 * 8 * 32 / split
+    assert float(ds["sum_train_passes"].sel(run=FLASH)) == pytest.approx(passes)
+    assert f"{passes:.3g} passes over the data" in text and f"{split:.3g} bytes" in text
+    low = ds["val_loss"].sel(run=FLASH, member="a")
+    step = int(low["step"][int(low.fillna(np.inf).argmin("step"))])
+    assert f"lowest {float(low.min()):.3g} at step {step}" in text
+    # a validation loss that ends 50% above a minimum at step 15 while the training loss keeps falling: memorising
+    rose = ds.copy(deep=True)
+    v15 = float(low.sel(step=15))
+    rose["sum_min_val_loss"].loc[{"run": FLASH, "member": "a"}] = v15
+    rose["sum_min_val_loss_step"].loc[{"run": FLASH, "member": "a"}] = 15
+    rose["sum_final_val_loss"].loc[{"run": FLASH, "member": "a"}] = 1.5 * v15
+    assert float(rose["sum_final_loss"].sel(run=FLASH, member="a")) < float(ds["loss"].sel(run=FLASH, member="a", step=15))
+    memo = study.gpu_memorisation_sentence(rose)
+    assert f"lowest {v15:.3g} at step 15" in memo and "50% above its minimum" in memo
+    assert f"({FLASH}) ended with a validation loss more than 5% above its minimum" in memo
+    assert "memorise their training split" in memo
+    rate = float(ds["sum_median_tokens_per_s"].sel(run=FP32))
+    throughput = study.gpu_throughput_sentence(ds)
+    assert f"{FP32} (sdpa:math@fp32): {rate:.3g} tokens/s" in throughput and "23 steps" in throughput
+    assert "attention share not timed" in throughput  # time_attention off: no share

@@ -26,8 +26,9 @@ corpus hash and stop reason as ``run`` coordinates: the input of a study's ``gpu
 ``pair_drift(run)`` gives a pair's exact drift and ``sketch_drift(ds, a, b)`` the sketch lower bound
 of the per-tensor W1 between any two runs' members at their common snapshots, both in
 ``attnum.drift``'s per-tensor layout, so that ``attnum.drift.aggregate`` groups them by kind, layer
-or model. ``summary(ds)`` gives per run and member the tokens reached, the losses, the largest key
-offset, sharpness and dQ error, the dQ error's growth over training and whether the loss diverged.
+or model. ``summary(ds)`` gives per run and member the tokens reached and the passes over the training
+split they make, the losses (the lowest validation loss and its step), the largest key offset, sharpness and
+dQ error, the dQ error's growth over training and whether the loss diverged.
 """
 from __future__ import annotations
 
@@ -198,7 +199,8 @@ def gather(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
     """Every record under ``folder`` (recursively) along a new ``run`` dimension, named by file stem.
 
     ``run`` coordinates: ``run_kernels`` (member attentions, '|'-joined), ``run_lr``, ``run_seed``,
-    ``run_data_seed``, ``run_pair``, ``run_stop_reason``, ``run_corpus_sha256``, ``run_gpu``,
+    ``run_data_seed``, ``run_pair``, ``run_stop_reason``, ``run_corpus_sha256``,
+    ``run_corpus_train_bytes`` (bytes of the corpus's training split; NaN if not recorded), ``run_gpu``,
     ``run_parameters`` (JSON) and ``run_git_commit``.
     """
     paths = sorted(Path(folder).rglob(pattern))
@@ -213,6 +215,7 @@ def gather(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
                   "run_data_seed": int(params["data_seed"]), "run_pair": int(bool(params.get("pair"))),
                   "run_stop_reason": ds.attrs.get("stop_reason", ""),
                   "run_corpus_sha256": ds.attrs.get("corpus_sha256", ""),
+                  "run_corpus_train_bytes": float(ds.attrs.get("corpus_train_bytes", math.nan)),
                   "run_gpu": ds.attrs.get("version_gpu", ""), "run_parameters": ds.attrs["parameters"],
                   "run_git_commit": ds.attrs.get("git_commit", "unknown")}
         ds.attrs = {}
@@ -279,13 +282,18 @@ SUMMARY = {
     "final_loss": ("1", "training loss of the last logged interval"),
     "final_val_loss": ("1", "last validation loss"),
     "min_val_loss": ("1", "lowest validation loss"),
+    "min_val_loss_step": ("1", "logged step of the lowest validation loss"),
+    "train_passes": ("1", "bytes (tokens) trained per member / bytes of the corpus's training split: passes over "
+                          "the training data (NaN: the record does not give the split's size)"),
     "max_key_mean_norm": ("1", "largest common key offset over steps and layers"),
     "max_offset_logit": ("1", "largest score shift of the common key offset over steps and layers"),
     "max_max_prob": ("1", "largest mean row maximum of P over steps and layers"),
     "max_dq_rel_err": ("1", "largest dQ relative L2 error against the FP32 recompute over steps and layers"),
     "max_dq_row_rel_err": ("1", "largest median-row dQ error against the FP32 recompute over steps and layers"),
     "dq_err_growth": ("1", "dQ relative error, mean over layers and the last fifth of the logged steps / "
-                           "the first fifth (step 0 excluded): above 1 the error grew during training"),
+                           "the first fifth (step 0 excluded): above 1 the error grew during training; NaN with fewer "
+                           "than five logged steps or a first-fifth error of 0 (FP32 attention, which the "
+                           "diagnostic recomputes exactly)"),
     "max_grad_norm": ("1", "largest logged gradient norm of the whole model (before clipping)"),
     "diverged": ("1", "1 if the training loss became non-finite, 0 if not (NaN: no such member)"),
     "median_tokens_per_s": ("1/s", "median throughput over the logged intervals, all members"),
@@ -304,6 +312,12 @@ def summary(ds: xr.Dataset) -> xr.Dataset:
     val_ok = ds["val_loss"].notnull()
     out["final_val_loss"] = ds["val_loss"].isel(step=val_ok.cumsum("step").argmax("step"))
     out["min_val_loss"] = ds["val_loss"].min("step")
+    at_min = ds["step"].isel(step=ds["val_loss"].fillna(np.inf).argmin("step")).drop_vars("step", errors="ignore")
+    out["min_val_loss_step"] = at_min.astype(float).where(ds["val_loss"].notnull().any("step"))
+    if "run_corpus_train_bytes" in ds.coords:
+        out["train_passes"] = ds["tokens_done"] / ds["run_corpus_train_bytes"].where(ds["run_corpus_train_bytes"] > 0)
+    else:
+        out["train_passes"] = ds["tokens_done"] * np.nan
     for key in ("key_mean_norm", "offset_logit", "max_prob", "dq_rel_err", "dq_row_rel_err"):
         out[f"max_{key}"] = logged[key].max(("step", "layer"))
     err = logged["dq_rel_err"].mean("layer")
@@ -313,7 +327,9 @@ def summary(ds: xr.Dataset) -> xr.Dataset:
         if row.size < 5:
             return np.nan
         k = max(1, row.size // 5)
-        return float(np.mean(row[-k:]) / np.mean(row[:k]))
+        early = float(np.mean(row[:k]))
+        # FP32 attention is what the diagnostic recomputes: its error is 0 throughout, no growth to speak of
+        return float(np.mean(row[-k:]) / early) if early > 0 else np.nan
 
     out["dq_err_growth"] = xr.apply_ufunc(growth, err, input_core_dims=[["step"]], vectorize=True)
     out["max_grad_norm"] = logged["grad_norm"].max("step")

@@ -52,7 +52,10 @@ The experiments, each a function returning an xarray Dataset with CF attributes:
     trains nothing: gathers ``attnum.lm``'s GPU training records (``lm_s04_*.nc``, the ``s04_*`` runs
     of params/lm/campaign.yaml), their per-layer series and ``record.summary``, the loss rise, the
     records' provenance and GPU time, and where a mechanism grid run puts the blowup regime
-    (``grid_regime``); ``gpu_training_sentences`` answers issue 13 section 3 from them.
+    (``grid_regime``); ``gpu_training_sentences`` answers issue 13 section 3 from them, with each run's
+    throughput and attention share, the runs of one setting at the largest step they all reached
+    (``gpu_equal_step_table``: budget-stopped runs end at different steps) and where each run starts to
+    memorise its small corpus.
 """
 from __future__ import annotations
 
@@ -1013,6 +1016,9 @@ GPU_SERIES = ("loss", "val_loss", "grad_norm", "grad_norm_layer", "grad_norm_qk"
               "wall_s")
 GPU_GROWTH = 2.0  # "the dQ error grew late": its last-fifth / first-fifth mean over layers above this
 GPU_LOSS_RISE = 1.5  # "the loss blew up" without becoming non-finite: a logged loss above this x its running minimum
+GPU_VAL_RISE = 0.05  # "memorising": the last validation loss above (1 + this) x its minimum, training loss still falling
+GPU_SETTING = (("lr", "lr"), ("clip", "clip"), ("weight_decay", "weight decay"), ("seed", "seed"),
+               ("data_seed", "data seed"))  # runs compared at equal steps share these parameters
 GPU_ATTRS = {
     "loss_rise": ("1", "largest ratio of a logged training loss to the lowest loss logged before it (above 1: the "
                        "loss rose)"),
@@ -1138,6 +1144,9 @@ def gpu_training_table(ds: xr.Dataset):
                          "lr": float(params["lr"]), "clip": float(params["clip"]),
                          "weight decay": float(params["weight_decay"]), "tokens": s("tokens_done"),
                          "final loss": s("final_loss"), "min val loss": s("min_val_loss"),
+                         "min val loss step": _step_or_nan(s("min_val_loss_step")),
+                         "final val loss": s("final_val_loss"),
+                         "passes": s("train_passes"),
                          "loss rise": s("loss_rise"), "diverged": s("diverged"),
                          f"{GPU_DQ_METRIC} growth": s("dq_err_growth"), f"max {GPU_DQ_METRIC}": s("max_dq_rel_err"),
                          "max dq_row_rel_err": s("max_dq_row_rel_err"), "max key_mean_norm": s("max_key_mean_norm"),
@@ -1148,6 +1157,10 @@ def gpu_training_table(ds: xr.Dataset):
                          "attention share": float(ds["attention_share"].sel(run=run)),
                          "wall s": float(ds["wall_s"].sel(run=run))})
     return pd.DataFrame(rows).set_index(["run", "member"])
+
+
+def _step_or_nan(step: float):
+    return int(step) if math.isfinite(step) else math.nan
 
 
 def _family(attention: str) -> str:
@@ -1175,17 +1188,19 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
                f"wall_s, each the whole training command from process start)"
                + (f"; campaign runs without a record here: {', '.join(missing)}." if missing else
                   "; every campaign run of this study has a record."))
-    grew = table[table[f"{GPU_DQ_METRIC} growth"] > GPU_GROWTH]
-    known = int(np.isfinite(table[f"{GPU_DQ_METRIC} growth"]).sum())
-    growth = ", ".join(f"{r} ({a}): {g:.3g}x" for (r, _), a, g in
-                       zip(table.index, table["attention"], table[f"{GPU_DQ_METRIC} growth"]))
+    out.append(gpu_throughput_sentence(ds))
+    growth_col = table[f"{GPU_DQ_METRIC} growth"]
+    grew = table[growth_col > GPU_GROWTH]
+    known = int(np.isfinite(growth_col).sum())
+    growth = ", ".join(f"{r} ({a}): {_growth_words(g, e, a)}" for (r, _), a, g, e in
+                       zip(table.index, table["attention"], growth_col, table[f"max {GPU_DQ_METRIC}"]))
     out.append(f"**Does the dQ error grow late?** The dQ metric is `{GPU_DQ_METRIC}`, the relative L2 error of the "
                f"kernel's dQ against the FP32 recompute on the same operands, per layer on the fixed diagnostic "
                f"batch; its growth is the mean over layers in the last fifth of the logged steps over the first "
                f"fifth (step 0 left out): {growth}. "
-               + (f"It grew more than {GPU_GROWTH:g}x in {len(grew)} of {len(table)} trained members "
+               + (f"It grew more than {GPU_GROWTH:g}x in {len(grew)} of the {known} trained members with a growth "
                   f"({', '.join(f'{r}/{m}' for r, m in grew.index)})." if len(grew) else
-                  f"In none of the {known} trained members with a growth (five logged steps or more) did it grow "
+                  f"In none of the {known} trained member(s) with a growth (five logged steps or more) did it grow "
                   f"more than {GPU_GROWTH:g}x: at this scale and within these tokens, no late growth." if known else
                   "No member logged the five steps a growth needs: the question stays open."))
     fam = table["attention"].map(_family)
@@ -1224,7 +1239,165 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
         else:
             bound += "No mechanism grid in this checkout to set them against (the committed `gpu` run is absent)."
         out.append(bound)
+    out.extend(gpu_equal_step_sentences(ds))
+    out.append(gpu_memorisation_sentence(ds))
     return out
+
+
+def _growth_words(growth: float, max_err: float, attention: str) -> str:
+    if math.isfinite(growth):
+        return f"{growth:.3g}x"
+    if max_err == 0 and _family(attention) == "FP32":
+        return ("no growth: its dQ error is 0 at every logged step, because the diagnostic recomputes this kernel "
+                "itself (FP32 attention)")
+    if max_err == 0:
+        return "no growth: its dQ error is 0 at every logged step (the kernel agrees exactly with the FP32 recompute)"
+    return "no growth computed (fewer than five logged steps with an error, or an error of 0 at first)"
+
+
+def gpu_throughput_sentence(ds: xr.Dataset) -> str:
+    """Each run's median tokens per second and the attention share of its step (``record.VARIABLES``
+    says how the share is estimated), and how far apart the runs' throughputs are."""
+    rate = {str(r): float(ds["sum_median_tokens_per_s"].sel(run=r)) for r in ds["run"].values}
+    share = {str(r): float(ds["attention_share"].sel(run=r)) for r in ds["run"].values}
+    steps = {str(r): int(ds["steps_done"].sel(run=r)) for r in ds["run"].values}
+    each = "; ".join(f"{r} ({_kernel_of(ds, r)}): {rate[r]:.3g} tokens/s, attention share "
+                     + (f"{share[r]:.2g}" if math.isfinite(share[r]) else "not timed")
+                     + f", {steps[r]} steps in {float(ds['wall_s'].sel(run=r)):.0f} s" for r in rate)
+    finite = [v for v in rate.values() if math.isfinite(v) and v > 0]
+    spread = (f" The fastest run trained {max(finite) / min(finite):.3g}x the tokens per second of the slowest, so "
+              "runs with the same budget stop at different steps (compared at equal steps below)."
+              if len(finite) > 1 else "")
+    return ("**Throughput and the share of the step in attention.** Median tokens (bytes) per second over the "
+            "logged intervals, and the attention share: the number of layers times the median time of one "
+            "attention forward and backward alone (timed before training on random operands of the training "
+            "shape, in the kernel's own format, causal; summed over a pair's members), over the run's median "
+            "step time. It is an estimate "
+            "from attention timed outside the model, not a profile of the training step. " + each + "." + spread)
+
+
+def _setting_of(ds: xr.Dataset, run) -> str:
+    import json
+
+    params = json.loads(str(ds["run_parameters"].sel(run=run).values))
+    return ", ".join(f"{label} {params.get(key)!s}" for key, label in GPU_SETTING)
+
+
+def _trained_members(ds: xr.Dataset, run) -> list[str]:
+    return [str(m) for m in ds["member"].values
+            if np.isfinite(ds["loss"].sel(run=run, member=m).values[1:]).any()]
+
+
+def gpu_equal_step_table(ds: xr.Dataset):
+    """The runs of one setting (``GPU_SETTING``: same learning rate, clipping, weight decay, seeds) at
+    the largest logged step every one of their trained members reached (runs with one budget stop at
+    different steps): training loss of that row, the last validation loss at or before it, the mean
+    over layers of key_mean_norm, max_prob and dq_rel_err, and the model's gradient norm. Settings
+    with a single run are left out."""
+    import pandas as pd
+
+    groups: dict[str, list[str]] = {}
+    for run in ds["run"].values:
+        groups.setdefault(_setting_of(ds, run), []).append(str(run))
+    steps = ds["step"].values
+    rows = []
+    for setting, runs in groups.items():
+        members = [(r, m) for r in runs for m in _trained_members(ds, r)]
+        if len({r for r, _ in members}) < 2:
+            continue
+        logged = np.all([np.isfinite(ds["loss"].sel(run=r, member=m).values) for r, m in members], axis=0)
+        logged &= steps > 0
+        if not logged.any():
+            continue
+        common = int(steps[logged][-1])
+        for run, member in members:
+            one = ds.sel(run=run, member=member)
+            val = one["val_loss"].sel(step=slice(None, common)).dropna("step")
+            layer_mean = lambda k: float(one[k].sel(step=common).mean("layer"))
+            rows.append({"run": run, "member": member, "setting": setting, "attention": _kernel_of(ds, run, member),
+                         "common step": common, "last step": int(steps[np.isfinite(one["loss"].values)][-1]),
+                         "train loss": float(one["loss"].sel(step=common)),
+                         "val loss": float(val[-1]) if val.size else math.nan,
+                         "val step": int(val["step"][-1]) if val.size else -1,
+                         "key_mean_norm": layer_mean("key_mean_norm"), "max_prob": layer_mean("max_prob"),
+                         GPU_DQ_METRIC: layer_mean(GPU_DQ_METRIC),
+                         "grad norm": float(one["grad_norm"].sel(step=common))})
+    columns = ["setting", "attention", "common step", "last step", "train loss", "val loss", "val step",
+               "key_mean_norm", "max_prob", GPU_DQ_METRIC, "grad norm"]
+    if not rows:
+        return pd.DataFrame(columns=columns, index=pd.MultiIndex.from_arrays([[], []], names=["run", "member"]))
+    return pd.DataFrame(rows).set_index(["run", "member"])[columns]
+
+
+def _versus(value: float, ref: float) -> str:
+    if not (math.isfinite(value) and math.isfinite(ref)) or ref == 0:
+        return f"{value:.3g} against {ref:.3g}"
+    rel = (value - ref) / abs(ref)
+    where = "equal" if rel == 0 else f"{abs(rel) * 100:.2g}% {'above' if rel > 0 else 'below'}"
+    return f"{value:.4g} against {ref:.4g} ({where})"
+
+
+def gpu_equal_step_sentences(ds: xr.Dataset) -> list[str]:
+    """One sentence per setting of ``gpu_equal_step_table``: each run against the setting's FP32-attention
+    run (else its first run) at the common step."""
+    table = gpu_equal_step_table(ds)
+    if table.empty:
+        return ["**At equal steps.** No two records share a setting (learning rate, clipping, weight decay, "
+                "seeds) with a common logged step: no comparison at equal steps."]
+    out = []
+    for setting, group in table.groupby("setting", sort=False):
+        fp32 = group.index[group["attention"].map(_family) == "FP32"]
+        ref_key = fp32[0] if len(fp32) else group.index[0]
+        ref = group.loc[ref_key]
+        common = int(ref["common step"])
+        parts = []
+        for key, row in group.drop(index=[ref_key]).iterrows():
+            parts.append(f"{key[0]} ({row['attention']}) has a training loss {_versus(row['train loss'], ref['train loss'])}, "
+                         f"a validation loss (last evaluations, steps {int(row['val step'])} and "
+                         f"{int(ref['val step'])}) {_versus(row['val loss'], ref['val loss'])}, a mean key_mean_norm "
+                         f"{_versus(row['key_mean_norm'], ref['key_mean_norm'])}, a mean max_prob "
+                         f"{_versus(row['max_prob'], ref['max_prob'])}, a mean {GPU_DQ_METRIC} "
+                         f"{row[GPU_DQ_METRIC]:.3g} against {ref[GPU_DQ_METRIC]:.3g} and a gradient norm "
+                         f"{_versus(row['grad norm'], ref['grad norm'])}")
+        stops = ", ".join(f"{k[0]}: step {int(r['last step'])}" for k, r in group.iterrows())
+        out.append(f"**At equal steps ({setting}).** The runs of this setting stopped at different steps ({stops}); "
+                   f"at step {common}, the largest logged step they all reached, against {ref_key[0]} "
+                   f"({ref['attention']}): " + "; ".join(parts) + ".")
+    return out
+
+
+def gpu_memorisation_sentence(ds: xr.Dataset) -> str:
+    """Per trained member: the lowest validation loss and its step, the last validation loss and the
+    training loss there and at the end, and the passes over the training split its tokens make; a
+    member memorises when its validation loss ends more than ``GPU_VAL_RISE`` above its minimum while
+    its training loss ends below its value at that minimum."""
+    table = gpu_training_table(ds)
+    parts, memorising = [], []
+    for (run, member), row in table.iterrows():
+        one = ds.sel(run=run, member=member)
+        val = one["val_loss"].dropna("step")
+        last_step = int(val["step"][-1]) if val.size else -1
+        low, last, low_step = row["min val loss"], row["final val loss"], row["min val loss step"]
+        train_at_low = float(one["loss"].sel(step=low_step)) if math.isfinite(low_step) else math.nan
+        rise = last / low - 1 if low > 0 else math.nan
+        if rise > GPU_VAL_RISE and row["final loss"] < train_at_low:
+            memorising.append(run)
+        after = (f"{last:.3g} at its last evaluation (step {last_step}), {100 * rise:.2g}% above its minimum"
+                 if last_step > low_step else "the step of its last evaluation")
+        bytes_ = float(one["run_corpus_train_bytes"]) if "run_corpus_train_bytes" in one.coords else math.nan
+        passes = (f"{row['tokens']:.3g} tokens over a training split of {bytes_:.3g} bytes, {row['passes']:.3g} "
+                  f"passes over the data" if math.isfinite(row["passes"]) else
+                  f"{row['tokens']:.3g} tokens (the record does not give the training split's size)")
+        parts.append(f"{run} ({row['attention']}): validation loss lowest {low:.3g} at step {low_step:.0f} "
+                     f"(training loss there {train_at_low:.3g}), {after}; training loss at the end "
+                     f"{row['final loss']:.3g}; {passes}")
+    verdict = (f" {len(memorising)} of {len(table)} trained members ({', '.join(memorising)}) ended with a "
+               f"validation loss more than {100 * GPU_VAL_RISE:g}% above its minimum and a training loss below "
+               "its value there: past that step they memorise their training split." if memorising else
+               f" None of the {len(table)} trained members ended with a validation loss more than "
+               f"{100 * GPU_VAL_RISE:g}% above its minimum and a training loss below its value there: no sign of "
+               "memorisation within these tokens.")
+    return "**Memorisation.** " + "; ".join(parts) + "." + verdict
 
 
 def cpu_tier_run(name: str = "default") -> xr.Dataset | None:
