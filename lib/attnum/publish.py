@@ -255,6 +255,8 @@ def _versions(prov: dict) -> str:
 
 def _device_label(entry: dict) -> str:
     device = entry.get("provenance", {}).get("device", "") or entry["record"].get("parameters", {}).get("device", "")
+    if (entry["record"].get("parameters") or {}).get("gpu_records"):  # a gpu_training tier: GPU records, read on `device`
+        return f"GPU training records, gathered on {device or 'this machine'}"
     kind = "GPU" if is_gpu_run(entry["run"], device) else "CPU"
     return f"{kind} ({device})" if device else kind
 

@@ -175,3 +175,15 @@ def test_in_a_browser(site):
         assert not network, f"pages asked the network for {network}"
         assert not errors, f"JavaScript errors: {errors}"
         browser.close()
+
+
+def test_device_label_names_gathered_gpu_records_and_plain_runs():
+    from attnum.publish import _device_label
+
+    gathered = {"run": "gpu_training", "provenance": {"device": "cpu AMD EPYC"},
+                "record": {"parameters": {"gpu_records": "outputs/lm/records", "device": "cpu"}}}
+    assert _device_label(gathered) == "GPU training records, gathered on cpu AMD EPYC"
+    cpu = {"run": "default", "provenance": {"device": "cpu AMD EPYC"}, "record": {"parameters": {"device": "cpu"}}}
+    assert _device_label(cpu) == "CPU (cpu AMD EPYC)"
+    gpu = {"run": "gpu", "provenance": {"device": "cuda:0 NVIDIA H200"}, "record": {"parameters": {}}}
+    assert _device_label(gpu).startswith("GPU (cuda:0")
