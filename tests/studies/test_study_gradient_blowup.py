@@ -508,3 +508,52 @@ def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
     throughput = study.gpu_throughput_sentence(ds)
     assert f"{FP32} (sdpa:math@fp32): {rate:.3g} tokens/s" in throughput and "23 steps" in throughput
     assert "attention share not timed" in throughput  # time_attention off: no share
+
+
+def _layered_records(n_steps=40, n_layers=4, grow_layer=2):
+    """A gathered-like dataset: run a (flash) with one layer whose key offset and dQ error both grow
+    by the same factor over the second half, the other layers flat; run b (FP32) with a zero dQ error."""
+    steps = np.arange(n_steps) * 10
+    frac = np.clip((np.arange(n_steps) - n_steps / 2) / (n_steps / 2), 0, None)  # 0 in the first half, then to 1
+    key = np.full((n_steps, n_layers), 5.0)
+    key[:, grow_layer] = 5.0 * (1 + 3 * frac)  # x4 by the end
+    err = 0.01 * key / 5.0  # dQ error in proportion to the key offset in every layer
+    sharp = np.full((n_steps, n_layers), 0.3)
+    a = np.stack([err, np.zeros_like(err)])[:, None]  # run, member, step, layer
+    k = np.stack([key, key])[:, None]
+    ds = xr.Dataset({"dq_rel_err": (("run", "member", "step", "layer"), a),
+                     "key_mean_norm": (("run", "member", "step", "layer"), k),
+                     "key_mean_ratio": (("run", "member", "step", "layer"), np.full_like(k, 0.5)),
+                     "max_prob": (("run", "member", "step", "layer"), np.stack([sharp, sharp])[:, None])},
+                    coords={"run": ["flash_run", "fp32_run"], "member": ["a"], "step": steps,
+                            "layer": np.arange(n_layers),
+                            "member_attention": (("run", "member"), [["sdpa:flash@bf16"], ["sdpa:math@fp32"]])})
+    return ds
+
+
+def test_layer_growth_finds_the_layer_whose_keys_drift_and_skips_a_zero_error_member():
+    ds = _layered_records()
+    table = study.gpu_layer_growth(ds)
+    assert set(table.index.get_level_values("run")) == {"flash_run"}  # FP32: dQ error 0, left out
+    sub = table.loc[("flash_run", "a")]
+    n = 39  # logged steps: step 0 left out
+    k = n // 5
+    mid, end = slice(n // 2 - k, n // 2), slice(n - k, n)
+    key = ds["key_mean_norm"].sel(run="flash_run", member="a").values[1:, 2]
+    expected = key[end].mean() / key[mid].mean()
+    assert sub.loc[2, "key offset growth"] == pytest.approx(expected)
+    assert sub.loc[2, "dq growth"] == pytest.approx(expected)  # error in proportion to the offset
+    assert sub.loc[0, "dq growth"] == pytest.approx(1.0)
+    assert sub.loc[2, "late_corr"] == pytest.approx(1.0)
+    assert np.isnan(sub.loc[0, "late_corr"])  # a flat layer: no correlation to speak of
+    text = " ".join(study.gpu_layer_sentences(ds))
+    assert "grew most in layer 2" in text and f"{expected:.3g}x" in text
+    assert "more than 2x late in 1 of 4 layers (layer 2)" in text
+    assert "fp32_run" not in text
+
+
+def test_layer_growth_with_no_trained_member_says_so():
+    ds = _layered_records()
+    ds["dq_rel_err"][:] = 0.0
+    assert len(study.gpu_layer_growth(ds)) == 0
+    assert "nothing to say by layer" in study.gpu_layer_sentences(ds)[0]

@@ -385,31 +385,44 @@ def plot_gpu_training(ds: xr.Dataset):
     return fig
 
 
-def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err"):
-    """``var`` per layer over training, one panel per run (member a), layers coloured from first to last."""
+def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | None = "key_mean_norm"):
+    """``var`` per layer over training, one column per run (member a), layers coloured from first to last;
+    with ``offset``, a second row gives that variable (the common key offset) per layer, so that a layer
+    whose dQ error grows can be read against its keys. A run whose ``var`` is 0 at every step (FP32
+    attention, which the diagnostic recomputes exactly) gets a note instead of an empty log axis."""
     import matplotlib.pyplot as plt
 
     from ..plots import subplots
 
     runs = [str(r) for r in ds["run"].values]
-    cols = min(4, len(runs))
-    rows = -(-len(runs) // cols)
-    fig, axes = subplots(rows, cols, figsize=(3.6 * cols + 0.6, 3.0 * rows), sharey=True)
+    shown = [v for v in (var, offset) if v is not None and v in ds]
+    cols = len(runs)
+    fig, axes = subplots(len(shown), cols, figsize=(3.6 * cols + 0.6, 2.8 * len(shown)), sharey="row")
     layers = ds["layer"].values
     cmap = plt.get_cmap("viridis")
     steps = ds["step"].values
-    for ax, run in zip(axes.flat, runs):
-        sub = ds[var].sel(run=run, member="a")
-        for i, layer in enumerate(layers):
-            vals = sub.sel(layer=layer).values
-            ok = np.isfinite(vals) & (steps > 0)
-            ax.plot(steps[ok], vals[ok], color=cmap(i / max(1, len(layers) - 1)), lw=1, label=f"layer {layer}")
-        ax.set_yscale("log")
-        ax.set_title(run, fontsize=8)
-        ax.set_xlabel("optimiser step")
-    for ax in axes[:, 0]:
-        ax.set_ylabel(var)
-    for ax in list(axes.flat)[len(runs):]:
-        ax.set_visible(False)
-    axes.flat[0].legend(fontsize=6, ncol=2)
+    for row, name in enumerate(shown):
+        for ax, run in zip(axes[row], runs):
+            sub = ds[name].sel(run=run, member="a")
+            drawn = False
+            for i, layer in enumerate(layers):
+                vals = sub.sel(layer=layer).values
+                ok = np.isfinite(vals) & (steps > 0) & (vals > 0)
+                if ok.any():
+                    ax.plot(steps[ok], vals[ok], color=cmap(i / max(1, len(layers) - 1)), lw=1, label=f"layer {layer}")
+                    drawn = True
+            if drawn:
+                ax.set_yscale("log")
+            else:
+                values = sub.values[np.isfinite(sub.values)]
+                zero = values.size > 0 and bool(np.all(values == 0))
+                ax.text(0.5, 0.5, f"{name} is 0 at every logged step" if zero else f"no {name} logged",
+                        ha="center", va="center", transform=ax.transAxes, fontsize=8, wrap=True)
+                ax.set_xticks([])
+            if row == 0:
+                ax.set_title(run, fontsize=8)
+            if row == len(shown) - 1:
+                ax.set_xlabel("optimiser step")
+        axes[row, 0].set_ylabel(name)
+    axes[0, 0].legend(fontsize=6, ncol=2)
     return fig

@@ -1200,8 +1200,8 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
                f"fifth (step 0 left out): {growth}. "
                + (f"It grew more than {GPU_GROWTH:g}x in {len(grew)} of the {known} trained members with a growth "
                   f"({', '.join(f'{r}/{m}' for r, m in grew.index)})." if len(grew) else
-                  f"In none of the {known} trained member(s) with a growth (five logged steps or more) did it grow "
-                  f"more than {GPU_GROWTH:g}x: at this scale and within these tokens, no late growth." if known else
+                  f"In none of the {known} trained member(s) with a growth (five logged steps or more) did the "
+                  f"layer mean grow more than {GPU_GROWTH:g}x; by layer, see below." if known else
                   "No member logged the five steps a growth needs: the question stays open."))
     fam = table["attention"].map(_family)
     blew = (table["diverged"] == 1) | (table["loss rise"] > GPU_LOSS_RISE)
@@ -1239,9 +1239,93 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
         else:
             bound += "No mechanism grid in this checkout to set them against (the committed `gpu` run is absent)."
         out.append(bound)
+    out.extend(gpu_layer_sentences(ds))
     out.extend(gpu_equal_step_sentences(ds))
     out.append(gpu_memorisation_sentence(ds))
     return out
+
+
+def gpu_layer_growth(ds: xr.Dataset):
+    """Per run, trained member and layer: how the dQ error, the common key offset and the sharpness moved
+    late in training. Windows over the logged steps (step 0 left out, steps where every layer has a dQ
+    error): *mid* is the fifth of them that ends at the middle, *end* the last fifth; each growth is the
+    mean over *end* over the mean over *mid*. ``late_corr`` is the correlation over the second half of the
+    logged steps of log dq_rel_err with log key_mean_norm in that layer (the mechanism: dQ error in
+    proportion to the mean key). Members whose dQ error is 0 throughout (FP32 attention) and members with
+    fewer than ten such steps are left out. Columns also give the *end* window's key_mean_norm,
+    key_mean_ratio and dq_rel_err, and the window bounds."""
+    import pandas as pd
+
+    rows = []
+    steps = ds["step"].values
+    for run in ds["run"].values:
+        for member in ds["member"].values:
+            at = dict(run=run, member=member)
+            err = ds["dq_rel_err"].sel(**at).transpose("step", "layer").values
+            key = ds["key_mean_norm"].sel(**at).transpose("step", "layer").values
+            ratio = ds["key_mean_ratio"].sel(**at).transpose("step", "layer").values
+            sharp = ds["max_prob"].sel(**at).transpose("step", "layer").values
+            ok = (steps > 0) & np.isfinite(err).all(1) & np.isfinite(key).all(1)
+            if ok.sum() < 10 or not (err[ok] > 0).any():
+                continue
+            err, key, ratio, sharp, st = err[ok], key[ok], ratio[ok], sharp[ok], steps[ok]
+            n = len(st)
+            k = max(1, n // 5)
+            mid, end, half = slice(n // 2 - k, n // 2), slice(n - k, n), slice(n // 2, n)
+            grow = lambda a: a[end].mean(0) / a[mid].mean(0)  # noqa: E731
+            g_err, g_key, g_sharp = grow(err), grow(key), grow(sharp)
+            for layer in range(err.shape[1]):
+                e, kk = err[half, layer], key[half, layer]
+                good = (e > 0) & (kk > 0)
+                corr = (float(np.corrcoef(np.log(e[good]), np.log(kk[good]))[0, 1])
+                        if good.sum() >= 3 and np.std(np.log(e[good])) > 0 and np.std(np.log(kk[good])) > 0
+                        else math.nan)
+                rows.append({"run": str(run), "member": str(member), "layer": layer,
+                             "attention": _kernel_of(ds, run, member),
+                             "dq growth": float(g_err[layer]), "key offset growth": float(g_key[layer]),
+                             "max_prob growth": float(g_sharp[layer]), "late_corr": corr,
+                             "end key_mean_norm": float(key[end, layer].mean()),
+                             "end key_mean_ratio": float(ratio[end, layer].mean()),
+                             "end dq_rel_err": float(err[end, layer].mean()),
+                             "mid steps": f"{int(st[mid][0])}-{int(st[mid][-1])}",
+                             "end steps": f"{int(st[end][0])}-{int(st[end][-1])}"})
+    columns = ["run", "member", "layer", "attention", "dq growth", "key offset growth", "max_prob growth",
+               "late_corr", "end key_mean_norm", "end key_mean_ratio", "end dq_rel_err", "mid steps", "end steps"]
+    return pd.DataFrame(rows, columns=columns).set_index(["run", "member", "layer"])
+
+
+def gpu_layer_sentences(ds: xr.Dataset) -> list[str]:
+    """Section 10's by-layer answer (``gpu_layer_growth``): the layer whose dQ error grew most late in
+    each trained member, with its key offset and sharpness, and how the two growths go together across
+    layers. Every number computed."""
+    table = gpu_layer_growth(ds)
+    if not len(table):
+        return ["**By layer.** No trained member has ten logged steps with a non-zero dQ error: nothing to say "
+                "by layer."]
+    out = []
+    for (run, member), sub in table.groupby(level=["run", "member"], sort=False):
+        sub = sub.droplevel(["run", "member"])
+        top = int(sub["dq growth"].idxmax())
+        row = sub.loc[top]
+        grew = sub.index[sub["dq growth"] > GPU_GROWTH].tolist()
+        lg_err, lg_key = np.log(sub["dq growth"].values), np.log(sub["key offset growth"].values)
+        across = (float(np.corrcoef(lg_err, lg_key)[0, 1]) if len(sub) >= 3 and np.std(lg_err) > 0
+                  and np.std(lg_key) > 0 else math.nan)
+        text = (f"{run} ({row['attention']}): from mid-run (steps {row['mid steps']}) to the end (steps "
+                f"{row['end steps']}) the dQ error grew most in layer {top}, {row['dq growth']:.3g}x (to "
+                f"{GPU_DQ_METRIC} {row['end dq_rel_err']:.3g}), while that layer's common key offset grew "
+                f"{row['key offset growth']:.3g}x (to key_mean_norm {row['end key_mean_norm']:.3g}, key_mean_ratio "
+                f"{row['end key_mean_ratio']:.3g}) and its sharpness (max_prob) {row['max_prob growth']:.3g}x; over "
+                f"the second half of the run that layer's log dQ error and log key offset correlate at "
+                f"{row['late_corr']:.2f}. ")
+        text += (f"The dQ error grew more than {GPU_GROWTH:g}x late in {len(grew)} of {len(sub)} layers (layer"
+                 f"{'s' if len(grew) > 1 else ''} {', '.join(map(str, grew))}). " if grew else
+                 f"No layer's dQ error grew more than {GPU_GROWTH:g}x late. ")
+        if math.isfinite(across):
+            text += (f"Across the {len(sub)} layers, the late growth of the dQ error and of the key offset "
+                     f"correlate at {across:.2f} (logs).")
+        out.append(text)
+    return ["**By layer** (the layer mean above can hide one layer): " + " ".join(out)]
 
 
 def _growth_words(growth: float, max_err: float, attention: str) -> str:
