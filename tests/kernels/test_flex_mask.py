@@ -5,6 +5,8 @@
 computes the same block tables from block bounds. These tests run on the CPU: they compare the tables,
 which is all that FlexAttention reads of a block mask besides ``mask_mod`` itself.
 """
+import shutil
+
 import pytest
 import torch
 
@@ -41,3 +43,20 @@ def test_long_sequence_tables_are_per_block():
     assert torch.equal(num[0, 0], torch.ones(blocks, dtype=torch.int32))
     assert torch.equal(full_num[0, 0], torch.arange(blocks, dtype=torch.int32))
     assert torch.equal(idx[0, 0, :, 0], torch.arange(blocks, dtype=torch.int32))
+
+
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="torch.compile on a CPU needs a C compiler")
+def test_compiled_flex_attention_with_the_tables_gives_causal_attention_on_the_cpu():
+    """End to end: FlexAttention compiled on the CPU (its fused C++ kernel reads the same block tables
+    as the CUDA one: which blocks to visit, which are full, which need mask_mod) against masked softmax
+    attention, at lengths that are not multiples of the block and with fewer queries than keys."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    n_q, n_k, d = 200, 450, 32
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, d, generator=gen) for n in (n_q, n_k, n_k))
+    out = torch.compile(flex_attention)(q, k, v, block_mask=_block_mask(n_q, n_k, "cpu"))
+    scores = (q @ k.transpose(-1, -2)) / d ** 0.5
+    seen = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
+    expected = torch.softmax(scores.masked_fill(~seen, float("-inf")), -1) @ v
+    assert torch.allclose(out, expected, atol=1e-5, rtol=1e-5)
