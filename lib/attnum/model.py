@@ -116,6 +116,18 @@ class Block(nn.Module):
         return x + self.mlp(self.ln2(x))
 
 
+def lm_logits(model: nn.Module, idx):
+    """Token and position embeddings, the blocks, the final LayerNorm and the head: the forward pass up to
+    the logits of ``GPT`` and of ``attnum.lm``'s LM (any module with those parts and ``cfg.context``)."""
+    t = idx.shape[1]
+    if t > model.cfg.context:
+        raise ValueError(f"sequence length {t} exceeds the context {model.cfg.context}")
+    x = model.tok_emb(idx) + model.pos_emb(torch.arange(t, device=idx.device))
+    for block in model.blocks:
+        x = block(x)
+    return model.head(model.ln_f(x))
+
+
 class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig, seed: int = 0):
         super().__init__()
@@ -128,13 +140,7 @@ class GPT(nn.Module):
         init_weights(self, seed)
 
     def forward(self, idx, targets=None):
-        t = idx.shape[1]
-        if t > self.cfg.context:
-            raise ValueError(f"sequence length {t} exceeds the context {self.cfg.context}")
-        x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
-        for block in self.blocks:
-            x = block(x)
-        logits = self.head(self.ln_f(x))
+        logits = lm_logits(self, idx)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),

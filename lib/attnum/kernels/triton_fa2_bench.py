@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -37,6 +36,8 @@ import traceback
 from pathlib import Path
 
 import torch
+
+from ..timing import median_ms
 
 TOKENS = 2 ** 18
 DTYPE = torch.bfloat16
@@ -73,21 +74,6 @@ def environment() -> dict:
     except Exception as exc:  # noqa: BLE001
         info["nvidia_smi"] = f"unavailable: {exc}"
     return info
-
-
-def _median_ms(fn, warmup: int, reps: int) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        stop.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(stop))
-    return statistics.median(times)
 
 
 def _implementations():
@@ -176,7 +162,7 @@ def run_case(name: str, fn, n: int, d: int, causal: bool, warmup: int, reps: int
             torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
 
         for label, call, work in (("fwd", fwd, f_fwd), ("bwd", bwd, f_bwd), ("fwd_bwd", fwd_bwd, f_fwd + f_bwd)):
-            ms = _median_ms(call, warmup, reps)
+            ms = median_ms(call, warmup, reps, "cuda")
             rec[f"{label}_ms"] = ms
             rec[f"{label}_tflops"] = work / (ms * 1e-3) / 1e12
         out = None  # free the graph before the next case

@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from .. import ncio
+from ..timing import Timer
 from . import diag
 from .gpt import LM, AttentionChoice, LMConfig
 
@@ -112,7 +113,7 @@ def bench(kernels=DEFAULT_KERNELS, *, n_layer=12, n_head=12, d_model=768, contex
                 gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-        timer = diag.Timer(device)
+        timer = Timer(device)
         for _ in range(rounds):
             for rec, model, opt in runs:
                 if model is None or rec["status"] != "ok":

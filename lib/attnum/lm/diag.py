@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 
 import numpy as np
 import torch
 
 from ..diagnostics import backward_errors
 from ..model import attention_statistics
+from ..timing import Timer
 
 LAYER_STATS = ("key_mean_norm", "key_norm", "key_mean_ratio", "offset_logit", "max_logit", "entropy", "max_prob")
 DIAG_ERRORS = ("dq_rel_err", "dq_row_rel_err", "dk_rel_err", "dk_row_rel_err", "dv_rel_err", "dv_row_rel_err",
@@ -83,26 +83,6 @@ def layer_grad_norms(model) -> tuple[list[float], list[float], float]:
                          + [torch.sqrt(sum(total))]).double().cpu().tolist()
     n = len(per_block)
     return values[:n], values[n:2 * n], values[-1]
-
-
-class Timer:
-    """Wall time of a region: CUDA events on a GPU (no sync until read), perf_counter on a CPU."""
-
-    def __init__(self, device):
-        self.cuda = torch.device(device).type == "cuda"
-
-    def mark(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record()
-            return event
-        return time.perf_counter()
-
-    def seconds(self, start, end) -> float:
-        if self.cuda:
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-        return end - start
 
 
 def time_attention(choice, shape, device, repeats: int = 10, warmup: int = 3) -> dict[str, float]:

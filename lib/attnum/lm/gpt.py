@@ -156,15 +156,9 @@ class LM(nn.Module):
             attn.set_choice(choice)
 
     def forward(self, idx, targets=None):
-        t = idx.shape[1]
-        if t > self.cfg.context:
-            raise ValueError(f"sequence length {t} exceeds the context {self.cfg.context}")
         enabled = self.amp not in ("off", "fp32")
         with torch.autocast(idx.device.type, dtype=DTYPES.get(self.amp, torch.bfloat16), enabled=enabled):
-            x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
-            for block in self.blocks:
-                x = block(x)
-            logits = self.head(self.ln_f(x))
+            logits = model.lm_logits(self, idx)
         if targets is None:
             return logits, None
         return logits, F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from ..timing import Timer
 from . import diag
 from .corpus import PARTS, BatchSampler, Corpus
 from .gpt import LM, AttentionChoice, LMConfig
@@ -304,7 +305,7 @@ def train(cfg: TrainConfig, out_dir, *, t_start: float | None = None, progress=p
     # what the end costs (a last row with diagnostics and evaluation, a snapshot, the record), with a margin
     final_cost = 1.5 * (time.monotonic() - t_final) + 5.0
 
-    timer = diag.Timer(device)
+    timer = Timer(device)
     interval_start, interval_steps, step_s, done = timer.mark(), 0, math.nan, 0
     stop_reason = "steps"
     for step in range(cfg.steps):

@@ -52,6 +52,7 @@ from ..cost import cost_table
 from ..kernels import FIXES, AttentionImpl, with_fix
 from ..metrics import ds_row_sums, gradient_errors, output_errors
 from ..operands import REGIMES, golden_values, mechanism_operands, regime_operands
+from ..timing import median_ms
 from ..training import record_variables, torch_threads, train_runs
 
 SEED004_DQ_ERR_BEFORE = 2.19  # [src] seed 004: median relative dQ error before GProj
@@ -431,29 +432,6 @@ def fp32_input_config(head_dim: int):
                                   num_warps=4 if head_dim <= 64 else 8, fwd_stages=2, bwd_stages=1)
 
 
-def _timed_ms(fn, warmup: int, repeats: int, cuda: bool) -> float:
-    """Median time of ``fn()`` in milliseconds after ``warmup`` calls: CUDA events on a GPU, the
-    wall clock (``perf_counter``) on a CPU."""
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            stop.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(stop))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
-
-
 def _attention_fn(kernel, dtype: str, head_dim: int):
     """The differentiable attention call of a timed case: the registry kernel, except our Triton
     kernel fed fp32 tensors, which gets ``fp32_input_config``'s tiles."""
@@ -535,14 +513,14 @@ def real_timings(kernel_names, *, seq_len: int, tokens: int, head_dims, causal=(
         fn = _attention_fn(kernel, dtype, d)
         try:
             with torch.no_grad():
-                ms["fwd"][at] = _timed_ms(lambda: fn(q, k, v, bool(cz)), warmup, repeats, cuda)
+                ms["fwd"][at] = median_ms(lambda: fn(q, k, v, bool(cz)), warmup, repeats, device)
             leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
             out = fn(*leaves, bool(cz))
-            ms["bwd"][at] = _timed_ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True), warmup,
-                                      repeats, cuda)
+            ms["bwd"][at] = median_ms(lambda: torch.autograd.grad(out, leaves, do, retain_graph=True), warmup,
+                                      repeats, device)
             del out
-            ms["fwd_bwd"][at] = _timed_ms(lambda: torch.autograd.grad(fn(*leaves, bool(cz)), leaves, do), warmup,
-                                          repeats, cuda)
+            ms["fwd_bwd"][at] = median_ms(lambda: torch.autograd.grad(fn(*leaves, bool(cz)), leaves, do), warmup,
+                                          repeats, device)
         except Exception as exc:  # noqa: BLE001 -- recorded as data; Triton's compile errors are not RuntimeErrors
             status[at] = _failure(exc)
             for p in TIMING_PASSES:
@@ -640,7 +618,7 @@ def step_timings(kernel_names, fp32_kernels=(), *, n_layer: int, d_model: int, n
                 opt.step()
                 opt.zero_grad(set_to_none=True)
 
-            ms[r, t] = _timed_ms(step, warmup, repeats, cuda)
+            ms[r, t] = median_ms(step, warmup, repeats, device)
             status[r, t] = "ok"
         except Exception as exc:  # noqa: BLE001 -- recorded as data, never fatal
             status[r, t] = _failure(exc)
