@@ -986,18 +986,10 @@ def _where(points) -> str:
     return ", ".join(points) if points else "none"
 
 
-def _real_only(ds: xr.Dataset, pairs: bool = False) -> xr.Dataset:
-    """The real-kernel variables alone (and the pair variables only if asked): ``Dataset.sel`` indexes
-    every variable, so the per-cell loops below select from this view (the study's 80-odd variables
-    made those loops cost seconds of every run's start). Values are the same objects, not copies."""
-    keep = [v for v in ds.data_vars if str(v).startswith("real_") and (pairs or not str(v).startswith("real_pair_"))]
-    return ds[keep]
-
-
 def _cells(ds: xr.Dataset):
     """``cell(kernel, dtype, input, mask)`` -> {variable: 0-d array} for every real-kernel variable on those
     four dimensions: what ``ds.sel`` of one cell gives ``_real_label`` and the loops, read from numpy arrays
-    (thousands of cells a run; a Dataset ``sel`` each cost seconds)."""
+    (thousands of cells a run; a Dataset ``sel`` of each, over the study's 80-odd variables, cost seconds)."""
     dims = ("real_kernel", "real_dtype", "real_input", "real_mask")
     arrays = {str(v): ds[v].transpose(*dims).values for v in ds.data_vars if set(ds[v].dims) == set(dims)}
     index = [{str(x): j for j, x in enumerate(ds[d].values)} for d in dims]
@@ -1733,36 +1725,27 @@ def real_status_table(ds: xr.Dataset) -> pd.DataFrame:
 def real_disagreements(ds: xr.Dataset) -> pd.DataFrame:
     """Every pair of kernels that ran on the same input and whose outputs differ in where they are
     NaN/inf or in which rows are all zero, with each kernel's outcome (``_real_label``)."""
-    rows = []
-    ds = _real_only(ds, pairs=True)
-    names = [str(k) for k in ds["real_kernel"].values]
-    # which cells to look at, found on whole arrays first (a per-cell sel of every cell cost ~1 s a run)
     order = ("real_kernel", "real_other_kernel", "real_dtype", "real_input", "real_mask")
-    differs = ((ds["real_pair_nonfinite_mismatch"] > 0) | (ds["real_pair_zero_row_mismatch"] > 0)).transpose(*order)
-    differs = differs.values
+    nonfinite, zero, max_diff = (ds[f"real_pair_{v}"].transpose(*order).values
+                                 for v in ("nonfinite_mismatch", "zero_row_mismatch", "max_abs_diff"))
+    cell = _cells(ds)
+    names = [str(k) for k in ds["real_kernel"].values]
     other = {str(k): j for j, k in enumerate(ds["real_other_kernel"].values)}
+    rows = []
     for a, ka in enumerate(names):
         for kb in names[a + 1:]:
-            if not differs[a, other[kb]].any():
-                continue
-            pair = ds.sel(real_kernel=ka, real_other_kernel=kb)
+            b = other[kb]
             for f, fmt in enumerate(ds["real_dtype"].values):
                 for i, inp in enumerate(ds["real_input"].values):
                     for m, mask in enumerate(ds["real_mask"].values):
-                        if not differs[a, other[kb], f, i, m]:
+                        at = (a, b, f, i, m)
+                        if not (nonfinite[at] > 0 or zero[at] > 0):
                             continue
-                        cell = pair.sel(real_dtype=fmt, real_input=inp, real_mask=mask)
-                        nonfinite = float(cell["real_pair_nonfinite_mismatch"])
-                        zero = float(cell["real_pair_zero_row_mismatch"])
-                        if not (nonfinite > 0 or zero > 0):
-                            continue
-                        where = dict(real_dtype=fmt, real_input=inp, real_mask=mask)
                         rows.append({"dtype": str(fmt), "input": str(inp), "mask": str(mask), "kernel a": ka,
-                                     "kernel b": kb, "NaN/inf pattern differs": nonfinite,
-                                     "zero rows differ": int(zero),
-                                     "max |a - b| (finite)": float(cell["real_pair_max_abs_diff"]),
-                                     "a gave": _real_label(ds.sel(real_kernel=ka, **where))[1],
-                                     "b gave": _real_label(ds.sel(real_kernel=kb, **where))[1]})
+                                     "kernel b": kb, "NaN/inf pattern differs": float(nonfinite[at]),
+                                     "zero rows differ": int(zero[at]), "max |a - b| (finite)": float(max_diff[at]),
+                                     "a gave": _real_label(cell(ka, fmt, inp, mask))[1],
+                                     "b gave": _real_label(cell(kb, fmt, inp, mask))[1]})
     return pd.DataFrame(rows, columns=["dtype", "input", "mask", "kernel a", "kernel b", "NaN/inf pattern differs",
                                        "zero rows differ", "max |a - b| (finite)", "a gave", "b gave"])
 
