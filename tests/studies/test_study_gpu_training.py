@@ -113,6 +113,32 @@ def test_study04_blowup_and_the_grid_bound_are_computed(records):
     assert "The bound" in "\n".join(s04.gpu_training_sentences(ds))
 
 
+def test_study04_offset_sentence_orders_the_runs_by_dq_error_and_key_offset(records):
+    ds = s04.gpu_training_dataset(records, mech=None)
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    lines = s04.gpu_offset_sentences(ds)
+    assert len(lines) == 1 and "Over the 6 logged steps all its runs reached (steps 5-30)" in lines[0]
+    assert "FP32 0 < sdpa:flash" in lines[0]  # by dQ error: FP32 is its own recompute
+    assert "One run per attention" in lines[0] and "s04_triton_lr1e-3" not in lines[0]
+
+    def shifted(by):
+        out = ds.copy(deep=True)
+        out["key_mean_norm"].loc[dict(run=flash)] = out["key_mean_norm"].sel(run=fp32).values + by
+        return out
+
+    up = s04.gpu_offset_sentences(shifted(1.0))[0]
+    assert "is above FP32's at 6 of the 6 steps (never below it)" in up and "in the same order by both" in up
+    down = s04.gpu_offset_sentences(shifted(-1.0))[0]
+    assert "is above FP32's at 0 of the 6 steps (last below it at step 30)" in down and "The two orders differ" in down
+    # a GProj run without a Triton run of its setting: the forward kernel is named as the other difference
+    gproj = shifted(1.0)
+    names = gproj["member_attention"].values.astype(object)
+    names[list(gproj["run"].values).index(flash)] = "triton:fa2:gproj_dq@bf16"
+    gproj = gproj.assign_coords(member_attention=(("run", "member"), names.astype(str)))
+    assert "has no record here" in s04.gpu_offset_sentences(gproj)[0]
+    assert lines[0] in s04.gpu_training_sentences(ds)
+
+
 # -- study 03 ------------------------------------------------------------------------------------------
 
 def test_study03_classifies_pairs_and_measures_their_drift(records):
@@ -205,6 +231,41 @@ def test_study03_repeat_ratio_is_taken_over_the_common_steps_and_says_what_it_me
     text = "\n".join(s03.gpu_repeat_sentences(_repeat_stops_early(ds, (2.0, 0.25))))
     assert "0.25x to 2x" in text and "reaches 25% of the flash-vs-FP32 pair's drift" in text and "4x as far" in text
     assert "0.25x to 2x" in "\n".join(s03.gpu_conclusion_lines(_repeat_stops_early(ds, (2.0, 0.25))))
+
+
+def test_study03_spread_of_the_repeat_flash_and_low_precision_drifts(records):
+    ds = s03.gpu_training_dataset(records)
+    # step 10 is the last snapshot the repeat, flash and bf16-training pairs share; the CPU repeat is exactly 0
+    drift = {c: float(ds["gpu_drift"].sel(gpu_comparison=c, gpu_metric="wasserstein", snapshot=10))
+             for c in ("gpu_repeat", "flash_vs_fp32", "bf16_training")}
+    assert drift["gpu_repeat"] == 0 and drift["flash_vs_fp32"] > 0 and drift["bf16_training"] > 0
+    text = s03.gpu_spread_sentence(ds)
+    factor = max(drift["flash_vs_fp32"], drift["bf16_training"]) / min(drift["flash_vs_fp32"], drift["bf16_training"])
+    assert "at step 10, the last snapshot these pairs share" in text and f"{factor:.3g}x the smallest" in text
+    assert "exactly 0 and left out of that factor" in text
+    # the reading follows the factor: alike within 2x, or ranked by size
+    for scale, alike in ((1.5, True), (3.0, False)):
+        changed = _repeat_stops_early(ds, (1.0, 1.0)).copy(deep=True)
+        flash = drift["flash_vs_fp32"]
+        changed["gpu_drift"].loc[dict(gpu_comparison="bf16_training", gpu_metric="wasserstein", snapshot=10)] = flash * scale
+        text = s03.gpu_spread_sentence(changed)
+        assert "1.5x the smallest" in text if alike else "3x the smallest" in text
+        assert ("cannot rank the changes" in text) == alike and ("rank the changes by size" in text) == (not alike)
+        assert "left out" not in text  # the repeat now drifts
+    # without a low-precision or repeat pair there is nothing to set side by side
+    only = ds.sel(gpu_comparison=["flash_vs_fp32", "noise_floor"])
+    assert s03.gpu_spread_sentence(only) is None
+
+
+def test_study03_seed_sentence_gives_each_seed_and_the_interval(records):
+    ds = s03.gpu_training_dataset(records)
+    lines = s03.gpu_seed_sentences(ds)
+    assert len(lines) == 1 and lines[0].startswith("`flash_vs_fp32` over its 2 seeds at step 30")
+    a, b = ds["gpu_model_wasserstein"].sel(run=["lm_s03_flash_vs_fp32_s0_s0_d0", "lm_s03_flash_vs_fp32_s1_s1_d1"],
+                                           snapshot=30).values
+    assert f"{a:.3g}, {b:.3g}" in lines[0] and f"geometric mean {math.sqrt(a * b):.3g}" in lines[0]
+    assert f"differ by {max(a, b) / min(a, b):.3g}x" in lines[0]
+    assert lines[0] in s03.gpu_sentences(ds)
 
 
 @pytest.fixture(scope="module")

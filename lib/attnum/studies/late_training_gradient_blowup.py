@@ -1241,6 +1241,7 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
         out.append(bound)
     out.extend(gpu_layer_sentences(ds))
     out.extend(gpu_equal_step_sentences(ds))
+    out.extend(gpu_offset_sentences(ds))
     out.append(gpu_memorisation_sentence(ds))
     return out
 
@@ -1447,6 +1448,70 @@ def gpu_equal_step_sentences(ds: xr.Dataset) -> list[str]:
         out.append(f"**At equal steps ({setting}).** The runs of this setting stopped at different steps ({stops}); "
                    f"at step {common}, the largest logged step they all reached, against {ref_key[0]} "
                    f"({ref['attention']}): " + "; ".join(parts) + ".")
+    return out
+
+
+def gpu_offset_sentences(ds: xr.Dataset) -> list[str]:
+    """Per setting with an FP32-attention run and another run: over every logged step > 0 that all
+    the setting's trained members reached, each run's layer-mean dQ error and common key offset
+    (``key_mean_norm``) beside the FP32 run's: at how many of those steps its offset is above FP32's and
+    from which step on it stays there; whether the order of the runs by dQ error is their order by key
+    offset; and what one run per attention cannot separate (run-to-run variation; the GProj kernel's
+    own forward when no Triton run without GProj shares the setting)."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for run in ds["run"].values:
+        for member in _trained_members(ds, run):
+            groups.setdefault(_setting_of(ds, run), []).append((str(run), member))
+    steps = ds["step"].values
+    out = []
+    for setting, members in groups.items():
+        fams = {key: _family(_kernel_of(ds, *key)) for key in members}
+        ref = [key for key, fam in fams.items() if fam == "FP32"]
+        if not ref or len(members) < 2:
+            continue
+        ref = ref[0]
+        logged = np.all([np.isfinite(ds["loss"].sel(run=r, member=m).values) for r, m in members], axis=0) & (steps > 0)
+        if logged.sum() < 2:
+            continue
+        at = steps[logged]
+        offset = {key: ds["key_mean_norm"].sel(run=key[0], member=key[1], step=at).mean("layer").values for key in members}
+        dq = {key: float(ds[GPU_DQ_METRIC].sel(run=key[0], member=key[1], step=at).mean("layer").mean()) for key in members}
+        mean_offset = {key: float(np.mean(v)) for key, v in offset.items()}
+        parts = []
+        for key in members:
+            if key == ref:
+                continue
+            above = offset[key] > offset[ref]
+            below_at = at[~above]
+            last = f" (last below it at step {int(below_at[-1])})" if len(below_at) else " (never below it)"
+            parts.append(f"{key[0]} ({fams[key]}) is above FP32's at {int(above.sum())} of the {len(at)} steps{last}")
+        by_dq = sorted(members, key=lambda k: dq[k])
+        by_offset = sorted(members, key=lambda k: mean_offset[k])
+        order = lambda keys, values, fmt: " < ".join(f"{fams[k]} {fmt(values[k])}" for k in keys)
+        text = (f"**Key offsets beside the dQ error ({setting}).** Over the {len(at)} logged steps all its runs reached "
+                f"(steps {int(at[0])}-{int(at[-1])}), ordered by the mean {GPU_DQ_METRIC} (layer mean): "
+                + order(by_dq, dq, lambda v: f"{v:.3g}") + "; by the mean key_mean_norm (layer mean): "
+                + order(by_offset, mean_offset, lambda v: f"{v:.3g}") + ". The layer-mean key offset of "
+                + "; ".join(parts) + ".")
+        if by_dq == by_offset:
+            text += (" The runs are in the same order by both: the larger a run's dQ error, the larger the common key "
+                     "offset its keys grew, the direction in which a biased gradient error that adds up in the weights "
+                     "would push (Qiu & Yao's reading of their explosion, `papers.md` section 5).")
+        else:
+            text += " The two orders differ: a larger dQ error did not go with larger key offsets here."
+        per_family = {}
+        for key in members:
+            per_family.setdefault(fams[key], set()).add(key[0])
+        single = all(len(v) == 1 for v in per_family.values())
+        text += (" One run per attention" if single else " Some attentions have one run") + (
+            ": GPU training is not bitwise deterministic (study 03's repeat pair), and no repeated run of this "
+            "setting measures how far the key offsets of two identical runs differ, so these differences are not "
+            "yet separated from run-to-run variation.")
+        if "GProj" in per_family and "triton:fa2" not in per_family:
+            text += (" The GProj run also differs from the flash run in its kernel (our Triton FA2, forward and "
+                     "backward, against SDPA's FlashAttention-2); a Triton run without GProj (`s04_triton_lr1e-3`), "
+                     "which would separate the two, has no record here.")
+        out.append(text)
     return out
 
 

@@ -1019,6 +1019,64 @@ def gpu_kind_sentence(ds: xr.Dataset) -> str | None:
     return out
 
 
+GPU_CHANGE = {"gpu_repeat": "no change", "flash_vs_fp32": "the attention kernel", "noise_floor": "the initial weights",
+              "bf16_training": "every matmul's precision, bf16", "fp16_training": "every matmul's precision, fp16"}
+MERGED_FACTOR = 2.0  # drifts within this factor of each other are called alike by gpu_spread_sentence
+
+
+def gpu_spread_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | None:
+    """The repeat pair, the flash pair and the low-precision pairs (changes from nothing to every
+    matmul's precision) side by side at the last snapshot they all share: how far apart their drifts
+    are, and what it means when they are alike (None: fewer than two of them with a drift > 0 there,
+    or no shared snapshot)."""
+    present = set(map(str, ds["gpu_comparison"].values))
+    comps = [c for c in ("gpu_repeat", "flash_vs_fp32", *GPU_LOW_PRECISION) if c in present]
+    if "flash_vs_fp32" not in comps or len(comps) < 2:
+        return None
+    step = gpu_common_step(ds, comps)
+    if step is None:
+        return None
+    drift = {c: float(ds["gpu_drift"].sel(gpu_comparison=c, gpu_metric="wasserstein", snapshot=step)) for c in comps}
+    positive = {c: v for c, v in drift.items() if v > 0}
+    if len(positive) < 2:
+        return None
+    factor = max(positive.values()) / min(positive.values())
+    listed = ", ".join(f"{v:.3g} for `{c}` ({GPU_CHANGE[c]})" for c, v in drift.items())
+    out = (f"**Changes of different size side by side:** at step {step}, the last snapshot these pairs share, the "
+           f"model-level W1 drift is {listed}: the largest is {factor:.3g}x the smallest"
+           + (" (the repeat pair is exactly 0 and left out of that factor)" if len(positive) < len(drift) else "") + ".")
+    if factor < merged:
+        out += (f" Changes this different in size drifting within {merged:g}x of each other means that by step {step} "
+                "the weight drift measures how training amplifies any small difference, not the size of the change "
+                "that started it: a ratio of such drifts cannot rank the changes, and a ratio near 1 is what it "
+                "gives. Whether the pairs differ before they merge needs snapshots earlier than the first here "
+                f"(step {int(ds['snapshot'].values[ds['snapshot'].values > 0].min())}).")
+    else:
+        out += f" The drifts differ by more than {merged:g}x, so at step {step} they rank the changes by size."
+    return out
+
+
+def gpu_seed_sentences(ds: xr.Dataset) -> list[str]:
+    """For each comparison with two seeds or more: its records' drifts at the last snapshot every one
+    of them has, their geometric mean and interval."""
+    conf = float(ds.attrs.get("confidence", 0.95))
+    out = []
+    for comp in map(str, ds["gpu_comparison"].values):
+        runs = _runs_of(ds, comp)
+        if len(runs) < 2:
+            continue
+        step = gpu_common_step(ds, [comp])
+        if step is None:
+            continue
+        each = ds["gpu_model_wasserstein"].sel(run=runs, snapshot=step).values
+        sub = ds.sel(gpu_comparison=comp, gpu_metric="wasserstein", snapshot=step)
+        out.append(f"`{comp}` over its {len(runs)} seeds at step {step}, the last snapshot all have: "
+                   + ", ".join(f"{v:.3g}" for v in each) + f" (geometric mean {float(sub['gpu_drift']):.3g}, "
+                   f"{conf:.0%} interval {float(sub['gpu_drift_low']):.3g} to {float(sub['gpu_drift_high']):.3g}); "
+                   f"the seeds differ by {each.max() / each.min():.3g}x.")
+    return out
+
+
 def gpu_lowprec_absence(ds: xr.Dataset) -> str | None:
     """Why there is no low-precision/flash ratio to show (None: there is one at some snapshot)."""
     present = set(map(str, ds["gpu_comparison"].values))
@@ -1130,6 +1188,10 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
     absent = gpu_lowprec_absence(ds)
     if absent:
         out.append(f"{absent}: the 2-5x ratio cannot be computed.")
+    spread = gpu_spread_sentence(ds)
+    if spread:
+        out.append(spread)
+    out += gpu_seed_sentences(ds)
     kind = gpu_kind_sentence(ds)
     if kind:
         out.append(kind)
