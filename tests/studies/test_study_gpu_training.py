@@ -137,6 +137,17 @@ def test_study04_offset_sentence_orders_the_runs_by_dq_error_and_key_offset(reco
     gproj = gproj.assign_coords(member_attention=(("run", "member"), names.astype(str)))
     assert "has no record here" in s04.gpu_offset_sentences(gproj)[0]
     assert lines[0] in s04.gpu_training_sentences(ds)
+    # a second flash run of the setting: the run-to-run spread is stated, and the runs named apart
+    import xarray as xr
+
+    again = ds.sel(run=[flash]).assign_coords(run=["lm_s04_flash_lr1e-3_b_s0_d0"])
+    again["key_mean_norm"] = again["key_mean_norm"] * 1.5
+    both = xr.concat([ds, again], "run", data_vars="all")
+    text = s04.gpu_offset_sentences(both)[0]
+    first = float(ds["key_mean_norm"].sel(run=flash, member="a", step=slice(5, 30)).mean("layer").mean())
+    assert "One run per attention" not in text and "the 2 sdpa:flash runs' mean key_mean_norm" in text
+    assert f"{first:.3g}, {1.5 * first:.3g} (1.5x apart)" in text
+    assert f"sdpa:flash ({flash})" in text and "sdpa:flash (lm_s04_flash_lr1e-3_b_s0_d0)" in text
 
 
 # -- study 03 ------------------------------------------------------------------------------------------

@@ -1487,7 +1487,11 @@ def gpu_offset_sentences(ds: xr.Dataset) -> list[str]:
             parts.append(f"{key[0]} ({fams[key]}) is above FP32's at {int(above.sum())} of the {len(at)} steps{last}")
         by_dq = sorted(members, key=lambda k: dq[k])
         by_offset = sorted(members, key=lambda k: mean_offset[k])
-        order = lambda keys, values, fmt: " < ".join(f"{fams[k]} {fmt(values[k])}" for k in keys)
+        per_family: dict[str, list] = {}
+        for key in members:
+            per_family.setdefault(fams[key], []).append(key)
+        label = {key: fams[key] if len(per_family[fams[key]]) == 1 else f"{fams[key]} ({key[0]})" for key in members}
+        order = lambda keys, values, fmt: " < ".join(f"{label[k]} {fmt(values[k])}" for k in keys)
         text = (f"**Key offsets beside the dQ error ({setting}).** Over the {len(at)} logged steps all its runs reached "
                 f"(steps {int(at[0])}-{int(at[-1])}), ordered by the mean {GPU_DQ_METRIC} (layer mean): "
                 + order(by_dq, dq, lambda v: f"{v:.3g}") + "; by the mean key_mean_norm (layer mean): "
@@ -1499,14 +1503,19 @@ def gpu_offset_sentences(ds: xr.Dataset) -> list[str]:
                      "would push (Qiu & Yao's reading of their explosion, `papers.md` section 5).")
         else:
             text += " The two orders differ: a larger dQ error did not go with larger key offsets here."
-        per_family = {}
-        for key in members:
-            per_family.setdefault(fams[key], set()).add(key[0])
-        single = all(len(v) == 1 for v in per_family.values())
-        text += (" One run per attention" if single else " Some attentions have one run") + (
-            ": GPU training is not bitwise deterministic (study 03's repeat pair), and no repeated run of this "
-            "setting measures how far the key offsets of two identical runs differ, so these differences are not "
-            "yet separated from run-to-run variation.")
+        repeated = {fam: keys for fam, keys in per_family.items() if len(keys) > 1}
+        if not repeated:
+            text += (" One run per attention: GPU training is not bitwise deterministic (study 03's repeat pair), and "
+                     "no repeated run of this setting measures how far the key offsets of two identical runs differ, "
+                     "so these differences are not yet separated from run-to-run variation.")
+        else:
+            spread = []
+            for fam, keys in repeated.items():
+                values = [mean_offset[k] for k in keys]
+                spread.append(f"the {len(keys)} {fam} runs' mean key_mean_norm " + ", ".join(f"{v:.3g}" for v in values)
+                              + f" ({max(values) / min(values):.3g}x apart)")
+            text += (" Run to run (GPU training is not bitwise deterministic): " + "; ".join(spread) + ". A difference "
+                     "between attentions within that spread is not one between their kernels.")
         if "GProj" in per_family and "triton:fa2" not in per_family:
             text += (" The GProj run also differs from the flash run in its kernel (our Triton FA2, forward and "
                      "backward, against SDPA's FlashAttention-2); a Triton run without GProj (`s04_triton_lr1e-3`), "
