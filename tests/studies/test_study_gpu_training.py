@@ -263,6 +263,20 @@ def test_study03_spread_of_the_repeat_flash_and_low_precision_drifts(records):
         assert "1.5x the smallest" in text if alike else "3x the smallest" in text
         assert ("cannot rank the changes" in text) == alike and ("rank the changes by size" in text) == (not alike)
         assert "left out" not in text  # the repeat now drifts
+    assert "needs earlier snapshots in every record" in s03.gpu_spread_sentence(ds)  # one shared snapshot
+    # a second shared snapshot (20): apart at the first, alike at the last, so the drifts merge in between
+    low, flash = "lm_s03_lowprec_s0_s0_d0", drift["flash_vs_fp32"]
+    two = ds.copy(deep=True)
+    two["gpu_model_wasserstein"].loc[dict(run=low, snapshot=20)] = 1.0
+    two["gpu_kind_wasserstein_rel"].loc[dict(run=low, snapshot=20)] = 1.0
+    two["gpu_drift"].loc[dict(gpu_comparison="bf16_training", gpu_metric="wasserstein", snapshot=10)] = 3 * flash
+    flash20 = float(two["gpu_drift"].sel(gpu_comparison="flash_vs_fp32", gpu_metric="wasserstein", snapshot=20))
+    two["gpu_drift"].loc[dict(gpu_comparison="bf16_training", gpu_metric="wasserstein", snapshot=20)] = 1.2 * flash20
+    assert list(s03.gpu_common_steps(two, ["gpu_repeat", "flash_vs_fp32", "bf16_training"])) == [10, 20]
+    text = s03.gpu_spread_sentence(two)
+    assert "at step 20, the last snapshot" in text and "1.2x the smallest" in text
+    assert "At step 10, the first they share" in text and "3x apart" in text
+    assert "merge between steps 10 and 20" in text
     # without a low-precision or repeat pair there is nothing to set side by side
     only = ds.sel(gpu_comparison=["flash_vs_fp32", "noise_floor"])
     assert s03.gpu_spread_sentence(only) is None

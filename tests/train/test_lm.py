@@ -153,6 +153,21 @@ def test_bad_parameters_are_all_named_before_any_work():
     text = str(err.value)
     for word in ("lr must be positive", "eval_every", "sdpa:nope", "schedule", "amp"):
         assert word in text
+    for early in (-1, 20, 25, 2.5):  # snapshot_every is 20
+        with pytest.raises(ValueError, match="snapshot_early must be an integer >= 0 and below snapshot_every"):
+            _tiny(snapshot_early=early).check()
+    _tiny(snapshot_early=3).check()
+
+
+def test_early_snapshots_fall_before_the_first_regular_one_at_any_step(tmp_path):
+    ds = record.open_record(train(_tiny(steps=40, pair=True, pair_kernel="sdpa:math", snapshot_early=3, tag="early"),
+                                  tmp_path, progress=lambda s: None))
+    # early every 3 steps below snapshot_every (20), also between logged steps (log_every 10); then every 20
+    assert list(ds["snapshot"].values) == [0, 3, 6, 9, 12, 15, 18, 20, 40]
+    assert list(ds["step"].values) == [0, 10, 20, 30, 40]
+    w1 = ds["pair_w1"].sel(snapshot=[3, 18]).mean("tensor").values
+    assert 0 < w1[0] < w1[1]  # the pair's drift in its first steps, growing
+    assert json.loads(ds.attrs["parameters"])["snapshot_early"] == 3
 
 
 def test_training_learns_and_writes_a_complete_record(tmp_path):
@@ -282,11 +297,13 @@ def test_cli_plan_with_overrides(tmp_path):
             "--n-head", "2", "--d-model", "16", "--context", "16", "--batch-size", "4", "--steps", "10",
             "--log-every", "5", "--eval-every", "5", "--snapshot-every", "5", "--corpus-max-bytes", str(MAX_BYTES),
             "--val-windows", "4", "--diag-batch", "2", "--no-time-attention"]
-    assert main(args) == 0
+    assert main(args) == 2  # the plan's snapshot_early (25) is not below the flag's snapshot_every (5): named, no run
+    assert not list(tmp_path.glob("*.nc"))
+    assert main(args + ["--snapshot-early", "2"]) == 0
     ds = record.open_record(tmp_path / "lm_s03_repeat_s0_s0_d0.nc")
     params = json.loads(ds.attrs["parameters"])
     assert params["pair"] is True and params["lr"] == 3e-4 and params["steps"] == 10  # plan, then the flags
-    assert ds.sizes["member"] == 2
+    assert ds.sizes["member"] == 2 and list(ds["snapshot"].values) == [0, 2, 4, 5, 10]
 
 
 def test_triton_kernels_train_in_the_cpu_interpreter(tmp_path):

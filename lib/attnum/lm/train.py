@@ -76,6 +76,8 @@ class TrainConfig:
     log_every: int = 100             # per-layer diagnostics, gradient norms, throughput
     eval_every: int = 500            # validation loss and a record written (a multiple of log_every)
     snapshot_every: int = 1000       # weight sketches and pair drift (a multiple of log_every)
+    snapshot_early: int = 0          # > 0: also a snapshot every this many steps before the first regular one
+                                     # (a pair's drift in its first steps; need not be a multiple of log_every)
     sketch_size: int = 256
     diag_batch: int = 4
     time_attention: bool = True
@@ -102,6 +104,10 @@ class TrainConfig:
                 errors.append(f"{key} must be a positive integer, got {getattr(self, key)!r}")
         if not errors and self.d_model % self.n_head:
             errors.append(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        if not (isinstance(self.snapshot_early, int) and 0 <= self.snapshot_early
+                and (not isinstance(self.snapshot_every, int) or self.snapshot_early < self.snapshot_every)):
+            errors.append(f"snapshot_early must be an integer >= 0 and below snapshot_every ({self.snapshot_every}), "
+                          f"got {self.snapshot_early!r}")
         for key in ("eval_every", "snapshot_every"):
             if isinstance(getattr(self, key), int) and isinstance(self.log_every, int) and self.log_every > 0 \
                     and getattr(self, key) % self.log_every:
@@ -342,14 +348,17 @@ def train(cfg: TrainConfig, out_dir, *, t_start: float | None = None, progress=p
             m.loss_count += 1
         interval_steps += 1
         done = step + 1
+        early = cfg.snapshot_early and done < cfg.snapshot_every and done % cfg.snapshot_early == 0
         if not is_log:
+            if early:
+                snapshot(done)
             continue
         interval_s = timer.seconds(interval_start, timer.mark())
         step_s = interval_s / interval_steps
         state.grad_norms.append({m.label: norms.get(m.label, nan_norms) for m in members})
         do_eval = done % cfg.eval_every == 0
         log_row(done, interval_s, interval_steps, do_eval)
-        if done % cfg.snapshot_every == 0:
+        if done % cfg.snapshot_every == 0 or early:
             snapshot(done)
         tok_s = interval_steps * cfg.batch_size * cfg.context * len(members) / interval_s
         losses = ", ".join(f"{m.label} {state.member_rows[m.label]['loss'][-1]:.4f}" for m in members)

@@ -1026,34 +1026,47 @@ MERGED_FACTOR = 2.0  # drifts within this factor of each other are called alike 
 
 def gpu_spread_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | None:
     """The repeat pair, the flash pair and the low-precision pairs (changes from nothing to every
-    matmul's precision) side by side at the last snapshot they all share: how far apart their drifts
-    are, and what it means when they are alike (None: fewer than two of them with a drift > 0 there,
-    or no shared snapshot)."""
+    matmul's precision) side by side at the last snapshot they all share, and at the first when
+    they share more than one: how far apart their drifts are, and what it means when they are alike
+    (None: no shared snapshot, or fewer than two of them with a drift > 0 there)."""
     present = set(map(str, ds["gpu_comparison"].values))
     comps = [c for c in ("gpu_repeat", "flash_vs_fp32", *GPU_LOW_PRECISION) if c in present]
     if "flash_vs_fp32" not in comps or len(comps) < 2:
         return None
-    step = gpu_common_step(ds, comps)
-    if step is None:
+    steps = gpu_common_steps(ds, comps)
+    if not len(steps):
         return None
-    drift = {c: float(ds["gpu_drift"].sel(gpu_comparison=c, gpu_metric="wasserstein", snapshot=step)) for c in comps}
-    positive = {c: v for c, v in drift.items() if v > 0}
-    if len(positive) < 2:
+
+    def at(step):
+        drift = {c: float(ds["gpu_drift"].sel(gpu_comparison=c, gpu_metric="wasserstein", snapshot=step))
+                 for c in comps}
+        positive = [v for v in drift.values() if v > 0]
+        factor = max(positive) / min(positive) if len(positive) >= 2 else math.nan
+        return drift, factor, len(positive) < len(drift)
+
+    first, last = int(steps[0]), int(steps[-1])
+    drift, factor, zero = at(last)
+    if not math.isfinite(factor):
         return None
-    factor = max(positive.values()) / min(positive.values())
-    listed = ", ".join(f"{v:.3g} for `{c}` ({GPU_CHANGE[c]})" for c, v in drift.items())
-    out = (f"**Changes of different size side by side:** at step {step}, the last snapshot these pairs share, the "
-           f"model-level W1 drift is {listed}: the largest is {factor:.3g}x the smallest"
-           + (" (the repeat pair is exactly 0 and left out of that factor)" if len(positive) < len(drift) else "") + ".")
-    if factor < merged:
-        out += (f" Changes this different in size drifting within {merged:g}x of each other means that by step {step} "
-                "the weight drift measures how training amplifies any small difference, not the size of the change "
-                "that started it: a ratio of such drifts cannot rank the changes, and a ratio near 1 is what it "
-                "gives. Whether the pairs differ before they merge needs snapshots earlier than the first here "
-                f"(step {int(ds['snapshot'].values[ds['snapshot'].values > 0].min())}).")
-    else:
-        out += f" The drifts differ by more than {merged:g}x, so at step {step} they rank the changes by size."
-    return out
+    listed = lambda d: ", ".join(f"{v:.3g} for `{c}` ({GPU_CHANGE[c]})" for c, v in d.items())
+    out = (f"**Changes of different size side by side:** at step {last}, the last snapshot these pairs share, the "
+           f"model-level W1 drift is {listed(drift)}: the largest is {factor:.3g}x the smallest"
+           + (" (the repeat pair is exactly 0 and left out of that factor)" if zero else "") + ".")
+    factor0 = factor
+    if first != last:
+        drift0, factor0, _ = at(first)
+        out += (f" At step {first}, the first they share: {listed(drift0)}"
+                + (f", {factor0:.3g}x apart." if math.isfinite(factor0) else "."))
+    if factor >= merged:
+        return out + f" The drifts differ by more than {merged:g}x, so at step {last} they rank the changes by size."
+    out += (f" Changes this different in size drifting within {merged:g}x of each other means that by step {last} "
+            "the weight drift measures how training amplifies any small difference, not the size of the change "
+            "that started it: a ratio of such drifts cannot rank the changes, and a ratio near 1 is what it gives.")
+    if first != last and math.isfinite(factor0) and factor0 >= merged:
+        return out + (f" At step {first} they were still {factor0:.3g}x apart: the drifts merge between steps "
+                      f"{first} and {last}, and only before that can a ratio of drifts rank the changes.")
+    return out + (f" They are alike at every snapshot all their records share (from step {first}); whether they "
+                  "differ earlier needs earlier snapshots in every record (the campaign's `snapshot_early`).")
 
 
 def gpu_seed_sentences(ds: xr.Dataset) -> list[str]:
