@@ -1373,6 +1373,22 @@ def _trained_members(ds: xr.Dataset, run) -> list[str]:
             if np.isfinite(ds["loss"].sel(run=run, member=m).values[1:]).any()]
 
 
+def _settings(ds: xr.Dataset) -> dict[str, list[tuple[str, str]]]:
+    """The trained (run, member) pairs grouped by setting (``GPU_SETTING``), in record order."""
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for run in ds["run"].values:
+        for member in _trained_members(ds, run):
+            groups.setdefault(_setting_of(ds, run), []).append((str(run), member))
+    return groups
+
+
+def _common_logged_steps(ds: xr.Dataset, members) -> np.ndarray:
+    """The logged steps > 0 at which every one of ``members`` ((run, member) pairs) has a training loss."""
+    steps = ds["step"].values
+    logged = np.all([np.isfinite(ds["loss"].sel(run=r, member=m).values) for r, m in members], axis=0)
+    return steps[logged & (steps > 0)]
+
+
 def gpu_equal_step_table(ds: xr.Dataset):
     """The runs of one setting (``GPU_SETTING``: same learning rate, clipping, weight decay, seeds) at
     the largest logged step every one of their trained members reached (runs with one budget stop at
@@ -1381,20 +1397,15 @@ def gpu_equal_step_table(ds: xr.Dataset):
     with a single run are left out."""
     import pandas as pd
 
-    groups: dict[str, list[str]] = {}
-    for run in ds["run"].values:
-        groups.setdefault(_setting_of(ds, run), []).append(str(run))
     steps = ds["step"].values
     rows = []
-    for setting, runs in groups.items():
-        members = [(r, m) for r in runs for m in _trained_members(ds, r)]
+    for setting, members in _settings(ds).items():
         if len({r for r, _ in members}) < 2:
             continue
-        logged = np.all([np.isfinite(ds["loss"].sel(run=r, member=m).values) for r, m in members], axis=0)
-        logged &= steps > 0
-        if not logged.any():
+        logged = _common_logged_steps(ds, members)
+        if not len(logged):
             continue
-        common = int(steps[logged][-1])
+        common = int(logged[-1])
         for run, member in members:
             one = ds.sel(run=run, member=member)
             val = one["val_loss"].sel(step=slice(None, common)).dropna("step")
@@ -1455,25 +1466,19 @@ def gpu_offset_sentences(ds: xr.Dataset) -> list[str]:
     """Per setting with an FP32-attention run and another run: over every logged step > 0 that all
     the setting's trained members reached, each run's layer-mean dQ error and common key offset
     (``key_mean_norm``) beside the FP32 run's: at how many of those steps its offset is above FP32's and
-    from which step on it stays there; whether the order of the runs by dQ error is their order by key
+    the last step at which it was below; whether the order of the runs by dQ error is their order by key
     offset; and what one run per attention cannot separate (run-to-run variation; the GProj kernel's
     own forward when no Triton run without GProj shares the setting)."""
-    groups: dict[str, list[tuple[str, str]]] = {}
-    for run in ds["run"].values:
-        for member in _trained_members(ds, run):
-            groups.setdefault(_setting_of(ds, run), []).append((str(run), member))
-    steps = ds["step"].values
     out = []
-    for setting, members in groups.items():
+    for setting, members in _settings(ds).items():
         fams = {key: _family(_kernel_of(ds, *key)) for key in members}
         ref = [key for key, fam in fams.items() if fam == "FP32"]
         if not ref or len(members) < 2:
             continue
         ref = ref[0]
-        logged = np.all([np.isfinite(ds["loss"].sel(run=r, member=m).values) for r, m in members], axis=0) & (steps > 0)
-        if logged.sum() < 2:
+        at = _common_logged_steps(ds, members)
+        if len(at) < 2:
             continue
-        at = steps[logged]
         offset = {key: ds["key_mean_norm"].sel(run=key[0], member=key[1], step=at).mean("layer").values for key in members}
         dq = {key: float(ds[GPU_DQ_METRIC].sel(run=key[0], member=key[1], step=at).mean("layer").mean()) for key in members}
         mean_offset = {key: float(np.mean(v)) for key, v in offset.items()}
