@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 import time
 
 from . import batch, runner
@@ -75,6 +76,10 @@ def main(argv=None) -> int:
 
     p_pub = sub.add_parser("publish", help="render executed notebooks and write outputs/site/index.html")
     p_pub.add_argument("--outputs", default=None)
+    p_cmp = sub.add_parser("compare", help="two results.nc files variable by variable (what two runs share)")
+    p_cmp.add_argument("a")
+    p_cmp.add_argument("b")
+    p_cmp.add_argument("--all", action="store_true", help="list equal variables too")
     p_bench = sub.add_parser("bench", help="speed and memory benchmarks")
     p_bench.add_argument("--quick", action="store_true", help="smaller sizes, for trying the harness")
     p_bench.add_argument("--outputs", default=None)
@@ -108,6 +113,22 @@ def main(argv=None) -> int:
             from .publish import publish
 
             print(f"wrote {publish(args.outputs)}")
+        elif args.cmd == "compare":
+            from .ncio import compare_results
+
+            for path in (args.a, args.b):
+                if not Path(path).is_file():
+                    print(f"error: no file {path}", file=sys.stderr)
+                    return 2
+            rows = compare_results(args.a, args.b)
+            equal = sum(r["status"] == "equal" for r in rows)
+            print(f"{len(rows)} variables: {equal} equal, {len(rows) - equal} not")
+            for r in rows:
+                if args.all or r["status"] != "equal":
+                    extra = (f", {100 * r['differing']:.3g}% of elements differ" if "differing" in r else "") + (
+                        f", max relative difference {r['max_rel_diff']:.3g}" if "max_rel_diff" in r else "") + (
+                        f", {100 * r['nan_in_one']:.3g}% NaN in one file only" if r.get("nan_in_one") else "")
+                    print(f"  {r['variable']}: {r['status']}{extra}")
         elif args.cmd == "bench":
             from .bench import main as bench_main
 

@@ -34,6 +34,7 @@ import datetime as _dt
 import functools
 import hashlib
 import json
+import math
 import os
 import platform
 import socket
@@ -431,6 +432,46 @@ def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> x
     if squeeze_sweep_dims:
         ds = ds.squeeze(json.loads(ds.attrs.get("sweep_dims", "[]")))
     return ds
+
+
+def compare_results(a, b) -> list[dict]:
+    """Two results files (or Datasets) variable by variable, over the coordinate values both have:
+    per variable ``status`` ("equal": the same values, NaN where NaN; "differs"; "only in a"/"only in b";
+    "shape": dimensions that do not match) and, where numbers differ, ``max_rel_diff`` (largest
+    |a - b| / |a| where both are finite and a is non-zero), ``differing`` (the fraction of elements that
+    differ) and ``nan_in_one`` (the fraction that is NaN in one file only).
+    What two runs of one tier have in common, and where they part, as data."""
+    da, db = (open_results(x) if isinstance(x, (str, os.PathLike)) else x for x in (a, b))
+    rows = []
+    for name in sorted(set(da.data_vars) | set(db.data_vars)):
+        if name not in db or name not in da:
+            rows.append({"variable": name, "status": "only in a" if name in da else "only in b"})
+            continue
+        x, y = da[name], db[name]
+        if set(x.dims) != set(y.dims):
+            rows.append({"variable": name, "status": "shape"})
+            continue
+        for dim in x.dims:
+            if dim in x.coords and dim in y.coords:
+                shared = [v for v in x[dim].values if v in set(y[dim].values)]
+                x, y = x.sel({dim: shared}), y.sel({dim: shared})
+        y = y.transpose(*x.dims)
+        xv, yv = x.values, y.values
+        if xv.shape != yv.shape:
+            rows.append({"variable": name, "status": "shape"})
+            continue
+        numeric = xv.dtype.kind in "fiub" and yv.dtype.kind in "fiub"
+        same = (np.isclose(xv, yv, rtol=0, atol=0, equal_nan=True) if numeric and xv.dtype.kind == "f"
+                else xv == yv)
+        row = {"variable": name, "status": "equal" if bool(np.all(same)) else "differs",
+               "differing": float(1 - np.mean(same)) if same.size else 0.0}
+        if numeric and not np.all(same):
+            xf, yf = xv.astype(float), yv.astype(float)
+            ok = np.isfinite(xf) & np.isfinite(yf) & (xf != 0)
+            row["max_rel_diff"] = float(np.max(np.abs(xf[ok] - yf[ok]) / np.abs(xf[ok]))) if ok.any() else math.nan
+            row["nan_in_one"] = float(np.mean(np.isnan(xf) != np.isnan(yf)))
+        rows.append(row)
+    return rows
 
 
 def run_folders(study: str, root: str | os.PathLike | None = None) -> list[Path]:

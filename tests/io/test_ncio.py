@@ -114,3 +114,31 @@ def test_commit_can_be_given_where_there_is_no_git_history(tmp_path, monkeypatch
     monkeypatch.setenv("ATTNUM_GIT_DIRTY", "false")
     back = ncio.open_results(ncio.write_results(_dataset(), tmp_path / "r.nc", study="s", params={}))
     assert back.attrs["git_commit"].startswith("0123456789") and back.attrs["git_dirty"] == "false"
+
+
+def test_compare_results_names_what_differs_over_the_shared_coordinates(tmp_path, capsys):
+    from attnum.__main__ import main
+
+    a = _dataset(0.25)
+    a["status"] = (("seq_len",), np.array(["ok", "ok", "refused"], dtype=object))
+    a["only_a"] = (("seed",), np.zeros(2))
+    b = a.drop_vars("only_a").copy(deep=True)
+    b = xr.concat([b, b.isel(seq_len=[0]).assign_coords(seq_len=[1024])], "seq_len")  # b has one more length
+    b["rel_l2_err"].loc[dict(seq_len=256, seed=1)] = 0.25 * (1 + 1e-3)
+    b["rel_l2_err"].loc[dict(seq_len=512, seed=0)] = np.nan
+    b["only_b"] = (("seed",), np.ones(2))
+    rows = {r["variable"]: r for r in ncio.compare_results(a, b)}
+    err = rows["rel_l2_err"]
+    assert err["status"] == "differs" and err["max_rel_diff"] == pytest.approx(1e-3)
+    assert err["differing"] == pytest.approx(2 / 6) and err["nan_in_one"] == pytest.approx(1 / 6)
+    assert rows["status"]["status"] == "equal"  # only the lengths both have are compared
+    assert rows["only_a"]["status"] == "only in a" and rows["only_b"]["status"] == "only in b"
+    assert ncio.compare_results(a, a.copy(deep=True))[0]["status"] == "equal"
+    # the command line, on files
+    for name, ds in (("a", a), ("b", b)):
+        ds = ds.drop_vars(["status", "only_a", "only_b"], errors="ignore")
+        ncio.write_results(ds, tmp_path / f"{name}.nc", study="length_scaling", params={})
+    assert main(["compare", str(tmp_path / "a.nc"), str(tmp_path / "b.nc")]) == 0
+    out = capsys.readouterr().out
+    assert "rel_l2_err: differs, 33.3% of elements differ, max relative difference 0.001, 16.7% NaN in one" in out
+    assert main(["compare", str(tmp_path / "a.nc"), str(tmp_path / "missing.nc")]) == 2

@@ -944,12 +944,6 @@ def gpu_ratio_series(ds: xr.Dataset, a: str, b: str, metric: str = "wasserstein"
     return pd.Series(x[keep] / y[keep], index=pd.Index(steps[keep], name="step"), name=f"{a} / {b}")
 
 
-def _at_common(ds: xr.Dataset, a: str, b: str, metric: str = "wasserstein"):
-    """(step, a's drift / b's drift) at the last snapshot > 0 that every record of both shares (None: none)."""
-    series = gpu_ratio_series(ds, a, b, metric)
-    return (int(series.index[-1]), float(series.iloc[-1])) if len(series) else None
-
-
 def _steps(steps) -> str:
     steps = [int(s) for s in steps]
     return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
