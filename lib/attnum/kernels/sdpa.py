@@ -101,7 +101,8 @@ def probe(device="cuda", dtypes=("bf16", "fp16", "fp32"), head_dims=(64, 128, 25
           seq_len: int = 256, backward: bool = True) -> list[dict]:
     """What each pinned backend accepts on ``device``, as data: one record per (backend, dtype,
     head_dim, mask) with ``forward`` / ``backward`` "ok" or the refusal's message. Nothing falls
-    back: a refusal is PyTorch's "No available kernel" under a single pinned backend."""
+    back: a refusal is ``BackendRefused`` (PyTorch's "No available kernel" under a single pinned backend, with
+    PyTorch's reasons)."""
     from ..precision import FORMATS
 
     records = []
@@ -125,14 +126,10 @@ def probe(device="cuda", dtypes=("bf16", "fp16", "fp32"), head_dims=(64, 128, 25
                         bias[..., :, seq_len // 2:] = float("-inf")
                     leaves = [t.clone().requires_grad_(backward) for t in (q, k, v)]
                     try:
+                        keep = None
                         if mask == "boolean":  # SDPA's boolean mask: True = take part
-                            from torch.nn.attention import sdpa_kernel
-
                             keep = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).tril()
-                            with sdpa_kernel([_backend(backend)]):
-                                out = F.scaled_dot_product_attention(*leaves, attn_mask=keep)
-                        else:
-                            out = kernel.differentiable(*leaves, causal=mask == "causal", attn_bias=bias)
+                        out = kernel.differentiable(*leaves, causal=mask == "causal", attn_bias=bias, bool_mask=keep)
                         rec["forward"] = "ok"
                     except (BackendRefused, RuntimeError) as exc:
                         rec.update(forward=str(exc)[:400], backward="no forward")
