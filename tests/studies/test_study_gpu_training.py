@@ -148,6 +148,28 @@ def test_study04_offset_sentence_orders_the_runs_by_dq_error_and_key_offset(reco
     assert "One run per attention" not in text and "the 2 sdpa:flash runs' mean key_mean_norm" in text
     assert f"{first:.3g}, {1.5 * first:.3g} (1.5x apart)" in text
     assert f"sdpa:flash ({flash})" in text and "sdpa:flash (lm_s04_flash_lr1e-3_b_s0_d0)" in text
+    second = float(again["dq_rel_err"].sel(member="a", step=slice(5, 30)).mean("layer").mean())
+    assert f"mean dq_rel_err {float(ds['dq_rel_err'].sel(run=flash, member='a', step=slice(5, 30)).mean('layer').mean()):.3g}, {second:.3g}" in text
+    # GProj beside our Triton kernel without it: the two are compared, and set beside the repeat's spread
+    third = ds.sel(run=[flash]).assign_coords(run=["lm_s04_triton_lr1e-3_s0_d0"])
+    third["dq_rel_err"] = third["dq_rel_err"] * 4
+    trio = xr.concat([both, third], "run", data_vars="all")
+    names = trio["member_attention"].values.astype(object)
+    names[list(trio["run"].values).index(flash)] = "triton:fa2:gproj_dq@bf16"
+    names[list(trio["run"].values).index("lm_s04_triton_lr1e-3_s0_d0")] = "triton:fa2@bf16"
+    trio = trio.assign_coords(member_attention=(("run", "member"), names.astype(str)))
+    text = s04.gpu_offset_sentences(trio)[0]
+    assert "has no record here" not in text
+    assert "GProj against the same Triton kernel without it (lm_s04_triton_lr1e-3_s0_d0)" in text
+    assert "(4x lower with GProj)" in text and "(1x)." in text
+    # the spread now is the flash_b run alone (one sdpa:flash run left): no repeat, so no spread comparison
+    assert "repeat's spread" not in text
+    # with a second sdpa:flash run: its spread (1.1x in key offset, 1x in dQ error) is the yardstick
+    fourth = again.assign_coords(run=["lm_s04_flash_lr1e-3_c_s0_d0"])
+    fourth["key_mean_norm"] = fourth["key_mean_norm"] * 1.1
+    text = s04.gpu_offset_sentences(xr.concat([trio, fourth], "run", data_vars="all"))[0]
+    assert "repeat's spread (1x in dq_rel_err, 1.1x in key_mean_norm)" in text
+    assert "GProj's dQ difference is outside it and its key offset difference within it" in text
 
 
 # -- study 03 ------------------------------------------------------------------------------------------
@@ -193,6 +215,24 @@ def test_study03_ratio_interpolates_the_flash_drift_and_is_stated_against_golden
     assert "Golden et al.'s 2-5x" in text and "one seed, so no interval" in text
     assert f"{float(ratio.sel(snapshot=15)):.3g}" in text
     assert "Flash against the noise floor" in text and "GPU repeat" in text
+
+
+def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_interval(records, tmp_path):
+    import shutil
+
+    for path in records.glob("lm_*.nc"):
+        shutil.copy(path, tmp_path / path.name)
+    # a second low-precision seed that stops earlier (step 10) than the first (step 15)
+    train(_tiny(tag="s03_lowprec_s1", pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash",
+                pair_amp="bf16", seed=1, data_seed=1, steps=10, snapshot_every=5), tmp_path, progress=lambda s: None)
+    ds = s03.gpu_training_dataset(tmp_path)
+    ratio = ds.sel(gpu_lowprec="bf16_training", gpu_metric="wasserstein")
+    assert np.isfinite(float(ratio["gpu_ratio_low"].sel(snapshot=10)))
+    assert np.isnan(float(ratio["gpu_ratio_low"].sel(snapshot=15)))  # one seed there
+    line = [t for t in s03.gpu_sentences(ds) if t.startswith("**Golden et al.'s 2-5x**")][0]
+    assert f"at step 10 is {float(ratio['gpu_ratio'].sel(snapshot=10)):.3g}: 95% interval over the 2" in line
+    assert f"{float(ratio['gpu_ratio_low'].sel(snapshot=10)):.3g} to " in line and "one seed" not in line
+    assert f"At step 15, which only some seeds reached, it is {float(ratio['gpu_ratio'].sel(snapshot=15)):.3g}." in line
 
 
 def test_study03_common_step_is_the_last_snapshot_every_pair_record_has(records):

@@ -1509,6 +1509,7 @@ def gpu_offset_sentences(ds: xr.Dataset) -> list[str]:
         else:
             text += " The two orders differ: a larger dQ error did not go with larger key offsets here."
         repeated = {fam: keys for fam, keys in per_family.items() if len(keys) > 1}
+        spread_of = {}  # family -> (key offset, dQ error) ratio of its repeated runs' largest and smallest means
         if not repeated:
             text += (" One run per attention: GPU training is not bitwise deterministic (study 03's repeat pair), and "
                      "no repeated run of this setting measures how far the key offsets of two identical runs differ, "
@@ -1516,15 +1517,30 @@ def gpu_offset_sentences(ds: xr.Dataset) -> list[str]:
         else:
             spread = []
             for fam, keys in repeated.items():
-                values = [mean_offset[k] for k in keys]
-                spread.append(f"the {len(keys)} {fam} runs' mean key_mean_norm " + ", ".join(f"{v:.3g}" for v in values)
-                              + f" ({max(values) / min(values):.3g}x apart)")
+                offsets, errs = [mean_offset[k] for k in keys], [dq[k] for k in keys]
+                spread_of[fam] = (max(offsets) / min(offsets), max(errs) / min(errs) if min(errs) > 0 else np.nan)
+                spread.append(f"the {len(keys)} {fam} runs' mean key_mean_norm " + ", ".join(f"{v:.3g}" for v in offsets)
+                              + f" ({spread_of[fam][0]:.3g}x apart) and mean {GPU_DQ_METRIC} "
+                              + ", ".join(f"{v:.3g}" for v in errs) + f" ({spread_of[fam][1]:.3g}x apart)")
             text += (" Run to run (GPU training is not bitwise deterministic): " + "; ".join(spread) + ". A difference "
                      "between attentions within that spread is not one between their kernels.")
-        if "GProj" in per_family and "triton:fa2" not in per_family:
+        plain_triton = [k for k in members if fams[k].startswith("triton:fa2")]
+        if "GProj" in per_family and not plain_triton:
             text += (" The GProj run also differs from the flash run in its kernel (our Triton FA2, forward and "
                      "backward, against SDPA's FlashAttention-2); a Triton run without GProj (`s04_triton_lr1e-3`), "
                      "which would separate the two, has no record here.")
+        elif "GProj" in per_family:
+            g, t = per_family["GProj"][0], plain_triton[0]
+            d_ratio, o_ratio = dq[t] / dq[g] if dq[g] > 0 else np.nan, mean_offset[g] / mean_offset[t]
+            text += (f" GProj against the same Triton kernel without it ({t[0]}): mean {GPU_DQ_METRIC} {dq[g]:.3g} "
+                     f"against {dq[t]:.3g} ({d_ratio:.3g}x lower with GProj), mean key_mean_norm {mean_offset[g]:.3g} "
+                     f"against {mean_offset[t]:.3g} ({o_ratio:.3g}x).")
+            if spread_of:
+                fam, (o_spread, d_spread) = next(iter(spread_of.items()))
+                inside = lambda ratio, spread: "within" if max(ratio, 1 / ratio) <= spread else "outside"
+                text += (f" Set beside the {fam} repeat's spread ({d_spread:.3g}x in {GPU_DQ_METRIC}, {o_spread:.3g}x "
+                         f"in key_mean_norm), GProj's dQ difference is {inside(d_ratio, d_spread)} it and its key "
+                         f"offset difference {inside(o_ratio, o_spread)} it.")
         out.append(text)
     return out
 
