@@ -107,6 +107,51 @@ def package_versions() -> dict[str, str]:
     return out
 
 
+def accelerator_versions(device: str = "cpu") -> dict[str, str]:
+    """The versions that decide what a GPU kernel computes, as strings: torch (with its build tag),
+    the CUDA runtime torch was built with, cuDNN, Triton, and on a CUDA device the GPU, its compute
+    capability and the NVIDIA driver (``nvidia-smi``; "unknown" where it cannot be asked). "none"
+    where a component is absent (a CPU build of torch has no CUDA or cuDNN)."""
+    import torch
+
+    out = {"torch": torch.__version__, "cuda": str(torch.version.cuda or "none"),
+           "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none"}
+    try:
+        out["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        out["triton"] = "not installed"
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        idx = torch.device(device).index or 0
+        major, minor = torch.cuda.get_device_capability(idx)
+        out.update(gpu=torch.cuda.get_device_name(idx), gpu_capability=f"{major}.{minor}", driver="unknown")
+        try:
+            uuid = torch.cuda.get_device_properties(idx).uuid
+            query = ["nvidia-smi", "--query-gpu=uuid,driver_version", "--format=csv,noheader"]
+            for line in subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.splitlines():
+                gpu_uuid, _, driver = (part.strip() for part in line.partition(","))
+                if gpu_uuid.removeprefix("GPU-") == str(uuid).removeprefix("GPU-") or out["driver"] == "unknown":
+                    out["driver"] = driver
+        except (OSError, subprocess.SubprocessError, AttributeError):
+            pass
+    else:
+        out.update(gpu="none", gpu_capability="none", driver="none")
+    return out
+
+
+def real_kernel_backends(names) -> dict[str, str]:
+    """Each kernel name's ``runs_as``: the backend or compiled kernel that computes its results (for a
+    pinned SDPA backend, the one backend allowed to run; a call it refused raised instead)."""
+    from . import kernels
+
+    out = {}
+    for name in names:
+        try:
+            out[str(name)] = kernels.get(str(name)).runs_as()
+        except Exception as exc:  # noqa: BLE001 - a name the registry cannot build is recorded as such
+            out[str(name)] = f"not built here: {type(exc).__name__}: {exc}"
+    return out
+
+
 def device_description(device: str = "cpu") -> str:
     import torch
 
@@ -155,6 +200,7 @@ def provenance(study: str, params: dict, device: str = "cpu") -> dict[str, str]:
         "platform": platform.platform(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "package_versions": json.dumps(package_versions(), sort_keys=True),
+        "accelerator_versions": json.dumps(accelerator_versions(device), sort_keys=True),
     }
     attrs.update(git_state())
     attrs["history"] = f"{attrs['created']}: written by attnum.ncio.write_results ({attrs['git_commit']})"
@@ -281,6 +327,8 @@ def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params
         ds[key].attrs.setdefault("long_name", f"parameter {key}")
     _cf_metadata(ds, variables)
     ds.attrs.update(provenance(study, params, device))
+    if "real_kernel" in ds.coords:
+        ds.attrs["real_kernel_backends"] = json.dumps(real_kernel_backends(ds["real_kernel"].values), sort_keys=True)
     ds.attrs["sweep_dims"] = json.dumps(list(sweep_dims))
     ds.attrs["title"] = title or ds.attrs.get("title") or f"attnum study {study}"
     if references:

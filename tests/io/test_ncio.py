@@ -29,6 +29,25 @@ def test_round_trip_keeps_values_and_provenance(tmp_path):
     assert len(back.attrs["git_commit"]) in (40, 7) and back.attrs["git_dirty"] in ("true", "false", "unknown")
     for key in ("device", "created", "hostname"):
         assert back.attrs[key]
+    # the versions that decide what a GPU kernel computes; on this CPU torch has no CUDA and no GPU
+    import torch
+
+    accel = json.loads(back.attrs["accelerator_versions"])
+    assert set(accel) == {"torch", "cuda", "cudnn", "triton", "gpu", "gpu_capability", "driver"}
+    assert accel["torch"] == torch.__version__ and accel["gpu"] == "none" and accel["driver"] == "none"
+    assert accel["cuda"] == str(torch.version.cuda or "none")
+    assert "real_kernel_backends" not in back.attrs  # no real kernel in these results
+
+
+def test_results_with_real_kernels_record_the_backend_each_ran_as(tmp_path):
+    ds = _dataset().expand_dims(real_kernel=["sdpa:flash", "sdpa:math", "triton:fa2:gproj_dq", "flex"])
+    ds["real_kernel"].attrs.update(units="1", long_name="real kernel")
+    path = ncio.write_results(ds, tmp_path / "results.nc", study="length_scaling", params={})
+    backends = json.loads(ncio.open_results(path).attrs["real_kernel_backends"])
+    assert list(backends) == ["flex", "sdpa:flash", "sdpa:math", "triton:fa2:gproj_dq"]
+    assert "SDPBackend.FLASH_ATTENTION the only backend enabled" in backends["sdpa:flash"]
+    assert "SDPBackend.MATH the only backend enabled" in backends["sdpa:math"]
+    assert "GProj dq" in backends["triton:fa2:gproj_dq"] and "flex_attention compiled" in backends["flex"]
     with xr.open_dataset(path, engine="netcdf4") as raw:
         assert raw["rel_l2_err"].encoding.get("zlib") is True
 

@@ -60,3 +60,21 @@ def test_compiled_flex_attention_with_the_tables_gives_causal_attention_on_the_c
     seen = torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
     expected = torch.softmax(scores.masked_fill(~seen, float("-inf")), -1) @ v
     assert torch.allclose(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_flex_runs_an_additive_bias_with_its_smaller_kernel_options(monkeypatch):
+    # the compiled call is replaced by a recorder (FlexAttention's fused kernel needs CUDA): with a bias the
+    # kernel passes BIAS_KERNEL_OPTIONS (the H200 default configuration did not fit its shared memory),
+    # without one PyTorch's defaults; the GPU tests run the real thing
+    from attnum.kernels import flex
+
+    calls = []
+    monkeypatch.setattr(flex, "_compiled", lambda: lambda *a, **kw: calls.append(kw) or (a[0], None))
+    kernel = flex.FlexKernel()
+    monkeypatch.setattr(kernel, "unavailable_reason", lambda device="cpu": None)
+    q = torch.zeros(1, 1, 8, 16)
+    kernel.forward(q, q, q, attn_bias=torch.zeros(1, 1, 8, 8))
+    kernel.forward(q, q, q, causal=True)
+    assert calls[0]["kernel_options"] == flex.BIAS_KERNEL_OPTIONS and calls[0]["score_mod"] is not None
+    assert calls[1]["kernel_options"] is None and calls[1]["score_mod"] is None
+    assert str(flex.BIAS_KERNEL_OPTIONS) in kernel.runs_as()

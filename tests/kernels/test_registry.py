@@ -148,6 +148,7 @@ def test_entry_checks_refuse_empty_sizes_bad_scales_and_a_wrong_lse():
 def test_a_plain_function_of_your_own_is_a_kernel_named_after_it():
     kernel = kernels.get("byo_kernel_example:sdpa_math")
     assert isinstance(kernel, kernels.CallableKernel) and kernel.name == "byo_kernel_example:sdpa_math"
+    assert kernel.runs_as() == "your own callable byo_kernel_example:sdpa_math (byo_kernel_example.sdpa_math)"
     assert kernels.check_runs(kernel) is None
     q, k, v = _qkv()
     do = torch.randn_like(q)

@@ -83,6 +83,11 @@ class TritonKernel(Kernel):
         self.name = "triton:fa2" + {"off": "", "dq": ":gproj_dq", "dq_dk": ":gproj_dq_dk"}[gproj] + (
             ":fp32_bwd" if fp32_backward else "")
 
+    def runs_as(self) -> str:
+        return (f"attnum's Triton FlashAttention-2 kernel (attnum.kernels.triton_fa2), GProj {self.gproj}, "
+                f"{'FP32' if self.fp32_backward else 'input-format'} backward; tiles and stages fixed per head dim "
+                "(triton_fa2.default_config, no autotuning)")
+
     def unavailable_reason(self, device="cpu"):
         from . import triton_fa2
 

@@ -31,6 +31,16 @@ def _compiled():
 
 BLOCK = 128  # FlexAttention's default block size, both axes
 
+# With an additive bias (a score_mod that reads a [B, H, N, N] fp32 tensor) FlexAttention's default forward
+# configuration did not fit the H200: for bf16 at d = 64 it is 128 x 128 tiles in 3 pipeline stages
+# (PyTorch's H100 table in torch/_inductor/template_heuristics), and the compiled kernel asked for 245760 bytes
+# of shared memory where the GPU has 232448 (study 02's gpu run at 13832f9: every additive-mask cell of flex
+# "No valid triton configs ... out of resource"). With a bias the kernel therefore always runs with smaller
+# tiles and fewer stages (never as a retry after a failure), and says so in ``runs_as``. These options were
+# chosen from that error and PyTorch's advice ("Reducing block sizes or num_stages may help"); whether they fit
+# is checked by tests/kernels/test_real_kernels.py on the GPU.
+BIAS_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
+
 
 def _causal_tables(n_q: int, n_k: int, block: int = BLOCK, device=None):
     """The bottom-right causal mask's block tables, computed per block, never per element.
@@ -78,6 +88,11 @@ def _block_mask(n_q: int, n_k: int, device):
 class FlexKernel(Kernel):
     name = "flex"
 
+    def runs_as(self) -> str:
+        return (f"torch {torch.__version__} flex_attention compiled by torch.compile (Inductor's Triton template), "
+                f"PyTorch's default kernel options; with an additive bias {BIAS_KERNEL_OPTIONS}; causal mask as "
+                f"per-block tables of {BLOCK} x {BLOCK}")
+
     def unavailable_reason(self, device="cpu") -> str | None:
         device = torch.device(device)
         if device.type != "cuda":
@@ -89,15 +104,16 @@ class FlexKernel(Kernel):
     def _run(self, q, k, v, causal, attn_bias, scale, return_lse):
         self.require(q.device)
         block_mask = _block_mask(q.shape[-2], k.shape[-2], q.device) if causal else None
-        score_mod = None
+        score_mod, options = None, None
         if attn_bias is not None:
+            options = dict(BIAS_KERNEL_OPTIONS)
             bias = attn_bias.to(torch.float32).expand(q.shape[0], q.shape[1], q.shape[-2], k.shape[-2])
 
             def score_mod(score, b, h, q_idx, kv_idx):
                 return score + bias[b, h, q_idx, kv_idx]
 
         return _compiled()(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-                           return_lse=return_lse)
+                           return_lse=return_lse, kernel_options=options)
 
     def forward(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
         with torch.no_grad():

@@ -40,6 +40,12 @@ class Kernel:
         """None when the kernel can run on ``device``; otherwise a sentence saying why not."""
         return None
 
+    def runs_as(self) -> str:
+        """What computes this kernel's results, in words: for a real kernel, the backend or compiled
+        kernel that runs (recorded in a results file's ``real_kernel_backends`` attribute)."""
+        doc = (type(self).__doc__ or "").strip().split("\n")[0]
+        return f"{type(self).__module__}.{type(self).__name__}" + (f": {doc}" if doc else "")
+
     def require(self, device) -> None:
         reason = self.unavailable_reason(device)
         if reason:
@@ -118,6 +124,9 @@ class CallableKernel(Kernel):
 
     def __init__(self, name: str, fn):
         self.name, self.fn = name, fn
+
+    def runs_as(self) -> str:
+        return f"your own callable {self.name} ({getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', '?')})"
 
     def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
         return self.fn(q, k, v, is_causal=causal, attn_mask=attn_bias, scale=scale)

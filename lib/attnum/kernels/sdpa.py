@@ -43,6 +43,11 @@ class SdpaKernel(Kernel):
         self.backend = backend
         self.name = f"sdpa:{backend}"
 
+    def runs_as(self) -> str:
+        return (f"torch {torch.__version__} scaled_dot_product_attention with SDPBackend."
+                f"{_backend(self.backend).name} the only backend enabled (torch.nn.attention.sdpa_kernel): a call "
+                "that returned ran on it; one it refused raised BackendRefused")
+
     def unavailable_reason(self, device="cpu") -> str | None:
         device = torch.device(device)
         if device.type == "cuda":

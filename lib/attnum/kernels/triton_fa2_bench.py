@@ -54,18 +54,14 @@ def flops(n: int, d: int, bh: int, causal: bool) -> tuple[float, float]:
 
 
 def environment() -> dict:
-    info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+    from .. import ncio
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    info = {"python": platform.python_version(), **ncio.accelerator_versions(device),
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except Exception as exc:  # noqa: BLE001
-        info["triton"] = f"not importable: {exc}"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info.update(gpu=torch.cuda.get_device_name(0), sm_count=props.multi_processor_count,
-                    capability=f"{props.major}.{props.minor}", memory_gib=round(props.total_memory / 2 ** 30, 1))
+        info.update(sm_count=props.multi_processor_count, memory_gib=round(props.total_memory / 2 ** 30, 1))
     query = "name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,power.limit,temperature.gpu"
     try:
         res = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True,

@@ -151,14 +151,7 @@ def bench(kernels=DEFAULT_KERNELS, *, n_layer=12, n_head=12, d_model=768, contex
             if ref is not None and "step_s_median" in rec:
                 rec[f"overhead_vs_{base.split('@')[0].replace(':', '_')}"] = \
                     rec["step_s_median"] / ref["step_s_median"] - 1
-    versions = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "python": platform.python_version(),
-                "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none"}
-    try:
-        import triton
-
-        versions["triton"] = triton.__version__
-    except ImportError:
-        versions["triton"] = "not installed"
+    versions = {"python": platform.python_version(), **ncio.accelerator_versions(str(device))}
     return {"what": "issue 15: training-step cost of each attention choice (attnum.lm.bench)",
             "config": config, "results": results, "versions": versions,
             "device": ncio.device_description(str(device)), "clocks": gpu_clocks(device),

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from .. import ncio
 from ..timing import Timer
 from . import diag
 from .corpus import PARTS, BatchSampler, Corpus
@@ -187,15 +188,7 @@ class Member:
 
 
 def _versions(device) -> dict:
-    out = {"torch": torch.__version__, "cuda": str(torch.version.cuda),
-           "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none"}
-    try:
-        import triton
-
-        out["triton"] = triton.__version__
-    except ImportError:
-        out["triton"] = "not installed"
-    out["gpu"] = torch.cuda.get_device_name(torch.device(device)) if torch.device(device).type == "cuda" else "none"
+    out = ncio.accelerator_versions(str(device))
     out["tf32_matmul"] = str(torch.backends.cuda.matmul.allow_tf32)
     return out
 
