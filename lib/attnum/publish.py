@@ -228,7 +228,8 @@ def _collect(study: str, run_dir: Path) -> dict:
         raise ncio.DamagedRunError(f"run {study}/{run_dir.name}: RUN.json says {record.get('status')!r}, "
                                    "not a finished run")
     ds = ncio.open_results(run_dir / "results.nc")  # Fletcher-32 checked while reading
-    keep = ("git_commit", "git_dirty", "created", "device", "package_versions", "headline_figure", "hostname")
+    keep = ("git_commit", "git_dirty", "created", "device", "package_versions", "accelerator_versions",
+            "real_kernel_backends", "headline_figure", "hostname")
     entry["provenance"] = {k: str(ds.attrs.get(k, "")) for k in keep}
     figs = sorted(p.name for p in run_dir.glob("*.png"))
     entry["figures"] = figs
@@ -249,8 +250,15 @@ def _versions(prov: dict) -> str:
         versions = json.loads(prov.get("package_versions") or "{}")
     except ValueError:
         versions = {}
-    keep = [k for k in ("python", "torch", "numpy", "xarray", "triton") if k in versions]
-    return ", ".join(f"{k} {versions[k]}" for k in keep) or "not recorded"
+    keep = [k for k in ("python", "torch", "numpy", "xarray") if k in versions]
+    text = ", ".join(f"{k} {versions[k]}" for k in keep) or "not recorded"
+    try:  # a run on a GPU: what decides its kernels (files written before these were recorded lack them)
+        accel = json.loads(prov.get("accelerator_versions") or "{}")
+    except ValueError:
+        accel = {}
+    if accel.get("gpu", "none") != "none":
+        text += "; " + ", ".join(f"{k} {accel[k]}" for k in ("torch", "cuda", "cudnn", "triton", "driver") if k in accel)
+    return text
 
 
 def _device_label(entry: dict) -> str:
@@ -278,6 +286,12 @@ def _provenance_md(entry: dict, nav: str) -> str:
             ("created", prov.get("created") or record.get("finished") or record.get("started", "")),
             ("git commit", _commit(prov)),
             ("versions", _versions(prov))]
+    try:
+        backends = json.loads(prov.get("real_kernel_backends") or "{}")
+    except ValueError:
+        backends = {}
+    if backends:
+        rows.append(("real kernels ran as", "; ".join(f"`{k}`: {v}" for k, v in backends.items())))
     if entry.get("figures") is not None and (entry["dir"] / "results.nc").exists() and not entry["failed"]:
         rows.append(("data", "[results.nc](results.nc)" + ("" if entry.get("verified") else " (no checksum recorded)")))
     if entry["failed"]:

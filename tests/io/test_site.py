@@ -154,6 +154,8 @@ def test_in_a_browser(site):
         assert n_images >= 3
         assert "Parameters of this run" in text and "Provenance of this run" in text
         assert "git commit" in text and "versions" in text and "created" in text
+        # study 02's smoke run has real kernels: the backend each ran as is on its page
+        assert "real kernels ran as" in text and "SDPBackend.FLASH_ATTENTION the only backend enabled" in text
         assert page.locator("details.hide.above-input").count() > 0  # MyST-NB hide-input: a closed toggle
         assert not page.locator("details.hide.above-input").first.evaluate("e => e.open")
         toc = page.eval_on_selector_all(".bd-toc a, #bd-toc-nav a", "els => els.map(e => e.textContent.trim())")
@@ -187,3 +189,20 @@ def test_device_label_names_gathered_gpu_records_and_plain_runs():
     assert _device_label(cpu) == "CPU (cpu AMD EPYC)"
     gpu = {"run": "gpu", "provenance": {"device": "cuda:0 NVIDIA H200"}, "record": {"parameters": {}}}
     assert _device_label(gpu).startswith("GPU (cuda:0")
+
+
+def test_versions_name_the_accelerator_of_a_gpu_run_only():
+    import json
+
+    from attnum.publish import _versions
+
+    packages = json.dumps({"python": "3.12.3", "torch": "2.11.0", "numpy": "2.5", "xarray": "2026.9"})
+    gpu = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": "91900", "triton": "3.6.0", "gpu": "NVIDIA H200",
+           "gpu_capability": "9.0", "driver": "580.1"}
+    text = _versions({"package_versions": packages, "accelerator_versions": json.dumps(gpu)})
+    assert text == ("python 3.12.3, torch 2.11.0, numpy 2.5, xarray 2026.9; torch 2.11.0+cu130, cuda 13.0, "
+                    "cudnn 91900, triton 3.6.0, driver 580.1")
+    cpu = dict(gpu, gpu="none", cuda="none", cudnn="none", driver="none")
+    assert _versions({"package_versions": packages, "accelerator_versions": json.dumps(cpu)}) == \
+        "python 3.12.3, torch 2.11.0, numpy 2.5, xarray 2026.9"
+    assert _versions({"package_versions": packages}) == "python 3.12.3, torch 2.11.0, numpy 2.5, xarray 2026.9"
