@@ -235,6 +235,30 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     assert f"At step 15, which only some seeds reached, it is {float(ratio['gpu_ratio'].sel(snapshot=15)):.3g}." in line
 
 
+def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_early_ones(records, tmp_path):
+    import shutil
+
+    ds = s03.gpu_training_dataset(records)
+    assert s03.gpu_early_sentence(ds) is None  # no repeat or flash record has a snapshot before step 10
+    for path in records.glob("lm_s03_*.nc"):
+        shutil.copy(path, tmp_path / path.name)
+    for tag, kw in (("s03_repeat_s2", {}), ("s03_flash_vs_fp32_s2", dict(pair_kernel="sdpa:math"))):
+        train(_tiny(tag=tag, pair=True, seed=2, data_seed=2, snapshot_early=5, **kw), tmp_path,
+              progress=lambda s: None)
+    ds = s03.gpu_training_dataset(tmp_path)
+    text = s03.gpu_early_sentence(ds)
+    # step 5: the two new records (early snapshots) and the low-precision pair (snapshot_every 5) have it
+    assert "before step 10, every comparison has a drift at step 5 in at least one record" in text
+    for comp in ("gpu_repeat", "flash_vs_fp32", "bf16_training"):
+        value = float(ds["gpu_drift"].sel(gpu_comparison=comp, gpu_metric="wasserstein", snapshot=5))
+        assert f"{value:.3g} for `{comp}` (1 record)" in text
+    assert ("more than 2x apart" in text) != ("within 2x of each other" in text)
+    assert text in s03.gpu_sentences(ds)
+    # two repeat records, both exactly 0 on this deterministic CPU: said so, with no ratio of seeds
+    assert any(t.startswith("`gpu_repeat` over its 2 seeds") and "2 exactly 0: bitwise identical members" in t
+               for t in s03.gpu_seed_sentences(ds))
+
+
 def test_study03_common_step_is_the_last_snapshot_every_pair_record_has(records):
     ds = s03.gpu_training_dataset(records)
     # the low-precision pair stops at step 15 (snapshots 0, 5, 10, 15), the others at 30 (0, 10, 20, 30)

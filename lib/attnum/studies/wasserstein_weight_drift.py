@@ -1060,7 +1060,54 @@ def gpu_spread_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | 
         return out + (f" At step {first} they were still {factor0:.3g}x apart: the drifts merge between steps "
                       f"{first} and {last}, and only before that can a ratio of drifts rank the changes.")
     return out + (f" They are alike at every snapshot all their records share (from step {first}); whether they "
-                  "differ earlier needs earlier snapshots in every record (the campaign's `snapshot_early`).")
+                  "differ earlier needs earlier snapshots (the campaign's `snapshot_early`; the next sentence, where "
+                  "some records have them).")
+
+
+def gpu_early_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | None:
+    """The side-by-side comparison before the first snapshot all records share, at the snapshots where
+    every comparison (repeat, flash, low precision) has at least one record with a drift (records made
+    with ``snapshot_early``): each comparison's drift there (geometric mean over the records that have
+    it, their number given) and how far apart they are. None when there is no such snapshot."""
+    present = set(map(str, ds["gpu_comparison"].values))
+    comps = [c for c in ("gpu_repeat", "flash_vs_fp32", *GPU_LOW_PRECISION) if c in present]
+    if "flash_vs_fp32" not in comps or len(comps) < 2:
+        return None
+    common = gpu_common_steps(ds, comps)
+    drift = ds["gpu_drift"].sel(gpu_comparison=comps, gpu_metric="wasserstein")
+    count = ds["gpu_n_seeds"].sel(gpu_comparison=comps, gpu_metric="wasserstein")
+    snaps = ds["snapshot"].values
+    early = [int(s) for i, s in enumerate(snaps) if s > 0 and (not len(common) or s < common[0])
+             and np.isfinite(drift.values[:, i]).all()]
+    if not early:
+        return None
+
+    def at(step):
+        vals = {c: float(drift.sel(gpu_comparison=c, snapshot=step)) for c in comps}
+        positive = [v for v in vals.values() if v > 0]
+        return vals, (max(positive) / min(positive) if len(positive) >= 2 else math.nan)
+
+    def listed(step):
+        vals, factor = at(step)
+        n = {c: int(count.sel(gpu_comparison=c, snapshot=step)) for c in comps}
+        return (", ".join(f"{v:.3g} for `{c}` ({n[c]} record{'s' if n[c] != 1 else ''})" for c, v in vals.items())
+                + (f", {factor:.3g}x apart" if math.isfinite(factor) else ""))
+
+    first, last = early[0], early[-1]
+    out = (f"**Earlier, with the records that have early snapshots:** before step "
+           f"{int(common[0]) if len(common) else '(none shared)'}, every comparison has a drift at "
+           f"{_steps(early)} in at least one record (not all: a comparison's drift there is the geometric mean of "
+           f"the records it has). At step {first}: {listed(first)}"
+           + (f"; at step {last}: {listed(last)}." if last != first else "."))
+    factors = [at(s)[1] for s in early]
+    apart = [s for s, f in zip(early, factors) if math.isfinite(f) and f >= merged]
+    if apart:
+        out += (f" They are more than {merged:g}x apart at {len(apart)} of these {len(early)} snapshots (up to step "
+                f"{apart[-1]}): there, a ratio of drifts still reflects the size of the change.")
+    else:
+        out += (f" They are within {merged:g}x of each other already at step {first}: the drifts are alike from the "
+                "first snapshot measured, so at no measured step does a ratio of drifts rank the changes by size.")
+    return out
 
 
 def gpu_seed_sentences(ds: xr.Dataset) -> list[str]:
@@ -1077,6 +1124,11 @@ def gpu_seed_sentences(ds: xr.Dataset) -> list[str]:
             continue
         each = ds["gpu_model_wasserstein"].sel(run=runs, snapshot=step).values
         sub = ds.sel(gpu_comparison=comp, gpu_metric="wasserstein", snapshot=step)
+        if (each == 0).any():  # a deterministic device: identical members give a drift of exactly 0
+            out.append(f"`{comp}` over its {len(runs)} seeds at step {step}, the last snapshot all have: "
+                       + ", ".join(f"{v:.3g}" for v in each) + f" ({int((each == 0).sum())} exactly 0: bitwise "
+                       "identical members, so no geometric mean or interval).")
+            continue
         out.append(f"`{comp}` over its {len(runs)} seeds at step {step}, the last snapshot all have: "
                    + ", ".join(f"{v:.3g}" for v in each) + f" (geometric mean {float(sub['gpu_drift']):.3g}, "
                    f"{conf:.0%} interval {float(sub['gpu_drift_low']):.3g} to {float(sub['gpu_drift_high']):.3g}); "
@@ -1205,6 +1257,9 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
     spread = gpu_spread_sentence(ds)
     if spread:
         out.append(spread)
+    early = gpu_early_sentence(ds)
+    if early:
+        out.append(early)
     out += gpu_seed_sentences(ds)
     kind = gpu_kind_sentence(ds)
     if kind:
