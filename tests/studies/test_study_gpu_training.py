@@ -240,6 +240,8 @@ def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_ea
 
     ds = s03.gpu_training_dataset(records)
     assert s03.gpu_early_sentence(ds) is None  # no repeat or flash record has a snapshot before step 10
+    spread = s03.gpu_spread_sentence(ds)
+    assert spread is None or "the next sentence looks there" not in spread
     for path in records.glob("lm_s03_*.nc"):
         shutil.copy(path, tmp_path / path.name)
     for tag, kw in (("s03_repeat_s2", {}), ("s03_flash_vs_fp32_s2", dict(pair_kernel="sdpa:math"))):
@@ -254,6 +256,8 @@ def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_ea
         assert f"{value:.3g} for `{comp}` (1 record)" in text
     assert ("more than 2x apart" in text) != ("within 2x of each other" in text)
     assert text in s03.gpu_sentences(ds)
+    spread = s03.gpu_spread_sentence(ds)
+    assert spread is None or "no snapshot before it is in a record" not in spread
     # two repeat records, both exactly 0 on this deterministic CPU: said so, with no ratio of seeds
     assert any(t.startswith("`gpu_repeat` over its 2 seeds") and "2 exactly 0: bitwise identical members" in t
                for t in s03.gpu_seed_sentences(ds))
@@ -327,7 +331,7 @@ def test_study03_spread_of_the_repeat_flash_and_low_precision_drifts(records):
         assert "1.5x the smallest" in text if alike else "3x the smallest" in text
         assert ("cannot rank the changes" in text) == alike and ("rank the changes by size" in text) == (not alike)
         assert "left out" not in text  # the repeat now drifts
-    assert "needs earlier snapshots in every record" in s03.gpu_spread_sentence(ds)  # one shared snapshot
+    assert "no snapshot before it is in a record of every one" in s03.gpu_spread_sentence(ds)  # one shared snapshot
     # a second shared snapshot (20): apart at the first, alike at the last, so the drifts merge in between
     low, flash = "lm_s03_lowprec_s0_s0_d0", drift["flash_vs_fp32"]
     two = ds.copy(deep=True)

@@ -1059,9 +1059,11 @@ def gpu_spread_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | 
     if first != last and math.isfinite(factor0) and factor0 >= merged:
         return out + (f" At step {first} they were still {factor0:.3g}x apart: the drifts merge between steps "
                       f"{first} and {last}, and only before that can a ratio of drifts rank the changes.")
+    earlier = ("the next sentence looks there, with the records that have early snapshots"
+               if gpu_early_sentence(ds, merged) else
+               "no snapshot before it is in a record of every one of these comparisons")
     return out + (f" They are alike at every snapshot all their records share (from step {first}); whether they "
-                  "differ earlier needs earlier snapshots (the campaign's `snapshot_early`; the next sentence, where "
-                  "some records have them).")
+                  f"differ earlier needs earlier snapshots (the campaign's `snapshot_early`): {earlier}.")
 
 
 def gpu_early_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | None:
