@@ -504,6 +504,15 @@ def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
     assert f"lowest {v15:.3g} at step 15" in memo and "50% above its minimum" in memo
     assert f"({FLASH}) ended with a validation loss more than 5% above its minimum" in memo
     assert "memorise their training split" in memo
+    # the memorising member's layer-mean dQ error at its minimum (step 15) and at its end
+    dq = ds["dq_rel_err"].sel(run=FLASH, member="a").mean("layer").dropna("step")
+    a, b = float(dq.sel(step=15)), float(dq[-1])
+    assert f"{FLASH} {a:.3g} at step 15, {b:.3g} at step {int(dq['step'][-1])} ({b / a:.3g}x)" in memo
+    assert f"after the minimum in {int(b > 1.1 * a)} of 1" in memo
+    grown = rose.copy(deep=True)
+    grown["dq_rel_err"].loc[{"run": FLASH, "member": "a", "step": int(dq["step"][-1])}] = 2 * a
+    assert "after the minimum in 1 of 1: for those, the late dQ growth" in study.gpu_memorisation_sentence(grown)
+    assert "validation minimum" not in text  # not memorising: no such comparison
     rate = float(ds["sum_median_tokens_per_s"].sel(run=FP32))
     throughput = study.gpu_throughput_sentence(ds)
     assert f"{FP32} (sdpa:math@fp32): {rate:.3g} tokens/s" in throughput and "23 steps" in throughput

@@ -1576,7 +1576,35 @@ def gpu_memorisation_sentence(ds: xr.Dataset) -> str:
                f" None of the {len(table)} trained members ended with a validation loss more than "
                f"{100 * GPU_VAL_RISE:g}% above its minimum and a training loss below its value there: no sign of "
                "memorisation within these tokens.")
-    return "**Memorisation.** " + "; ".join(parts) + "." + verdict
+    return "**Memorisation.** " + "; ".join(parts) + "." + verdict + _dq_after_minimum(ds, table, memorising)
+
+
+GPU_DQ_LATE_RISE = 0.1  # the dQ error "grew after the validation minimum" by more than this fraction
+
+
+def _dq_after_minimum(ds: xr.Dataset, table, memorising) -> str:
+    """For the memorising members with a dQ error: the layer-mean dQ error at the last logged step at or
+    before the validation minimum and at the last logged step, so that the late growth can be placed
+    before or inside the memorising phase."""
+    parts, grew = [], 0
+    for (run, member), row in table.iterrows():
+        if run not in memorising:
+            continue
+        dq = ds[GPU_DQ_METRIC].sel(run=run, member=member).mean("layer").dropna("step")
+        dq = dq.sel(step=dq["step"] > 0)
+        before = dq.sel(step=dq["step"] <= row["min val loss step"])
+        if not before.size or float(dq[-1]) == 0:
+            continue
+        a, b = float(before[-1]), float(dq[-1])
+        grew += b > (1 + GPU_DQ_LATE_RISE) * a
+        parts.append(f"{run} {a:.3g} at step {int(before['step'][-1])}, {b:.3g} at step {int(dq['step'][-1])} "
+                     f"({b / a:.3g}x)")
+    if not parts:
+        return ""
+    return (f" The layer-mean {GPU_DQ_METRIC} of the memorising members at their validation minimum and at their "
+            f"end: " + "; ".join(parts) + f". It grew by more than {100 * GPU_DQ_LATE_RISE:g}% after the minimum in "
+            f"{grew} of {len(parts)}" + (": for those, the late dQ growth measured here is growth while the model "
+            "memorises its training split, a regime the sources' runs on fresh data never enter." if grew else "."))
 
 
 def cpu_tier_run(name: str = "default") -> xr.Dataset | None:
