@@ -124,14 +124,11 @@ def accelerator_versions(device: str = "cpu") -> dict[str, str]:
         idx = torch.device(device).index or 0
         major, minor = torch.cuda.get_device_capability(idx)
         out.update(gpu=torch.cuda.get_device_name(idx), gpu_capability=f"{major}.{minor}", driver="unknown")
-        try:
-            uuid = torch.cuda.get_device_properties(idx).uuid
-            query = ["nvidia-smi", "--query-gpu=uuid,driver_version", "--format=csv,noheader"]
-            for line in subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.splitlines():
-                gpu_uuid, _, driver = (part.strip() for part in line.partition(","))
-                if gpu_uuid.removeprefix("GPU-") == str(uuid).removeprefix("GPU-") or out["driver"] == "unknown":
-                    out["driver"] = driver
-        except (OSError, subprocess.SubprocessError, AttributeError):
+        try:  # one driver serves every GPU of a host: the first line answers
+            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            lines = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.split()
+            out["driver"] = lines[0] if lines else "unknown"
+        except (OSError, subprocess.SubprocessError):
             pass
     else:
         out.update(gpu="none", gpu_capability="none", driver="none")
