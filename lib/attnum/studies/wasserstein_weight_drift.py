@@ -1018,25 +1018,37 @@ GPU_CHANGE = {"gpu_repeat": "no change", "flash_vs_fp32": "the attention kernel"
 MERGED_FACTOR = 2.0  # drifts within this factor of each other are called alike by gpu_spread_sentence
 
 
+def _side_by_side(ds: xr.Dataset) -> list[str] | None:
+    """The comparisons set side by side (repeat, flash, low precision) present in ``ds``; None without the
+    flash pair or a second one."""
+    present = set(map(str, ds["gpu_comparison"].values))
+    comps = [c for c in ("gpu_repeat", "flash_vs_fp32", *GPU_LOW_PRECISION) if c in present]
+    return comps if "flash_vs_fp32" in comps and len(comps) >= 2 else None
+
+
+def _drifts_at(ds: xr.Dataset, comps, step) -> tuple[dict, float]:
+    """Each comparison's model-level W1 drift at ``step`` and the largest over the smallest of those > 0
+    (NaN with fewer than two)."""
+    drift = {c: float(ds["gpu_drift"].sel(gpu_comparison=c, gpu_metric="wasserstein", snapshot=step)) for c in comps}
+    positive = [v for v in drift.values() if v > 0]
+    return drift, (max(positive) / min(positive) if len(positive) >= 2 else math.nan)
+
+
 def gpu_spread_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | None:
     """The repeat pair, the flash pair and the low-precision pairs (changes from nothing to every
     matmul's precision) side by side at the last snapshot they all share, and at the first when
     they share more than one: how far apart their drifts are, and what it means when they are alike
     (None: no shared snapshot, or fewer than two of them with a drift > 0 there)."""
-    present = set(map(str, ds["gpu_comparison"].values))
-    comps = [c for c in ("gpu_repeat", "flash_vs_fp32", *GPU_LOW_PRECISION) if c in present]
-    if "flash_vs_fp32" not in comps or len(comps) < 2:
+    comps = _side_by_side(ds)
+    if comps is None:
         return None
     steps = gpu_common_steps(ds, comps)
     if not len(steps):
         return None
 
     def at(step):
-        drift = {c: float(ds["gpu_drift"].sel(gpu_comparison=c, gpu_metric="wasserstein", snapshot=step))
-                 for c in comps}
-        positive = [v for v in drift.values() if v > 0]
-        factor = max(positive) / min(positive) if len(positive) >= 2 else math.nan
-        return drift, factor, len(positive) < len(drift)
+        drift, factor = _drifts_at(ds, comps, step)
+        return drift, factor, any(v <= 0 for v in drift.values())
 
     first, last = int(steps[0]), int(steps[-1])
     drift, factor, zero = at(last)
@@ -1071,9 +1083,8 @@ def gpu_early_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | N
     every comparison (repeat, flash, low precision) has at least one record with a drift (records made
     with ``snapshot_early``): each comparison's drift there (geometric mean over the records that have
     it, their number given) and how far apart they are. None when there is no such snapshot."""
-    present = set(map(str, ds["gpu_comparison"].values))
-    comps = [c for c in ("gpu_repeat", "flash_vs_fp32", *GPU_LOW_PRECISION) if c in present]
-    if "flash_vs_fp32" not in comps or len(comps) < 2:
+    comps = _side_by_side(ds)
+    if comps is None:
         return None
     common = gpu_common_steps(ds, comps)
     drift = ds["gpu_drift"].sel(gpu_comparison=comps, gpu_metric="wasserstein")
@@ -1084,13 +1095,8 @@ def gpu_early_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | N
     if not early:
         return None
 
-    def at(step):
-        vals = {c: float(drift.sel(gpu_comparison=c, snapshot=step)) for c in comps}
-        positive = [v for v in vals.values() if v > 0]
-        return vals, (max(positive) / min(positive) if len(positive) >= 2 else math.nan)
-
     def listed(step):
-        vals, factor = at(step)
+        vals, factor = _drifts_at(ds, comps, step)
         n = {c: int(count.sel(gpu_comparison=c, snapshot=step)) for c in comps}
         return (", ".join(f"{v:.3g} for `{c}` ({n[c]} record{'s' if n[c] != 1 else ''})" for c, v in vals.items())
                 + (f", {factor:.3g}x apart" if math.isfinite(factor) else ""))
@@ -1101,7 +1107,7 @@ def gpu_early_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | N
            f"{_steps(early)} in at least one record (not all: a comparison's drift there is the geometric mean of "
            f"the records it has). At step {first}: {listed(first)}"
            + (f"; at step {last}: {listed(last)}." if last != first else "."))
-    factors = [at(s)[1] for s in early]
+    factors = [_drifts_at(ds, comps, s)[1] for s in early]
     apart = [s for s, f in zip(early, factors) if math.isfinite(f) and f >= merged]
     if apart:
         out += (f" They are more than {merged:g}x apart at {len(apart)} of these {len(early)} snapshots (up to step "
