@@ -245,17 +245,20 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _versions(prov: dict) -> str:
+def _json_attr(prov: dict, key: str) -> dict:
+    """A JSON provenance attribute as a dict ({} where absent, as in files written before it, or unreadable)."""
     try:
-        versions = json.loads(prov.get("package_versions") or "{}")
+        value = json.loads(prov.get(key) or "{}")
     except ValueError:
-        versions = {}
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _versions(prov: dict) -> str:
+    versions = _json_attr(prov, "package_versions")
     keep = [k for k in ("python", "torch", "numpy", "xarray") if k in versions]
     text = ", ".join(f"{k} {versions[k]}" for k in keep) or "not recorded"
-    try:  # a run on a GPU: what decides its kernels (files written before these were recorded lack them)
-        accel = json.loads(prov.get("accelerator_versions") or "{}")
-    except ValueError:
-        accel = {}
+    accel = _json_attr(prov, "accelerator_versions")  # a run on a GPU: what decides its kernels
     if accel.get("gpu", "none") != "none":
         text += "; " + ", ".join(f"{k} {accel[k]}" for k in ("torch", "cuda", "cudnn", "triton", "driver") if k in accel)
     return text
@@ -286,10 +289,7 @@ def _provenance_md(entry: dict, nav: str) -> str:
             ("created", prov.get("created") or record.get("finished") or record.get("started", "")),
             ("git commit", _commit(prov)),
             ("versions", _versions(prov))]
-    try:
-        backends = json.loads(prov.get("real_kernel_backends") or "{}")
-    except ValueError:
-        backends = {}
+    backends = _json_attr(prov, "real_kernel_backends")
     if backends:
         rows.append(("real kernels ran as", "; ".join(f"`{k}`: {v}" for k, v in backends.items())))
     if entry.get("figures") is not None and (entry["dir"] / "results.nc").exists() and not entry["failed"]:
