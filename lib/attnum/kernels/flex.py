@@ -31,15 +31,20 @@ def _compiled():
 
 BLOCK = 128  # FlexAttention's default block size, both axes
 
-# With an additive bias (a score_mod that reads a [B, H, N, N] fp32 tensor) FlexAttention's default forward
-# configuration did not fit the H200: for bf16 at d = 64 it is 128 x 128 tiles in 3 pipeline stages
-# (PyTorch's H100 table in torch/_inductor/template_heuristics), and the compiled kernel asked for 245760 bytes
-# of shared memory where the GPU has 232448 (study 02's gpu run at 13832f9: every additive-mask cell of flex
-# "No valid triton configs ... out of resource"). With a bias the kernel therefore always runs with smaller
-# tiles and fewer stages (never as a retry after a failure), and says so in ``runs_as``. These options were
-# chosen from that error and PyTorch's advice ("Reducing block sizes or num_stages may help"); whether they fit
-# is checked by tests/kernels/test_real_kernels.py on the GPU.
-BIAS_KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2}
+# With an additive bias (a score_mod that reads a [B, H, N, N] fp32 tensor) FlexAttention's default configuration
+# did not fit the H200: study 02's gpu run at 13832f9 had every additive-mask cell of flex fail with "No valid
+# triton configs ... out of resource: Required: 245760, Hardware limit: 232448" (shared memory, bytes). PyTorch's
+# defaults for this GPU (torch/_inductor/template_heuristics, capability 9.0) are, forward, 128 x 128 tiles in 3
+# stages (bf16/fp16, d = 64) or 128 x 64 in 3 (d = 128), and, backward, 64 x 128 / 128 x 64 in 3 stages with 8
+# warps (d <= 128); which of the two overflowed was not recorded. With a bias the kernel therefore always runs with
+# smaller tiles and fewer stages in both directions (never as a retry after a failure), and says so in
+# ``runs_as``. The ``fwd_``/``bwd_`` prefixes address each direction's template (an unprefixed option would reach
+# both); the backward's tiles keep its constraints (BLOCK_N1 a multiple of BLOCK_M1, BLOCK_M2 of BLOCK_N2, the
+# 128-wide mask blocks a multiple of each). Whether they fit is checked on the GPU by tests/kernels/test_real_kernels.py.
+BIAS_KERNEL_OPTIONS = {
+    "fwd_BLOCK_M": 64, "fwd_BLOCK_N": 64, "fwd_num_stages": 2,
+    "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 64, "bwd_BLOCK_M2": 64, "bwd_BLOCK_N2": 32, "bwd_num_stages": 1,
+}
 
 
 def _causal_tables(n_q: int, n_k: int, block: int = BLOCK, device=None):
