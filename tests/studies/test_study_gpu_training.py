@@ -232,7 +232,19 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     line = [t for t in s03.gpu_sentences(ds) if t.startswith("**Golden et al.'s 2-5x**")][0]
     assert f"at step 10 is {float(ratio['gpu_ratio'].sel(snapshot=10)):.3g}: 95% interval over the 2" in line
     assert f"{float(ratio['gpu_ratio_low'].sel(snapshot=10)):.3g} to " in line and "one seed" not in line
-    assert f"At step 15, which only some seeds reached, it is {float(ratio['gpu_ratio'].sel(snapshot=15)):.3g}." in line
+    assert (f"At the later snapshots, which fewer seeds reached, it is {float(ratio['gpu_ratio'].sel(snapshot=15)):.3g} "
+            "(step 15, 1 seed).") in line
+    # a third seed that runs as far as the first: step 15 now has two seeds (an interval) and step 10 three;
+    # the sentence stays at the snapshot with the most seeds, and names how many it has
+    train(_tiny(tag="s03_lowprec_s2", pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash",
+                pair_amp="bf16", seed=2, data_seed=2, steps=15, snapshot_every=5), tmp_path, progress=lambda s: None)
+    ds = s03.gpu_training_dataset(tmp_path)
+    ratio = ds.sel(gpu_lowprec="bf16_training", gpu_metric="wasserstein")
+    assert int(ratio["gpu_ratio_n_seeds"].sel(snapshot=10)) == 3 and int(ratio["gpu_ratio_n_seeds"].sel(snapshot=15)) == 2
+    assert np.isfinite(float(ratio["gpu_ratio_low"].sel(snapshot=15)))
+    line = [t for t in s03.gpu_sentences(ds) if t.startswith("**Golden et al.'s 2-5x**")][0]
+    assert f"at step 10 is {float(ratio['gpu_ratio'].sel(snapshot=10)):.3g}: 95% interval over the 3" in line
+    assert f"{float(ratio['gpu_ratio'].sel(snapshot=15)):.3g} (step 15, 2 seeds)" in line
 
 
 def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_early_ones(records, tmp_path):

@@ -746,6 +746,7 @@ GPU_ATTRS = {
                        "drift interpolated linearly in step to the low-precision snapshots)"),
     "gpu_ratio_low": ("1", "lower end of the t interval over seeds of the ratio (NaN: < 2 seeds)"),
     "gpu_ratio_high": ("1", "upper end of the t interval over seeds of the ratio"),
+    "gpu_ratio_n_seeds": ("1", "low-precision seeds with a drift at the snapshot (the ratio's sample)"),
     "campaign_gpu_s": ("s", "GPU time of the gathered records: the sum of their wall_s (whole command from "
                             "process start)"),
     "campaign_all_gpu_s": ("s", "GPU time of every record in the folder (both studies' runs and the pilot): the sum "
@@ -842,7 +843,7 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
     flash_runs = [r for r, c in zip(pairs, comps) if c == "flash_vs_fp32"]
     if lows and flash_runs:
         shape = (len(lows), len(GPU_METRICS), len(snaps))
-        ratio, rlow, rhigh = (np.full(shape, np.nan) for _ in range(3))
+        ratio, rlow, rhigh, rcount = (np.full(shape, np.nan) for _ in range(4))
         for j, metric in enumerate(GPU_METRICS):
             # the flash drift's geometric mean over seeds at its own snapshots, interpolated in step
             flash = np.array([_interval(out[f"gpu_model_{metric}"].sel(run=flash_runs).values[:, k], confidence)[0]
@@ -855,9 +856,11 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
                     if step <= 0 or ok.sum() < 1 or not (snaps[ok].min() <= step <= snaps[ok].max()):
                         continue
                     denom = float(np.interp(step, snaps[ok], flash[ok]))
-                    ratio[i, j, k], rlow[i, j, k], rhigh[i, j, k], _ = _interval(vals[:, k] / denom, confidence)
+                    ratio[i, j, k], rlow[i, j, k], rhigh[i, j, k], rcount[i, j, k] = _interval(vals[:, k] / denom,
+                                                                                               confidence)
         coords = {"gpu_lowprec": lows, "gpu_metric": list(GPU_METRICS)}
-        for name, arr in (("gpu_ratio", ratio), ("gpu_ratio_low", rlow), ("gpu_ratio_high", rhigh)):
+        for name, arr in (("gpu_ratio", ratio), ("gpu_ratio_low", rlow), ("gpu_ratio_high", rhigh),
+                          ("gpu_ratio_n_seeds", rcount)):
             out[name] = xr.DataArray(arr, dims=("gpu_lowprec", "gpu_metric", "snapshot"), coords=coords)
     out["campaign_gpu_s"] = float(gathered["wall_s"].sum())
     out["campaign_all_gpu_s"], out.attrs["records_in_folder"] = record.total_wall_s(folder)
@@ -1242,11 +1245,16 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
             ok = np.nonzero(np.isfinite(sub["gpu_ratio"].values))[0]
             if not len(ok):
                 continue
-            # the last snapshot with an interval (two or more low-precision seeds there), else the last one
+            # the last snapshot with the most low-precision seeds (an interval needs two), else the last one:
+            # a later snapshot that fewer seeds reached gives a wider interval over a smaller sample
+            n = sub["gpu_ratio_n_seeds"].values if "gpu_ratio_n_seeds" in sub else np.full(len(sub["snapshot"]), np.nan)
             with_ci = [k for k in ok if np.isfinite(float(sub["gpu_ratio_low"][k]))]
+            if with_ci and np.isfinite(n[with_ci]).all():
+                most = max(n[k] for k in with_ci)
+                with_ci = [k for k in with_ci if n[k] == most]
             k = with_ci[-1] if with_ci else ok[-1]
             r, lo, hi = (float(sub[v][k]) for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
-            seeds = len(_runs_of(ds, str(comp)))
+            seeds = int(n[k]) if np.isfinite(n[k]) else len(_runs_of(ds, str(comp)))
             where = (f"{conf:.0%} interval over the {seeds} `{comp}` seeds (each over the flash pair's geometric mean "
                      f"over its seeds) {lo:.3g} to {hi:.3g}: {verdict(lo, hi, claim)}") if np.isfinite(lo) else (
                 "one seed, so no interval; the point value lies " +
@@ -1256,8 +1264,11 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
                     f"low-precision training): `{comp}` / `flash_vs_fp32` model-level W1 at step "
                     f"{int(ds['snapshot'][k])} is {r:.3g}: {where}.")
             if k != ok[-1]:
-                text += (f" At step {int(ds['snapshot'][ok[-1]])}, which only some seeds reached, it is "
-                         f"{float(sub['gpu_ratio'][ok[-1]]):.3g}.")
+                later = [j for j in ok if j > k]
+                text += (" At the later snapshots, which fewer seeds reached, it is "
+                         + ", ".join(f"{float(sub['gpu_ratio'][j]):.3g} (step {int(ds['snapshot'][j])}"
+                                     + (f", {int(n[j])} seed{'s' if n[j] != 1 else ''})" if np.isfinite(n[j]) else ")")
+                                     for j in later) + ".")
             out.append(text)
     absent = gpu_lowprec_absence(ds)
     if absent:
