@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+import xarray as xr
 
 from attnum import ncio
 from attnum.lm import record
@@ -475,3 +476,27 @@ def test_pair_records_are_classified_by_their_members():
     assert s03.gpu_comparison(pair(["sdpa:math@fp32", "sdpa:flash@fp16"], amp=("off", "fp16"))) == "fp16_training"
     with pytest.raises(ValueError, match="one member"):
         s03.gpu_comparison(pair(["sdpa:flash@bf16"] * 2).isel(member=[0]))
+
+
+def test_study04_names_the_layers_whose_dq_error_passed_the_level(records):
+    ds = s04.gpu_training_dataset(records, mech=None)
+    flash = "lm_s04_flash_lr1e-3_s0_d0"
+    # the tiny CPU records' dQ errors are whatever a 2-layer toy gives: set the flash run's to 1% first
+    dq = ds[s04.GPU_DQ_METRIC].copy()
+    is_flash = dq["run"] == flash
+    dq = xr.where(is_flash & dq.notnull(), 0.01, dq).transpose(*ds[s04.GPU_DQ_METRIC].dims)
+    calm = ds.assign({s04.GPU_DQ_METRIC: dq})
+    text = s04.gpu_dq_pass_sentence(calm)
+    assert "in no layer of any run" in text and f"{flash} (0.01)" in text
+    # raise one layer's dQ error above the level from the second logged step after 0 on
+    steps = dq.sel(run=flash, member="a", layer=1).dropna("step")
+    steps = steps["step"].values[steps["step"].values > 0]
+    first, top = int(steps[1]), int(steps[-1])
+    raised = dq.copy()
+    for k, st in enumerate(steps[1:]):
+        raised.loc[dict(run=flash, member="a", layer=1, step=st)] = 0.2 + 0.1 * k
+    text = s04.gpu_dq_pass_sentence(calm.assign({s04.GPU_DQ_METRIC: raised}))
+    assert f"{flash} (sdpa:flash@bf16): layer 1 passed 0.1 at step {first} " in text
+    assert f"reached {0.2 + 0.1 * (len(steps) - 2):.3g} at step {top} " in text
+    assert "layer 0 passed" not in text and "its other layers stayed at or below 0.01." in text
+    assert "In the other runs" not in text  # the FP32 run's dQ error is 0: it has none to pass

@@ -1240,6 +1240,7 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
             bound += "No mechanism grid in this checkout to set them against (the committed `gpu` run is absent)."
         out.append(bound)
     out.extend(gpu_layer_sentences(ds))
+    out.append(gpu_dq_pass_sentence(ds))
     out.extend(gpu_equal_step_sentences(ds))
     out.extend(gpu_offset_sentences(ds))
     out.append(gpu_memorisation_sentence(ds))
@@ -1605,6 +1606,61 @@ def _dq_after_minimum(ds: xr.Dataset, table, memorising) -> str:
             f"end: " + "; ".join(parts) + f". It grew by more than {100 * GPU_DQ_LATE_RISE:g}% after the minimum in "
             f"{grew} of {len(parts)}" + (": for those, the late dQ growth measured here is growth while the model "
             "memorises its training split, a regime the sources' runs on fresh data never enter." if grew else "."))
+
+
+GPU_DQ_PASS = 0.1  # "the dQ error passed" this relative error in a layer: ten times a bf16 kernel's usual ~1%
+
+
+def gpu_dq_pass_sentence(ds: xr.Dataset, level: float = GPU_DQ_PASS) -> str:
+    """Every trained member and layer whose dQ error (``GPU_DQ_METRIC``) passed ``level``: the first logged
+    step it did and the layer's common key offset, score shift and sharpness there; its largest dQ error,
+    with the median row error, the offset and the gradient-norm ratio (kernel over FP32 recompute) at that
+    step; the largest dQ error of the member's other layers; and what the loss did from the first pass to
+    the end (the training loss, and the validation loss against its minimum). The mechanism grid's measure
+    (offset over the keys' spread) is given beside it, since the bound above compares maxima over runs."""
+    parts, calm = [], []
+    table = gpu_training_table(ds)
+    for (run, member), row in table.iterrows():
+        one = ds.sel(run=run, member=member)
+        dq = one[GPU_DQ_METRIC].dropna("step", how="all")
+        dq = dq.sel(step=dq["step"] > 0)
+        if not dq.size or not float(dq.max()) > 0:
+            continue
+        passed = [int(l) for l in dq["layer"].values if float(dq.sel(layer=l).max()) > level]
+        if not passed:
+            calm.append(f"{run} ({float(dq.max()):.2g})")
+            continue
+        pieces = []
+        for layer in passed:
+            d = dq.sel(layer=layer)
+            first = int(d["step"][int(np.argmax(d.values > level))])
+            top = int(d["step"][int(np.nanargmax(d.values))])
+            at = lambda v, st: float(one[v].sel(layer=layer, step=st))
+            r = at("key_mean_ratio", top)
+            loss = one["loss"].dropna("step")
+            val = one["val_loss"].dropna("step")
+            val_first = val.sel(step=val["step"] <= first)
+            val_text = (f"; its validation loss {float(val[-1]):.3g} at the end against {float(val_first[-1]):.3g} "
+                        f"at step {int(val_first['step'][-1])} and a minimum of {float(val.min()):.3g} "
+                        f"(step {int(val['step'][int(np.nanargmin(val.values))])})" if val.size and val_first.size else "")
+            pieces.append(
+                f"layer {layer} passed {level:g} at step {first} (key_mean_norm {at('key_mean_norm', first):.3g}, "
+                f"offset_logit {at('offset_logit', first):.3g}, max_prob {at('max_prob', first):.3g}) and reached "
+                f"{float(d.max()):.3g} at step {top} (median row error dq_row_rel_err {at('dq_row_rel_err', top):.3g}, "
+                f"key_mean_norm {at('key_mean_norm', top):.3g}, offset over spread "
+                f"{r / math.sqrt(max(1 - r * r, 1e-300)):.3g}, offset_logit {at('offset_logit', top):.3g}, gradient "
+                f"norm of the kernel's (dQ, dK, dV) over the FP32 recompute's {at('grad_norm_ratio', top):.3g}, "
+                f"dK error {at('dk_rel_err', top):.3g}, dV error "
+                f"{at('dv_rel_err', top):.3g}); the training loss went from {float(loss.sel(step=first, method='nearest')):.3g} "
+                f"there to {float(loss[-1]):.3g} at the end{val_text}")
+        others = dq.sel(layer=[l for l in dq["layer"].values if int(l) not in passed])
+        rest = f"; its other layers stayed at or below {float(others.max()):.2g}" if others.size else ""
+        parts.append(f"{run} ({row['attention']}): " + "; ".join(pieces) + rest)
+    head = f"**Where the dQ error passed {level:g}** ({GPU_DQ_METRIC} in one layer, ten times a bf16 kernel's usual ~1%): "
+    if not parts:
+        return head + "in no layer of any run" + (f" (largest: {', '.join(calm)})." if calm else ".")
+    return (head + ". ".join(parts) + "."
+            + (f" In the other runs no layer passed it (largest {GPU_DQ_METRIC}: {', '.join(calm)})." if calm else ""))
 
 
 def cpu_tier_run(name: str = "default") -> xr.Dataset | None:
