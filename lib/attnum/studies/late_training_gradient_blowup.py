@@ -1102,7 +1102,7 @@ def gpu_training_dataset(folder, mech: xr.Dataset | None = None, level: float = 
         table["diverged"].notnull())
     ratio = gathered["key_mean_ratio"].isel(step=slice(1, None))
     out["sum_max_key_mean_ratio"] = ratio.max(("step", "layer"))
-    out["sum_max_offset_spread"] = (ratio / np.sqrt(np.clip(1 - ratio ** 2, 1e-300, None))).max(("step", "layer"))
+    out["sum_max_offset_spread"] = _offset_over_spread(ratio).max(("step", "layer"))
     out["campaign_gpu_s"] = float(gathered["wall_s"].sum())
     out["campaign_all_gpu_s"], out.attrs["records_in_folder"] = record.total_wall_s(folder)
     regime = grid_regime(mech, level)
@@ -1119,6 +1119,12 @@ def gpu_training_dataset(folder, mech: xr.Dataset | None = None, level: float = 
             if var in out:
                 out[var].attrs.update(units=units, long_name=long_name)
     return out
+
+
+def _offset_over_spread(ratio):
+    """The common key offset over the keys' spread about it, r / sqrt(1 - r^2) for r = key_mean_ratio (the mean
+    key's norm over the mean key norm), the measure the mechanism grid's |mu| / sqrt(d) is set against."""
+    return ratio / np.sqrt(np.clip(1 - ratio ** 2, 1e-300, None))
 
 
 def _kernel_of(ds: xr.Dataset, run: str, member: str = "a") -> str:
@@ -1636,7 +1642,6 @@ def gpu_dq_pass_sentence(ds: xr.Dataset, level: float = GPU_DQ_PASS) -> str:
             first = int(d["step"][int(np.argmax(d.values > level))])
             top = int(d["step"][int(np.nanargmax(d.values))])
             at = lambda v, st: float(one[v].sel(layer=layer, step=st))
-            r = at("key_mean_ratio", top)
             loss = one["loss"].dropna("step")
             val = one["val_loss"].dropna("step")
             val_first = val.sel(step=val["step"] <= first)
@@ -1648,7 +1653,7 @@ def gpu_dq_pass_sentence(ds: xr.Dataset, level: float = GPU_DQ_PASS) -> str:
                 f"offset_logit {at('offset_logit', first):.3g}, max_prob {at('max_prob', first):.3g}) and reached "
                 f"{float(d.max()):.3g} at step {top} (median row error dq_row_rel_err {at('dq_row_rel_err', top):.3g}, "
                 f"key_mean_norm {at('key_mean_norm', top):.3g}, offset over spread "
-                f"{r / math.sqrt(max(1 - r * r, 1e-300)):.3g}, offset_logit {at('offset_logit', top):.3g}, gradient "
+                f"{float(_offset_over_spread(at('key_mean_ratio', top))):.3g}, offset_logit {at('offset_logit', top):.3g}, gradient "
                 f"norm of the kernel's (dQ, dK, dV) over the FP32 recompute's {at('grad_norm_ratio', top):.3g}, "
                 f"dK error {at('dk_rel_err', top):.3g}, dV error "
                 f"{at('dv_rel_err', top):.3g}); the training loss went from {float(loss.sel(step=first, method='nearest')):.3g} "

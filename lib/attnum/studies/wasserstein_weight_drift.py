@@ -1247,14 +1247,11 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
                 continue
             # the last snapshot with the most low-precision seeds (an interval needs two), else the last one:
             # a later snapshot that fewer seeds reached gives a wider interval over a smaller sample
-            n = sub["gpu_ratio_n_seeds"].values if "gpu_ratio_n_seeds" in sub else np.full(len(sub["snapshot"]), np.nan)
-            with_ci = [k for k in ok if np.isfinite(float(sub["gpu_ratio_low"][k]))]
-            if with_ci and np.isfinite(n[with_ci]).all():
-                most = max(n[k] for k in with_ci)
-                with_ci = [k for k in with_ci if n[k] == most]
-            k = with_ci[-1] if with_ci else ok[-1]
+            n = sub["gpu_ratio_n_seeds"].values
+            with_ci = [k for k in ok if n[k] >= 2]
+            k = [j for j in with_ci if n[j] == max(n[with_ci])][-1] if with_ci else ok[-1]
             r, lo, hi = (float(sub[v][k]) for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
-            seeds = int(n[k]) if np.isfinite(n[k]) else len(_runs_of(ds, str(comp)))
+            seeds = int(n[k])
             where = (f"{conf:.0%} interval over the {seeds} `{comp}` seeds (each over the flash pair's geometric mean "
                      f"over its seeds) {lo:.3g} to {hi:.3g}: {verdict(lo, hi, claim)}") if np.isfinite(lo) else (
                 "one seed, so no interval; the point value lies " +
@@ -1266,9 +1263,8 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
             if k != ok[-1]:
                 later = [j for j in ok if j > k]
                 text += (" At the later snapshots, which fewer seeds reached, it is "
-                         + ", ".join(f"{float(sub['gpu_ratio'][j]):.3g} (step {int(ds['snapshot'][j])}"
-                                     + (f", {int(n[j])} seed{'s' if n[j] != 1 else ''})" if np.isfinite(n[j]) else ")")
-                                     for j in later) + ".")
+                         + ", ".join(f"{float(sub['gpu_ratio'][j]):.3g} (step {int(ds['snapshot'][j])}, "
+                                     f"{int(n[j])} seed{'s' if n[j] != 1 else ''})" for j in later) + ".")
             out.append(text)
     absent = gpu_lowprec_absence(ds)
     if absent:
