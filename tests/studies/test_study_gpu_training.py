@@ -500,3 +500,29 @@ def test_study04_names_the_layers_whose_dq_error_passed_the_level(records):
     assert f"reached {0.2 + 0.1 * (len(steps) - 2):.3g} at step {top} " in text
     assert "layer 0 passed" not in text and "its other layers stayed at or below 0.01." in text
     assert "In the other runs" not in text  # the FP32 run's dQ error is 0: it has none to pass
+
+
+def test_study04_sets_a_layer_that_passed_beside_the_same_layer_of_its_setting(records):
+    ds = s04.gpu_training_dataset(records, mech=None)
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    dq = ds[s04.GPU_DQ_METRIC]
+    calm = ds.assign({s04.GPU_DQ_METRIC: xr.where((dq["run"] == flash) & dq.notnull(), 0.01, dq).transpose(*dq.dims)})
+    assert s04.gpu_pass_setting_sentences(calm) == []
+    steps = calm[s04.GPU_DQ_METRIC].sel(run=flash, member="a", layer=1).dropna("step")["step"].values
+    steps = steps[steps > 0]
+    first = int(steps[2])
+    raised = calm[s04.GPU_DQ_METRIC].copy()
+    for st in steps[2:]:
+        raised.loc[dict(run=flash, member="a", layer=1, step=st)] = 0.5
+    # the two tiny runs share one setting: one of its two runs passed, and the FP32 run's layer 1 is read at that step
+    (text,) = s04.gpu_pass_setting_sentences(calm.assign({s04.GPU_DQ_METRIC: raised}))
+    km = float(ds["key_mean_norm"].sel(run=fp32, member="a", layer=1, step=first))
+    assert "1 of the 2 trained runs of this setting had a layer whose dq_rel_err passed 0.1" in text
+    assert f"{flash}'s layer 1 passed at step {first} " in text
+    assert f"{fp32} (sdpa:math@fp32) at step {first}: dq_rel_err 0, key_mean_norm {km:.3g};" in text
+    # a run of the setting that stopped before the step is read at its last logged step, and says so
+    cut = calm.assign({s04.GPU_DQ_METRIC: raised})
+    for var in ("key_mean_norm", s04.GPU_DQ_METRIC):
+        cut[var] = cut[var].where(~((cut["run"] == fp32) & (cut["step"] >= first)))
+    (text,) = s04.gpu_pass_setting_sentences(cut)
+    assert "(it stopped before step" in text and f"{fp32} (sdpa:math@fp32) at step {first}" not in text

@@ -1247,6 +1247,7 @@ def gpu_training_sentences(ds: xr.Dataset) -> list[str]:
         out.append(bound)
     out.extend(gpu_layer_sentences(ds))
     out.append(gpu_dq_pass_sentence(ds))
+    out.extend(gpu_pass_setting_sentences(ds))
     out.extend(gpu_equal_step_sentences(ds))
     out.extend(gpu_offset_sentences(ds))
     out.append(gpu_memorisation_sentence(ds))
@@ -1632,14 +1633,14 @@ def gpu_dq_pass_sentence(ds: xr.Dataset, level: float = GPU_DQ_PASS) -> str:
         dq = dq.sel(step=dq["step"] > 0)
         if not dq.size or not float(dq.max()) > 0:
             continue
-        passed = [int(l) for l in dq["layer"].values if float(dq.sel(layer=l).max()) > level]
-        if not passed:
+        crossings = _passes(ds, run, member, level)
+        if not crossings:
             calm.append(f"{run} ({float(dq.max()):.2g})")
             continue
+        passed = [layer for layer, _ in crossings]
         pieces = []
-        for layer in passed:
+        for layer, first in crossings:
             d = dq.sel(layer=layer)
-            first = int(d["step"][int(np.argmax(d.values > level))])
             top = int(d["step"][int(np.nanargmax(d.values))])
             at = lambda v, st: float(one[v].sel(layer=layer, step=st))
             loss = one["loss"].dropna("step")
@@ -1666,6 +1667,59 @@ def gpu_dq_pass_sentence(ds: xr.Dataset, level: float = GPU_DQ_PASS) -> str:
         return head + "in no layer of any run" + (f" (largest: {', '.join(calm)})." if calm else ".")
     return (head + ". ".join(parts) + "."
             + (f" In the other runs no layer passed it (largest {GPU_DQ_METRIC}: {', '.join(calm)})." if calm else ""))
+
+
+def _passes(ds: xr.Dataset, run: str, member: str, level: float) -> list[tuple[int, int]]:
+    """(layer, first logged step > 0 at which its dQ error passed ``level``) for one trained member."""
+    dq = ds[GPU_DQ_METRIC].sel(run=run, member=member)
+    dq = dq.sel(step=dq["step"] > 0)
+    out = []
+    for layer in dq["layer"].values:
+        d = dq.sel(layer=layer).dropna("step")
+        if d.size and float(d.max()) > level:
+            out.append((int(layer), int(d["step"][int(np.argmax(d.values > level))])))
+    return out
+
+
+def gpu_pass_setting_sentences(ds: xr.Dataset, level: float = GPU_DQ_PASS) -> list[str]:
+    """Per setting (``GPU_SETTING``) in which some layer's dQ error passed ``level``: how many of the
+    setting's trained members had a layer pass it, and for each layer that passed, the same layer of the
+    setting's other members at the step it passed (or at their last logged step, if they stopped before):
+    its dQ error and common key offset there, and its largest dQ error and key offset over the whole run.
+    A run that did not pass at a step it reached is the setting's evidence that the pass belongs to one
+    trajectory rather than to the setting. Empty when no layer of any run passed."""
+    out = []
+    for setting, members in _settings(ds).items():
+        passes = {key: _passes(ds, *key, level) for key in members}
+        passes = {key: p for key, p in passes.items() if p}
+        if not passes:
+            continue
+        parts = []
+        for (run, member), layers in passes.items():
+            for layer, first in layers:
+                others = []
+                for r, m in members:
+                    if (r, m) == (run, member):
+                        continue
+                    one = ds.sel(run=r, member=m, layer=layer)
+                    d = one[GPU_DQ_METRIC].dropna("step")
+                    d = d.sel(step=d["step"] > 0)
+                    if not d.size:
+                        continue
+                    last = int(d["step"][-1])
+                    st = min(first, last)
+                    when = f"at step {st}" if last >= first else f"at its last logged step {last} (it stopped before step {first})"
+                    km = one["key_mean_norm"].dropna("step")
+                    others.append(f"{r} ({_kernel_of(ds, r, m)}) {when}: {GPU_DQ_METRIC} {float(d.sel(step=st)):.3g}, "
+                                  f"key_mean_norm {float(km.sel(step=st)):.3g}; over its {last} steps at most "
+                                  f"{float(d.max()):.3g} and key_mean_norm at most {float(km.max()):.3g}")
+                here = float(ds["key_mean_norm"].sel(run=run, member=member, layer=layer, step=first))
+                parts.append(f"{run}'s layer {layer} passed at step {first} (key_mean_norm {here:.3g}); the same layer "
+                             + ("of the setting's other runs: " + "; ".join(others) if others else
+                                "has no other run of this setting to compare"))
+        out.append(f"**The same setting ({setting}).** {len(passes)} of the {len(members)} trained runs of this setting "
+                   f"had a layer whose {GPU_DQ_METRIC} passed {level:g}. " + ". ".join(parts) + ".")
+    return out
 
 
 def cpu_tier_run(name: str = "default") -> xr.Dataset | None:
