@@ -526,3 +526,21 @@ def test_study04_sets_a_layer_that_passed_beside_the_same_layer_of_its_setting(r
         cut[var] = cut[var].where(~((cut["run"] == fp32) & (cut["step"] >= first)))
     (text,) = s04.gpu_pass_setting_sentences(cut)
     assert "(it stopped before step" in text and f"{fp32} (sdpa:math@fp32) at step {first}" not in text
+
+
+def test_study04_per_layer_figure_wraps_runs_into_blocks_on_one_y_axis_per_variable(records):
+    from attnum.figures import late_training_gradient_blowup as figs
+
+    ds = s04.gpu_training_dataset(records, mech=None)
+    three = xr.concat([ds, ds.isel(run=[0]).assign_coords(run=["lm_s04_copy_s0_d0"])], "run", data_vars="all")
+    fig = figs.plot_gpu_dq_by_layer(three, per_row=2)
+    try:
+        axes = np.array(fig.axes).reshape(4, 2)  # two blocks of (dQ row, key offset row), two runs a row
+        assert [ax.get_title() for ax in axes[[0, 0, 2], [0, 1, 0]]] == [str(r) for r in three["run"].values]
+        assert not axes[2, 1].get_visible() and not axes[3, 1].get_visible() and axes[2, 0].get_visible()
+        dq_panels = [a for a in axes[[0, 0, 2], [0, 1, 0]] if a.lines]
+        assert len({a.get_ylim() for a in dq_panels}) == 1 and len(dq_panels) >= 2
+        assert axes[3, 0].get_xlabel() == "optimiser step" and axes[2, 0].get_ylabel() == s04.GPU_DQ_METRIC
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)

@@ -385,24 +385,34 @@ def plot_gpu_training(ds: xr.Dataset):
     return fig
 
 
-def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | None = "key_mean_norm"):
+def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | None = "key_mean_norm",
+                         per_row: int = 4):
     """``var`` per layer over training, one column per run (member a), layers coloured from first to last;
     with ``offset``, a second row gives that variable (the common key offset) per layer, so that a layer
-    whose dQ error grows can be read against its keys. A run whose ``var`` is 0 at every step (FP32
-    attention, which the diagnostic recomputes exactly) gets a note instead of an empty log axis."""
+    whose dQ error grows can be read against its keys. At most ``per_row`` runs side by side: more runs
+    wrap into further blocks of rows, every panel of one variable on the same y axis. A run whose ``var``
+    is 0 at every step (FP32 attention, which the diagnostic recomputes exactly) gets a note instead of an
+    empty log axis."""
     import matplotlib.pyplot as plt
 
     from ..plots import subplots
 
     runs = [str(r) for r in ds["run"].values]
     shown = [v for v in (var, offset) if v is not None and v in ds]
-    cols = len(runs)
-    fig, axes = subplots(len(shown), cols, figsize=(3.6 * cols + 0.6, 2.8 * len(shown)), sharey="row")
+    cols = max(1, min(per_row, len(runs)))
+    blocks = -(-len(runs) // cols)
+    fig, axes = subplots(blocks * len(shown), cols, figsize=(3.6 * cols + 0.6, 2.8 * len(shown) * blocks))
     layers = ds["layer"].values
     cmap = plt.get_cmap("viridis")
     steps = ds["step"].values
+    for k in range(len(runs), blocks * cols):  # the last block's empty panels
+        for row in range(len(shown)):
+            axes[(blocks - 1) * len(shown) + row, k % cols].set_visible(False)
     for row, name in enumerate(shown):
-        for ax, run in zip(axes[row], runs):
+        panels = [axes[(k // cols) * len(shown) + row, k % cols] for k in range(len(runs))]
+        for ax, run in zip(panels, runs):
+            if ax is not panels[0]:
+                ax.sharey(panels[0])
             sub = ds[name].sel(run=run, member="a")
             drawn = False
             for i, layer in enumerate(layers):
@@ -423,6 +433,7 @@ def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | 
                 ax.set_title(run, fontsize=8)
             if row == len(shown) - 1:
                 ax.set_xlabel("optimiser step")
-        axes[row, 0].set_ylabel(name)
+            if panels.index(ax) % cols == 0:
+                ax.set_ylabel(name)
     axes[0, 0].legend(fontsize=6, ncol=2)
     return fig
