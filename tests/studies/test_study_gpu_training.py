@@ -235,6 +235,16 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     assert f"{float(ratio['gpu_ratio_low'].sel(snapshot=10)):.3g} to " in line and "one seed" not in line
     assert (f"At the later snapshots, which fewer seeds reached, it is {float(ratio['gpu_ratio'].sel(snapshot=15)):.3g} "
             "(step 15, 1 seed).") in line
+    # paired by seed: each low-precision record over the flash record of its own seeds (s0 and s1 both have one)
+    model = ds["gpu_model_wasserstein"]
+    per_seed = [float(model.sel(run=f"lm_s03_lowprec_s{k}_s{k}_d{k}", snapshot=10)
+                      / model.sel(run=f"lm_s03_flash_vs_fp32_s{k}_s{k}_d{k}", snapshot=10)) for k in (0, 1)]
+    assert float(ratio["gpu_ratio_paired"].sel(snapshot=10)) == pytest.approx(math.sqrt(per_seed[0] * per_seed[1]))
+    assert int(ratio["gpu_ratio_paired_n_seeds"].sel(snapshot=10)) == 2
+    assert np.isfinite(float(ratio["gpu_ratio_paired_low"].sel(snapshot=10)))
+    assert (f"Paired by seed (each `bf16_training` record over the `flash_vs_fp32` record of its own init and data "
+            f"seeds, so the interval carries the flash pairs' spread as well): "
+            f"{float(ratio['gpu_ratio_paired'].sel(snapshot=10)):.3g} at step 10, 95% interval over the 2 seed pairs") in line
     # a third seed that runs as far as the first: step 15 now has two seeds (an interval) and step 10 three;
     # the sentence stays at the snapshot with the most seeds, and names how many it has
     train(_tiny(tag="s03_lowprec_s2", pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash",
@@ -246,6 +256,8 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     line = [t for t in s03.gpu_sentences(ds) if t.startswith("**Golden et al.'s 2-5x**")][0]
     assert f"at step 10 is {float(ratio['gpu_ratio'].sel(snapshot=10)):.3g}: 95% interval over the 3" in line
     assert f"{float(ratio['gpu_ratio'].sel(snapshot=15)):.3g} (step 15, 2 seeds)" in line
+    # the third seed has no flash record of its seeds: it is not in the paired ratio
+    assert int(ratio["gpu_ratio_paired_n_seeds"].sel(snapshot=10)) == 2
 
 
 def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_early_ones(records, tmp_path):

@@ -747,6 +747,11 @@ GPU_ATTRS = {
     "gpu_ratio_low": ("1", "lower end of the t interval over seeds of the ratio (NaN: < 2 seeds)"),
     "gpu_ratio_high": ("1", "upper end of the t interval over seeds of the ratio"),
     "gpu_ratio_n_seeds": ("1", "low-precision seeds with a drift at the snapshot (the ratio's sample)"),
+    "gpu_ratio_paired": ("1", "low-precision training drift / the drift of the flash_vs_fp32 record with the same init "
+                              "and data seeds, geometric mean over those seed pairs"),
+    "gpu_ratio_paired_low": ("1", "lower end of the t interval over seed pairs of the paired ratio (NaN: < 2 pairs)"),
+    "gpu_ratio_paired_high": ("1", "upper end of the t interval over seed pairs of the paired ratio"),
+    "gpu_ratio_paired_n_seeds": ("1", "seed pairs (a low-precision record and its flash partner) at the snapshot"),
     "campaign_gpu_s": ("s", "GPU time of the gathered records: the sum of their wall_s (whole command from "
                             "process start)"),
     "campaign_all_gpu_s": ("s", "GPU time of every record in the folder (both studies' runs and the pilot): the sum "
@@ -858,9 +863,12 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
                     denom = float(np.interp(step, snaps[ok], flash[ok]))
                     ratio[i, j, k], rlow[i, j, k], rhigh[i, j, k], rcount[i, j, k] = _interval(vals[:, k] / denom,
                                                                                                confidence)
+        paired = _paired_ratio(out, gathered, lows, flash_runs, pairs, comps, confidence)
         coords = {"gpu_lowprec": lows, "gpu_metric": list(GPU_METRICS)}
         for name, arr in (("gpu_ratio", ratio), ("gpu_ratio_low", rlow), ("gpu_ratio_high", rhigh),
-                          ("gpu_ratio_n_seeds", rcount)):
+                          ("gpu_ratio_n_seeds", rcount), *zip(("gpu_ratio_paired", "gpu_ratio_paired_low",
+                                                               "gpu_ratio_paired_high", "gpu_ratio_paired_n_seeds"),
+                                                              paired)):
             out[name] = xr.DataArray(arr, dims=("gpu_lowprec", "gpu_metric", "snapshot"), coords=coords)
     out["campaign_gpu_s"] = float(gathered["wall_s"].sum())
     out["campaign_all_gpu_s"], out.attrs["records_in_folder"] = record.total_wall_s(folder)
@@ -873,6 +881,46 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
         if name in out:
             out[name].attrs.update(units=units, long_name=long_name)
     return out
+
+
+def _seeds_of(gathered: xr.Dataset, run: str) -> tuple[int, int]:
+    """A record's (init seed, data seed), from its run parameters."""
+    import json
+
+    params = json.loads(str(gathered["run_parameters"].sel(run=run).values))
+    return int(params["seed"]), int(params["data_seed"])
+
+
+def _paired_ratio(out: xr.Dataset, gathered: xr.Dataset, lows, flash_runs, pairs, comps, confidence: float):
+    """Each low-precision record's drift over the drift of the flash_vs_fp32 record with its own init and
+    data seeds (interpolated linearly in step to the low-precision snapshots, within the flash record's
+    own snapshots), then the geometric mean and t interval over those per-seed ratios: the seeds are
+    paired, so the interval carries both pairs' spread. Records without a flash partner are left out.
+    Returns the centre, low, high and count arrays (low precision x metric x snapshot)."""
+    snaps = out["snapshot"].values
+    shape = (len(lows), len(GPU_METRICS), len(snaps))
+    centre, low, high, count = (np.full(shape, np.nan) for _ in range(4))
+    partner = {_seeds_of(gathered, r): r for r in flash_runs}
+    for j, metric in enumerate(GPU_METRICS):
+        for i, comp in enumerate(lows):
+            rows = []
+            for run in (r for r, c in zip(pairs, comps) if c == comp):
+                flash_run = partner.get(_seeds_of(gathered, run))
+                if flash_run is None:
+                    continue
+                flash = out[f"gpu_model_{metric}"].sel(run=flash_run).values
+                ok = np.isfinite(flash) & (snaps > 0) & (flash > 0)
+                vals = out[f"gpu_model_{metric}"].sel(run=run).values
+                row = np.full(len(snaps), np.nan)
+                if ok.any():
+                    inside = (snaps > 0) & (snaps >= snaps[ok].min()) & (snaps <= snaps[ok].max())
+                    row[inside] = vals[inside] / np.interp(snaps[inside], snaps[ok], flash[ok])
+                rows.append(row)
+            if rows:
+                rows = np.array(rows)
+                for k in range(len(snaps)):
+                    centre[i, j, k], low[i, j, k], high[i, j, k], count[i, j, k] = _interval(rows[:, k], confidence)
+    return centre, low, high, count
 
 
 def gpu_drift_table(ds: xr.Dataset, metric: str = "wasserstein"):
@@ -1245,11 +1293,8 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
             ok = np.nonzero(np.isfinite(sub["gpu_ratio"].values))[0]
             if not len(ok):
                 continue
-            # the last snapshot with the most low-precision seeds (an interval needs two), else the last one:
-            # a later snapshot that fewer seeds reached gives a wider interval over a smaller sample
             n = sub["gpu_ratio_n_seeds"].values
-            with_ci = [k for k in ok if n[k] >= 2]
-            k = [j for j in with_ci if n[j] == max(n[with_ci])][-1] if with_ci else ok[-1]
+            k = _most_seeds_snapshot(n, ok)
             r, lo, hi = (float(sub[v][k]) for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
             seeds = int(n[k])
             where = (f"{conf:.0%} interval over the {seeds} `{comp}` seeds (each over the flash pair's geometric mean "
@@ -1265,7 +1310,7 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
                 text += (" At the later snapshots, which fewer seeds reached, it is "
                          + ", ".join(f"{float(sub['gpu_ratio'][j]):.3g} (step {int(ds['snapshot'][j])}, "
                                      f"{int(n[j])} seed{'s' if n[j] != 1 else ''})" for j in later) + ".")
-            out.append(text)
+            out.append(text + _paired_ratio_sentence(ds, sub, comp, conf, claim))
     absent = gpu_lowprec_absence(ds)
     if absent:
         out.append(f"{absent}: the 2-5x ratio cannot be computed.")
@@ -1280,6 +1325,34 @@ def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
     if kind:
         out.append(kind)
     return out
+
+
+def _most_seeds_snapshot(n: np.ndarray, ok) -> int:
+    """Of the snapshot indices ``ok``, the last with the most seeds ``n`` among those with two or more (an
+    interval needs two), else the last one: a later snapshot that fewer seeds reached gives a wider
+    interval over a smaller sample."""
+    with_ci = [k for k in ok if n[k] >= 2]
+    return [j for j in with_ci if n[j] == max(n[with_ci])][-1] if with_ci else ok[-1]
+
+
+def _paired_ratio_sentence(ds: xr.Dataset, sub: xr.Dataset, comp: str, conf: float, claim) -> str:
+    """The ratio paired by seed (``gpu_ratio_paired``) at the last snapshot with the most seed pairs, set
+    beside the unpaired one: empty when no low-precision record has a flash partner of its seeds."""
+    if "gpu_ratio_paired" not in sub:
+        return ""
+    paired = sub["gpu_ratio_paired"].values
+    ok = np.nonzero(np.isfinite(paired))[0]
+    if not len(ok):
+        return ""
+    n = sub["gpu_ratio_paired_n_seeds"].values
+    k = _most_seeds_snapshot(n, ok)
+    lo, hi = float(sub["gpu_ratio_paired_low"][k]), float(sub["gpu_ratio_paired_high"][k])
+    seeds = int(n[k])
+    spread = (f"{conf:.0%} interval over the {seeds} seed pairs {lo:.3g} to {hi:.3g}: {verdict(lo, hi, claim)}"
+              if np.isfinite(lo) else "one seed pair, so no interval")
+    return (f" Paired by seed (each `{comp}` record over the `flash_vs_fp32` record of its own init and data seeds, "
+            f"so the interval carries the flash pairs' spread as well): {float(paired[k]):.3g} at step "
+            f"{int(ds['snapshot'][k])}, {spread}.")
 
 
 def cpu_tier_run(name: str = "default") -> xr.Dataset | None:
