@@ -328,6 +328,13 @@ def plot_gpu_drift(ds: xr.Dataset):
         band = ok & np.isfinite(lo) & np.isfinite(hi)
         if band.any():
             ax.fill_between(snaps[band], lo[band], hi[band], color=GPU_COLORS.get(str(comp), "grey"), alpha=0.2)
+        if "gpu_ratio_paired_low" in sub:  # the interval paired by seed, which carries the flash pairs' spread too
+            plo, phi = sub["gpu_ratio_paired_low"].values, sub["gpu_ratio_paired_high"].values
+            paired = np.isfinite(plo) & np.isfinite(phi)
+            if paired.any():
+                for k, edge in enumerate((plo, phi)):
+                    ax.plot(snaps[paired], edge[paired], ls="--", lw=0.9, color=GPU_COLORS.get(str(comp), "grey"),
+                            label=f"{comp}: interval paired by seed" if k == 0 else None)
     ax.axhspan(*GOLDEN_RATIO_RANGE, color="#f9e79f", alpha=0.5,
                label=f"Golden et al.'s {GOLDEN_RATIO_RANGE[0]:g}-{GOLDEN_RATIO_RANGE[1]:g}x (their claim)")
     ax.axhline(1.0, color="k", lw=0.6)
