@@ -853,15 +853,12 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
             # the flash drift's geometric mean over seeds at its own snapshots, interpolated in step
             flash = np.array([_interval(out[f"gpu_model_{metric}"].sel(run=flash_runs).values[:, k], confidence)[0]
                               for k in range(len(snaps))])
-            ok = np.isfinite(flash) & (snaps > 0)
+            denom = _interpolated_within(snaps, flash)
             for i, comp in enumerate(lows):
                 runs = [r for r, c in zip(pairs, comps) if c == comp]
                 vals = out[f"gpu_model_{metric}"].sel(run=runs).values
-                for k, step in enumerate(snaps):
-                    if step <= 0 or ok.sum() < 1 or not (snaps[ok].min() <= step <= snaps[ok].max()):
-                        continue
-                    denom = float(np.interp(step, snaps[ok], flash[ok]))
-                    ratio[i, j, k], rlow[i, j, k], rhigh[i, j, k], rcount[i, j, k] = _interval(vals[:, k] / denom,
+                for k in np.nonzero(np.isfinite(denom))[0]:
+                    ratio[i, j, k], rlow[i, j, k], rhigh[i, j, k], rcount[i, j, k] = _interval(vals[:, k] / denom[k],
                                                                                                confidence)
         paired = _paired_ratio(out, gathered, lows, flash_runs, pairs, comps, confidence)
         coords = {"gpu_lowprec": lows, "gpu_metric": list(GPU_METRICS)}
@@ -883,12 +880,15 @@ def gpu_training_dataset(folder, confidence: float = 0.95) -> xr.Dataset:
     return out
 
 
-def _seeds_of(gathered: xr.Dataset, run: str) -> tuple[int, int]:
-    """A record's (init seed, data seed), from its run parameters."""
-    import json
-
-    params = json.loads(str(gathered["run_parameters"].sel(run=run).values))
-    return int(params["seed"]), int(params["data_seed"])
+def _interpolated_within(snaps: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``values`` (one per snapshot step of ``snaps``) interpolated linearly in step to every snapshot > 0
+    between the first and last steps where they are finite and > 0; NaN outside (and where there is none)."""
+    ok = np.isfinite(values) & (snaps > 0) & (values > 0)
+    out = np.full(len(snaps), np.nan)
+    if ok.any():
+        inside = (snaps > 0) & (snaps >= snaps[ok].min()) & (snaps <= snaps[ok].max())
+        out[inside] = np.interp(snaps[inside], snaps[ok], values[ok])
+    return out
 
 
 def _paired_ratio(out: xr.Dataset, gathered: xr.Dataset, lows, flash_runs, pairs, comps, confidence: float):
@@ -900,22 +900,17 @@ def _paired_ratio(out: xr.Dataset, gathered: xr.Dataset, lows, flash_runs, pairs
     snaps = out["snapshot"].values
     shape = (len(lows), len(GPU_METRICS), len(snaps))
     centre, low, high, count = (np.full(shape, np.nan) for _ in range(4))
-    partner = {_seeds_of(gathered, r): r for r in flash_runs}
+    seeds_of = lambda run: (int(gathered["run_seed"].sel(run=run)), int(gathered["run_data_seed"].sel(run=run)))
+    partner = {seeds_of(r): r for r in flash_runs}
     for j, metric in enumerate(GPU_METRICS):
+        model = out[f"gpu_model_{metric}"]
         for i, comp in enumerate(lows):
             rows = []
             for run in (r for r, c in zip(pairs, comps) if c == comp):
-                flash_run = partner.get(_seeds_of(gathered, run))
-                if flash_run is None:
-                    continue
-                flash = out[f"gpu_model_{metric}"].sel(run=flash_run).values
-                ok = np.isfinite(flash) & (snaps > 0) & (flash > 0)
-                vals = out[f"gpu_model_{metric}"].sel(run=run).values
-                row = np.full(len(snaps), np.nan)
-                if ok.any():
-                    inside = (snaps > 0) & (snaps >= snaps[ok].min()) & (snaps <= snaps[ok].max())
-                    row[inside] = vals[inside] / np.interp(snaps[inside], snaps[ok], flash[ok])
-                rows.append(row)
+                flash_run = partner.get(seeds_of(run))
+                if flash_run is not None:
+                    rows.append(model.sel(run=run).values
+                                / _interpolated_within(snaps, model.sel(run=flash_run).values))
             if rows:
                 rows = np.array(rows)
                 for k in range(len(snaps)):
