@@ -37,6 +37,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
 import warnings
@@ -644,3 +645,23 @@ def open_study(study: str, root: str | os.PathLike | None = None, runs=None, gro
                          f"({exc}); pass runs=[...] to pick runs that differ only in swept parameters") from exc
     out.attrs.update(group=label, runs=json.dumps(merged), skipped_runs=json.dumps(skipped))
     return out
+
+
+def committed_run(study: str, name: str = "gpu", *, root: str | os.PathLike | None = None,
+                  squeeze_sweep_dims: bool = True) -> xr.Dataset | None:
+    """The one loader of a finished run of this checkout: ``<outputs>/<study>/<name>/results.nc``, where
+    ``<outputs>`` is ``root`` or ``paths.outputs_root()`` (``$ATTNUM_OUTPUTS`` when set).
+
+    Returns None when the run is absent; checks the run against its ``RUN.json`` first
+    (``verify_run``, so a damaged run raises ``DamagedRunError`` naming it, never silently feeds a
+    notebook) and records where it came from in ``attrs["run"]`` (``<study>/<name>``). Callers that
+    need a particular kind of run (a CUDA device, certain variables) test the returned Dataset."""
+    if not re.fullmatch(r"[A-Za-z0-9_.@=,+-]+", str(name)):
+        raise ValueError(f"run name {name!r} may hold only letters, digits and _ . @ = , + -")
+    folder = Path(root if root is not None else outputs_root()) / study / name
+    if not (folder / "results.nc").exists():
+        return None
+    verify_run(folder, require_record=False)
+    ds = open_results(folder / "results.nc", squeeze_sweep_dims=squeeze_sweep_dims)
+    ds.attrs["run"] = f"{study}/{name}"
+    return ds
