@@ -18,7 +18,7 @@ k + mu is exactly representable (no key value is lost at any |mu|) and only each
 ``key_resolution``: what rounding k + mu leaves of the keys (distinct key vectors, distinct values
 per component). The exact problem does depend on mu for these operands: the offset-free part of a
 rounded key is resolved only to the format's spacing at |mu_c|, so at large |mu| each component of
-the keys takes only a few values and the exact dQ changes (issue 10, item 8; study 04 measures it).
+the keys takes only a few values and the exact dQ changes (study 04 measures it).
 """
 from __future__ import annotations
 
