@@ -481,13 +481,20 @@ def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> x
 
 
 def compare_results(a, b) -> list[dict]:
-    """Two results files (or Datasets) variable by variable, over the coordinate values both have:
+    """Two results files, run folders or Datasets, variable by variable, over the coordinate values both have:
     per variable ``status`` ("equal": the same values, NaN where NaN; "differs"; "only in a"/"only in b";
-    "shape": dimensions that do not match) and, where numbers differ, ``max_rel_diff`` (largest
+    "shape": dimensions that do not match; "nothing shared": no coordinate value in common, so nothing
+    was compared) and, where numbers differ, ``max_rel_diff`` (largest
     |a - b| / |a| where both are finite and a is non-zero), ``differing`` (the fraction of elements that
     differ) and ``nan_in_one`` (the fraction that is NaN in one file only).
     What two runs of one tier have in common, and where they part, as data."""
-    da, db = (open_results(x) if isinstance(x, (str, os.PathLike)) else x for x in (a, b))
+    def opened(x):
+        if not isinstance(x, (str, os.PathLike)):
+            return x
+        path = Path(x)
+        return open_results(path / "results.nc" if path.is_dir() else path)
+
+    da, db = opened(a), opened(b)
     rows = []
     for name in sorted(set(da.data_vars) | set(db.data_vars)):
         if name not in db or name not in da:
@@ -503,6 +510,10 @@ def compare_results(a, b) -> list[dict]:
                 x, y = x.sel({dim: shared}), y.sel({dim: shared})
         y = y.transpose(*x.dims)
         xv, yv = x.values, y.values
+        if xv.size == 0 and (da[name].size or db[name].size):
+            # no coordinate value in common (e.g. two sweep points): nothing was compared, which is no equality
+            rows.append({"variable": name, "status": "nothing shared"})
+            continue
         if xv.shape != yv.shape:
             rows.append({"variable": name, "status": "shape"})
             continue

@@ -54,8 +54,9 @@ def _saved_png_printer(original):
         if size is None or not dpi:
             return original(fig)
         scale = float(fig.dpi) / float(dpi)
-        return (b2a_base64(data, newline=False).decode("ascii"),
-                {"width": max(1, round(size[0] * scale)), "height": max(1, round(size[1] * scale))})
+        # the width alone: a page that caps the width (the site's theme) then scales the height with it,
+        # where a fixed height attribute would squash the figure
+        return (b2a_base64(data, newline=False).decode("ascii"), {"width": max(1, round(size[0] * scale))})
 
     printer._attnum_saved_png_printer = True
     return printer

@@ -161,3 +161,15 @@ def test_compare_results_names_what_differs_over_the_shared_coordinates(tmp_path
     out = capsys.readouterr().out
     assert "rel_l2_err: differs, 33.3% of elements differ, max relative difference 0.001, 16.7% NaN in one" in out
     assert main(["compare", str(tmp_path / "a.nc"), str(tmp_path / "missing.nc")]) == 2
+
+
+def test_compare_results_with_no_shared_coordinate_compares_nothing(tmp_path):
+    """Two sweep points (head_dim 32 and 64) share no value of the swept dimension: nothing is compared,
+    which must not read as equal; a run folder is read as its results.nc."""
+    a = xr.Dataset({"err": (("head_dim", "n"), np.ones((1, 3)))}, coords={"head_dim": [32], "n": [1, 2, 3]})
+    b = xr.Dataset({"err": (("head_dim", "n"), np.ones((1, 3)))}, coords={"head_dim": [64], "n": [1, 2, 3]})
+    assert [r["status"] for r in ncio.compare_results(a, b)] == ["nothing shared"]
+    folder = tmp_path / "run"
+    folder.mkdir()
+    a.to_netcdf(folder / "results.nc")
+    assert [r["status"] for r in ncio.compare_results(folder, a)] == ["equal"]
