@@ -12,6 +12,8 @@
     sdpa:<backend>       PyTorch SDPA pinned to one backend (``sdpa``): flash, efficient, cudnn, math
     triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd]   our FlashAttention-2 Triton kernel (``triton_fa2``)
     flex                 FlexAttention compiled with torch.compile (``flex``; CUDA only)
+    fa4                  FlashAttention-4's CuTe DSL kernels (``fa4``; CUDA, compute capability >= 9.0)
+    flashinfer:prefill|decode   FlashInfer's single-request kernels, forward only (``flashinfer``; CUDA)
 
 Modules: ``common`` (input checks, scale, the causal mask, the key-block loop, exponent
 helpers), ``reference``, ``flash`` (forward emulator, STABLE as an option), ``backward``
@@ -22,6 +24,8 @@ helpers), ``reference``, ``flash`` (forward emulator, STABLE as an option), ``ba
 from __future__ import annotations
 
 from ..precision import get_policy
+from . import fa4 as _fa4
+from . import flashinfer as _flashinfer
 from . import flex as _flex
 from . import sdpa as _sdpa
 from .autograd import FP32_BACKWARD, Attention, AttentionImpl, ImplKernel, as_kernel, impl_kernel
@@ -160,6 +164,9 @@ register("golden", _build_golden, doc="fp64 attention and its exact gradients", 
 register("textbook", _build_textbook, doc="the unguarded textbook formula", examples=("textbook:fp32",))
 register("triton", _build_triton, doc="our FlashAttention-2 Triton kernel, GProj as a switch",
          examples=("triton:fa2", "triton:fa2:gproj_dq", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd"))
+register("fa4", _fa4.build, doc="FlashAttention-4's CuTe DSL kernels (flash-attn-4; SM90 on Hopper)", examples=("fa4",))
+register("flashinfer", _flashinfer.build, doc="FlashInfer's single-request prefill and decode kernels (forward only)",
+         examples=("flashinfer:prefill", "flashinfer:decode"))
 register("flex", _flex.build, doc="FlexAttention compiled with torch.compile (CUDA)", examples=("flex",))
 register("sdpa", _sdpa.build, doc="PyTorch SDPA pinned to one backend",
          examples=tuple(f"sdpa:{b}" for b in _sdpa.BACKENDS))

@@ -35,6 +35,7 @@ class Kernel:
 
     name: str = ""
     gives_lse: bool = True  # False: ``forward`` returns (out, None); the kernel stores no log-sum-exp
+    has_backward: bool = True  # False: an inference kernel; ``backward`` raises KernelUnavailable
 
     def unavailable_reason(self, device: str | torch.device = "cpu") -> str | None:
         """None when the kernel can run on ``device``; otherwise a sentence saying why not."""
@@ -177,6 +178,8 @@ def check_runs(kernel: Kernel, device="cpu", dtype=torch.float32) -> str | None:
                     "or non-finite values")
         if lse is not None and tuple(lse.shape) != tuple(q.shape[:-1]):
             return f"its log-sum-exp has shape {tuple(lse.shape)}, want {tuple(q.shape[:-1])}"
+        if not kernel.has_backward:
+            return None
         grads = kernel.backward(q, k, v, do, causal=True)
     except Exception as exc:  # a user's kernel may raise anything: report it, before the study runs
         return f"it failed on a tiny input (1, 2, 24, 16) on {device}: {type(exc).__name__}: {exc}"
