@@ -573,3 +573,37 @@ def test_the_package_root_is_light():
     code = ("import sys; import attnum.studies.gproj_fix as s; assert 'torch' not in sys.modules, 'torch imported'; "
             "print(s.STUDY)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == STUDY
+
+
+def test_step_extras_count_gproj_over_our_kernel_and_over_sdpa_flash():
+    extras = readings.step_extras(_cost_dataset())  # steps: rest 60, flash 80, ours 100, GProj 104; fp32: ours 300, eff. 150
+    assert extras["gproj_over_ours"] == pytest.approx(0.04)
+    assert extras["gproj_over_flash"] == pytest.approx(0.30) and extras["ours_over_flash"] == pytest.approx(0.25)
+    assert extras["fp32_fastest"] == "sdpa:efficient"
+    assert extras["fp32_fastest_over_ours"] == pytest.approx(0.5)
+    assert extras["fp32_fastest_over_flash"] == pytest.approx(150 / 80 - 1)
+    assert extras["fp32_ours_over_ours"] == pytest.approx(2.0)
+    assert extras["attention_share_ours"] == pytest.approx(0.4)
+    assert extras["attention_share_flash"] == pytest.approx(0.25)
+    assert np.isnan(extras["gproj_dq_dk_over_ours"]) and np.isnan(extras["fp32_bwd_over_ours"])
+    absent = readings.step_extras(_grid_like())  # no step timings: every extra NaN
+    assert all(np.isnan(v) for k, v in absent.items() if k != "fp32_fastest") and absent["fp32_fastest"] == ""
+    assert readings.within_factor(0.04, readings.SEED004_GPROJ_STEP_COST) is True
+    assert readings.within_factor(0.30, readings.SEED004_GPROJ_STEP_COST) is False
+    assert readings.within_factor(float("nan"), readings.SEED004_GPROJ_STEP_COST) is None
+
+
+def test_bench_extras_state_gproj_over_sdpa_flash(tmp_path):
+    cases = [{"impl": impl, "n": n, "d": 128, "causal": False, "status": "ok", "fwd_bwd_ms": ms * (n // 1024)}
+             for n in (1024, 4096)
+             for impl, ms in (("triton_fa2", 10.0), ("triton_fa2_gproj_dq", 10.0 + n / 4096),
+                              ("sdpa_flash_attention", 8.0 if n == 1024 else 5.0))]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"environment": {}, "cases": cases}))
+    extras = readings.bench_extras(readings.bench_summary(path)[0])
+    assert extras["shapes"] == 2
+    assert extras["gproj_over_ours_min"] == pytest.approx(0.025) and extras["gproj_over_ours_max"] == pytest.approx(0.1)
+    assert extras["ours_over_flash_min"] == pytest.approx(0.25) and extras["ours_over_flash_max"] == pytest.approx(1.0)
+    assert extras["gproj_over_flash_min"] == pytest.approx(1.025 * 1.25 - 1)
+    assert extras["gproj_over_flash_max"] == pytest.approx(1.1 * 2.0 - 1)
+    assert readings.bench_extras(None)["shapes"] == 0

@@ -322,3 +322,59 @@ def step_cost_table(ds: xr.Dataset):
                          "status": status[:120]})
     return pd.DataFrame(rows).set_index(["attention", "dtype"]) if rows else pd.DataFrame()
 
+
+
+def step_extras(ds: xr.Dataset) -> dict[str, float]:
+    """A whole training step's time with each attention, as extras (``t / t_base - 1``): GProj dq
+    through our Triton kernel over the same kernel without it (what seed 004's +4.7% counts) and over
+    ``sdpa:flash`` (what using the fix through our kernel costs against PyTorch's faster kernel), our
+    kernel without GProj over ``sdpa:flash``, two-pass GProj and the FP32 backward over ours, the
+    fastest FP32 attention (kernels fed fp32) over ours and over ``sdpa:flash``, and attention's share
+    of the step (1 - no-attention step / step) with ours and with ``sdpa:flash``. NaN where a time is
+    absent (no step timings, a kernel that gave none)."""
+    nan = math.nan
+    names = ds["step_kernel"].values.tolist() if "step_ms" in ds else []
+
+    def t(name, dtype="bf16"):
+        if name not in names or str(ds["step_status"].sel(step_kernel=name, step_dtype=dtype).item()) != "ok":
+            return nan
+        return float(ds["step_ms"].sel(step_kernel=name, step_dtype=dtype))
+
+    ours, flash, gq, rest = t("triton:fa2"), t("sdpa:flash"), t("triton:fa2:gproj_dq"), t(STEP_NO_ATTENTION)
+    fp32 = {name: t(name, "fp32") for name in names}
+    fp32 = {k: v for k, v in fp32.items() if np.isfinite(v)}
+    fastest = min(fp32, key=fp32.get) if fp32 else None
+    fast = fp32[fastest] if fastest else nan
+    return {"gproj_over_ours": gq / ours - 1, "gproj_over_flash": gq / flash - 1, "ours_over_flash": ours / flash - 1,
+            "gproj_dq_dk_over_ours": t("triton:fa2:gproj_dq_dk") / ours - 1,
+            "fp32_bwd_over_ours": t("triton:fa2:fp32_bwd") / ours - 1,
+            "fp32_fastest_over_ours": fast / ours - 1, "fp32_fastest_over_flash": fast / flash - 1,
+            "fp32_ours_over_ours": fp32.get("triton:fa2", nan) / ours - 1,
+            "attention_share_ours": (ours - rest) / ours, "attention_share_flash": (flash - rest) / flash,
+            "fp32_fastest": fastest or ""}
+
+
+def bench_extras(bench) -> dict[str, float]:
+    """From ``bench_summary``'s table, over its shapes (min and max): GProj dq's forward + backward
+    extra over our kernel without it, our kernel's time over ``sdpa:flash``'s, and our kernel with
+    GProj dq over ``sdpa:flash`` (``(1 + extra) x ratio - 1``: the attention call's cost of the fix
+    through our kernel against PyTorch's FlashAttention-2); with the number of shapes. NaN when the
+    benchmark is absent."""
+    keys = ("gproj_over_ours", "ours_over_flash", "gproj_over_flash")
+    if bench is None or len(bench) == 0:
+        return {**{f"{k}_{e}": math.nan for k in keys for e in ("min", "max")}, "shapes": 0}
+    cols = {"gproj_over_ours": bench["GProj dq extra"], "ours_over_flash": bench["/ sdpa:flash"] - 1,
+            "gproj_over_flash": (1 + bench["GProj dq extra"]) * bench["/ sdpa:flash"] - 1}
+    out = {}
+    for k in keys:
+        out[f"{k}_min"], out[f"{k}_max"] = float(cols[k].min()), float(cols[k].max())
+    out["shapes"] = len(bench)
+    return out
+
+
+def within_factor(ours: float, theirs: float, factor: float = 2.0) -> bool | None:
+    """True when ``ours`` is ``theirs`` within ``factor`` either way (both positive), False when not,
+    None when ``ours`` was not measured (NaN)."""
+    if not np.isfinite(ours):
+        return None
+    return bool(ours > 0 and abs(math.log(ours / theirs)) <= math.log(factor))
