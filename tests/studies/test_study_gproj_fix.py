@@ -607,3 +607,11 @@ def test_bench_extras_state_gproj_over_sdpa_flash(tmp_path):
     assert extras["gproj_over_flash_min"] == pytest.approx(1.025 * 1.25 - 1)
     assert extras["gproj_over_flash_max"] == pytest.approx(1.1 * 2.0 - 1)
     assert readings.bench_extras(None)["shapes"] == 0
+
+
+@pytest.mark.slow
+def test_smoke_run_glues_every_key_its_markdown_refers_to(smoke_run):
+    from attnum import glue
+
+    executed = json.loads((smoke_run / "notebook.ipynb").read_text())
+    assert glue.referenced_keys(executed) and glue.missing_keys(executed) == set()
