@@ -10,7 +10,8 @@ import xarray as xr
 from attnum import kernels, ncio, runner
 from attnum.kernels import FIXES
 from attnum.model import GPTConfig
-from attnum.studies import gproj_fix as study
+from attnum.studies import gproj_fix
+from attnum.studies.gproj_fix import experiments, prose, readings, real_kernels
 from attnum.tasks import Task
 from attnum.training import TrainConfig
 
@@ -70,8 +71,8 @@ def test_smoke_run_writes_one_entry_per_fix(smoke_run):
 
 
 def test_fix_grid_on_a_tiny_grid():
-    ds = study.fix_grid([1.0], [0.0, 300.0], [64], [16], [0], fixes=["none", "mean_key", "gproj_dq_dk", "fp32_backward"],
-                        block_q=16, block_k=16, golden_chunk=32, progress=False)
+    ds = experiments.fix_grid([1.0], [0.0, 300.0], [64], [16], [0], fixes=["none", "mean_key", "gproj_dq_dk", "fp32_backward"],
+                        block_q=16, block_k=16, stable_beta=2.0, golden_chunk=32, real_kernels=(), progress=False)
     err = ds["grid_dq_err"].squeeze()
     assert float(err.sel(fix="none", mu_norm=300.0)) > 10 * float(err.sel(fix="none", mu_norm=0.0))
     for fix in ("mean_key", "gproj_dq_dk"):
@@ -82,12 +83,12 @@ def test_fix_grid_on_a_tiny_grid():
                                                                                       mu_norm=0.0))
     assert (ds["grid_zero_rows"] == 0).all()
     assert ds["fix_description"].sel(fix="gproj_dq_dk").item() == FIXES["gproj_dq_dk"].description
-    assert set(ds.variables) <= set(study.VARIABLES) | set(ds.dims) | {"fix"}  # the writer's table covers it
+    assert set(ds.variables) <= set(gproj_fix.VARIABLES) | set(ds.dims) | {"fix"}  # the writer's table covers it
 
 
 def test_regime_comparison_and_stable_max_in_tied_rows():
-    ds = study.regime_comparison(64, 16, [0], fixes=["none", "stable_max", "gproj_dq_dk"], n_ties=4, block_q=16,
-                                 block_k=16, golden_chunk=32, progress=False)
+    ds = experiments.regime_comparison(64, 16, [0], fixes=["none", "stable_max", "gproj_dq_dk"], n_ties=4, mu_norm=100.0,
+                                       block_q=16, block_k=16, stable_beta=2.0, golden_chunk=32, progress=False)
     assert ds["regime_dq_err"].dims == ("regime", "fix", "seed")
     tied = ds["regime_out_err"].sel(regime="tied_max_negative_v").squeeze()
     assert float(tied.sel(fix="stable_max")) != float(tied.sel(fix="none"))  # STABLE acts on tied rows
@@ -104,29 +105,29 @@ def _grid_like():
 
 
 def test_seed004_comparison_marks_theirs_and_picks_the_nearest_offset():
-    table = study.seed004_comparison(_grid_like())
+    table = readings.seed004_comparison(_grid_like())
     assert table.index.get_level_values("|mu|").tolist() == [1000.0, 1000.0]
     assert table["theirs (seed 004): before GProj"].eq(2.19).all()
     assert table["theirs (seed 004): after GProj"].eq(0.0034).all()
     assert table["ours: gproj_dq_dk"].tolist() == [2e-3, 2e-3]
-    growth = study.offset_growth(_grid_like())
+    growth = readings.offset_growth(_grid_like())
     assert growth[("growth", 1.0)].loc["none"] == pytest.approx(2500.0)
 
 
 def test_fix_training_and_tables():
     task = Task("induction", context=8, n_symbols=4, lm_loss=True)
     model = GPTConfig(vocab_size=task.vocab_size, context=8, n_layer=1, n_head=1, d_model=8)
-    records = study.fix_training(task, model, TrainConfig(steps=4, batch_size=2, warmup_steps=1, record_every=1),
+    records = experiments.fix_training(task, model, TrainConfig(steps=4, batch_size=2, warmup_steps=1, record_every=1),
                                  baseline="sdpa:flash", fixes=["none", "gproj_dq_dk"], block=4,
-                                 progress=False)
+                                       stable_beta=2.0, progress=False)
     assert records["run"].values.tolist() == ["fp32", "none", "gproj_dq_dk"]
     assert records["run_attention"].sel(run="gproj_dq_dk").item() == "emulator:fa2_bf16:bk4:fused:gproj_dq_dk"
-    table = study.training_table(records, last=2)
+    table = readings.training_table(records, last=2)
     assert table.loc["fp32", "gap vs fp32 (nat)"] == 0.0 and list(table.index) == ["fp32", "none", "gproj_dq_dk"]
     assert np.isfinite(table["final loss (nat)"]).all()
-    costs = study.fix_costs(["none", "gproj_dq_dk"], seq_len=256, head_dim=32, block=64, causal=True, timing_seq_len=32,
-                            timing_head_dim=8, block_q=8, block_k=8, repeats=1)
-    summary = study.cost_summary(costs)
+    costs = experiments.fix_costs(["none", "gproj_dq_dk"], seq_len=256, head_dim=32, block=64, causal=True, timing_seq_len=32,
+                            timing_head_dim=8, block_q=8, block_k=8, stable_beta=2.0, repeats=1)
+    summary = readings.cost_summary(costs)
     assert summary.loc["none"].drop("EMULATION (CPU): fwd+bwd time / base").eq(0).all()
     assert summary.loc["gproj_dq_dk", "extra tile passes per backward"] == 1
     assert summary.loc["none", "EMULATION (CPU): fwd+bwd time / base"] == 1.0
@@ -135,46 +136,46 @@ def test_fix_training_and_tables():
 # -- the exact problem against |mu|, real kernels, measured costs, seed 004's claims ---------------
 
 def test_rounded_offset_changes_the_exact_problem():
-    ds = study.fix_grid([1.0], [0.0, 30.0, 10000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
-                        block_k=16, golden_chunk=32, progress=False)
+    ds = experiments.fix_grid([1.0], [0.0, 30.0, 10000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
+                              block_k=16, stable_beta=2.0, golden_chunk=32, real_kernels=(), progress=False)
     change = ds["grid_exact_dq_change"].squeeze()
     assert float(change.sel(mu_norm=0.0)) == 0.0
-    assert float(change.sel(mu_norm=30.0)) < 0.1 < study.EXACT_CHANGE_LIMIT < float(change.sel(mu_norm=10000.0))
+    assert float(change.sel(mu_norm=30.0)) < 0.1 < readings.EXACT_CHANGE_LIMIT < float(change.sel(mu_norm=10000.0))
     pert = ds["grid_key_perturbation"].squeeze()
     assert float(pert.sel(mu_norm=0.0)) == 0.0 and float(pert.sel(mu_norm=10000.0)) > 0.3
     values = ds["grid_distinct_key_values"].squeeze()
     assert float(values.sel(mu_norm=10000.0)) < 0.5 * float(values.sel(mu_norm=0.0))
-    assert study.trusted_offset(ds) == 30.0
-    table = study.exact_problem_table(ds)
+    assert readings.trusted_offset(ds) == 30.0
+    table = readings.exact_problem_table(ds)
     assert table["exact dQ change"].iloc[0] == 0.0 and table["exact dQ change"].iloc[-1] > 0.5
-    assert set(ds.variables) <= set(study.VARIABLES) | set(ds.dims) | {"fix"}
+    assert set(ds.variables) <= set(gproj_fix.VARIABLES) | set(ds.dims) | {"fix"}
 
 
 def test_p_at_the_row_max_under_the_fused_scale_max():
     import torch
 
     q, k = torch.zeros(1, 1, 8, 16), torch.randn(1, 1, 8, 16)
-    assert study.p_max_not_one(q, k, 4) == 0.0  # max score 0: 0 * c is exact, exp2(0) = 1
+    assert experiments.p_max_not_one(q, k, 4) == 0.0  # max score 0: 0 * c is exact, exp2(0) = 1
     gen = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 1, 256, 64, generator=gen).bfloat16().float() for _ in range(2))
-    assert 0.1 < study.p_max_not_one(q, k, 64) <= 1.0
+    assert 0.1 < experiments.p_max_not_one(q, k, 64) <= 1.0
 
 
 def test_emulator_equivalents_of_real_kernels():
-    name = lambda real: kernels.as_kernel(study.emulator_equivalent(real)).name
+    name = lambda real: kernels.as_kernel(real_kernels.emulator_equivalent(real)).name
     assert name("triton:fa2") == "emulator:fa2_bf16:bk64:bq128"  # its tiles, max subtracted first (no :fused)
     assert name("triton:fa2:gproj_dq_dk") == "emulator:fa2_bf16:bk64:bq128:gproj_dq_dk"
-    fp32_bwd = study.emulator_equivalent("triton:fa2:fp32_bwd").policy
+    fp32_bwd = real_kernels.emulator_equivalent("triton:fa2:fp32_bwd").policy
     assert (fp32_bwd.ds, fp32_bwd.p_bwd, fp32_bwd.grad) == ("fp32", "fp32", "bf16")  # still stores bf16 gradients
     # PyTorch builds its FlashAttention-2 with UNFUSE_FMA: P = 1 at the row max, like subtract-then-scale
     assert name("sdpa:flash") == name("sdpa:cudnn") == name("sdpa:efficient") == "emulator:fa2_bf16:bk128"
-    assert study.emulator_equivalent("flex") is None
+    assert real_kernels.emulator_equivalent("flex") is None
 
 
 def test_real_kernels_on_the_grid_on_a_cpu():
     real = ["sdpa:math", "triton:fa2", "sdpa:cudnn"]
-    ds = study.fix_grid([1.0, 16.0], [0.0, 1000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
-                        block_k=16, golden_chunk=32, real_kernels=real, progress=False)
+    ds = experiments.fix_grid([1.0, 16.0], [0.0, 1000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
+                              block_k=16, stable_beta=2.0, golden_chunk=32, real_kernels=real, progress=False)
     status = ds["real_status"].squeeze()
     assert status.sel(real_kernel="sdpa:math").item() == "ok"
     for name in ("triton:fa2", "sdpa:cudnn"):  # CUDA only: recorded, never replaced by another kernel
@@ -186,15 +187,15 @@ def test_real_kernels_on_the_grid_on_a_cpu():
     assert float(none.sel(mu_norm=1000.0)) > 10 * float(math_err.isel(sharpness=1).sel(mu_norm=1000.0).squeeze())
     assert np.isfinite(ds["real_emul_dq_err"].sel(real_kernel="sdpa:math")).all()
     assert ds["real_equivalent"].sel(real_kernel="sdpa:math").item() == "emulator:fp32:bk64"
-    assert study.has_real(ds) and not study.has_timings(ds)
-    table = study.real_kernel_table(ds)
+    assert readings.has_real(ds) and not readings.has_timings(ds)
+    table = readings.real_kernel_table(ds)
     assert table.index.get_level_values("kernel").unique().tolist() == ["sdpa:math"]
-    text = study.real_kernel_summary(ds)
+    text = prose.real_kernel_summary(ds)
     assert "`triton:fa2`: no gradients" in text and "`sdpa:math`: median dQ error" in text
 
 
 def test_real_timings_on_a_cpu_and_the_analytic_count():
-    ds = study.real_timings(["sdpa:math", "triton:fa2", "triton:fa2:gproj_dq"], seq_len=32, tokens=64,
+    ds = real_kernels.real_timings(["sdpa:math", "triton:fa2", "triton:fa2:gproj_dq"], seq_len=32, tokens=64,
                             head_dims=[16], causal=[False, True], fp32_kernels=["sdpa:math", "triton:fa2"], warmup=1,
                             repeats=2, progress=False)
     math_t = ds["timing_fwd_bwd_ms"].sel(timing_kernel="sdpa:math")
@@ -206,7 +207,7 @@ def test_real_timings_on_a_cpu_and_the_analytic_count():
     assert float(analytic.sel(timing_kernel="triton:fa2:gproj_dq")) > float(analytic.sel(timing_kernel="triton:fa2")) > 0
     assert ds["timing_analytic_fwd_bwd_ms"].sel(timing_kernel="sdpa:math").isnull().all()
     assert ds.attrs["real_timing_heads"] == 2 and ds.attrs["timing_gpu"] == "none"
-    table = study.measured_cost_table(ds)
+    table = readings.measured_cost_table(ds)
     assert table.loc[("sdpa:math", "bf16", 16, False), "fwd+bwd ms"] > 0
 
 
@@ -251,8 +252,8 @@ def _claims_dataset(gproj_ms=10.4, fp32_ms=40.0):
 
 def test_seed004_claims_from_measured_times():
     ds = _claims_dataset()
-    assert study.has_timings(ds)
-    claims = study.seed004_claims(ds)
+    assert readings.has_timings(ds)
+    claims = prose.seed004_claims(ds)
     assert claims.loc["GProj costs +4.7% of a training step", "reproduced?"].startswith("yes")
     fp32 = claims.loc["FP32 attention costs +33.4% of a training step"]
     assert "+300%" in fp32["ours"] and fp32["reproduced?"].startswith("no")  # 300 / 4 = 75x GProj's, theirs 7.1x
@@ -264,13 +265,13 @@ def test_seed004_claims_from_measured_times():
     # when rounding changed the exact problem beyond |mu| = 100, the claim is judged there first
     changed = _claims_dataset()
     changed["grid_exact_dq_change"].loc[dict(mu_norm=1000.0)] = 1.0
-    row = study.seed004_claims(changed).loc["median dQ error 219% -> 0.34% with GProj (emulator, gproj_dq)"]
+    row = prose.seed004_claims(changed).loc["median dQ error 219% -> 0.34% with GProj (emulator, gproj_dq)"]
     assert row["ours"].startswith("0.6 -> 0.002 (|mu| <= 100, trusted); 2.5 -> 0.002 at |mu| 1000 (changed problem)")
     assert row["reproduced?"].startswith("partly") and "beyond them (a changed exact problem): yes" in row["reproduced?"]
-    slow = study.seed004_claims(_claims_dataset(gproj_ms=11.0, fp32_ms=19.0))
+    slow = prose.seed004_claims(_claims_dataset(gproj_ms=11.0, fp32_ms=19.0))
     assert slow.loc["GProj costs +4.7% of a training step", "reproduced?"].startswith("not at the step level")
     assert "within 2x" in slow.loc["FP32 attention costs +33.4% of a training step", "reproduced?"]  # 9x vs 7.1x
-    table = study.measured_cost_table(ds)
+    table = readings.measured_cost_table(ds)
     assert table.loc[("triton:fa2:gproj_dq", "bf16", 128, False), "fwd+bwd / triton:fa2 (measured)"] == pytest.approx(1.04)
     assert table.loc[("triton:fa2", "fp32", 128, False), "fwd+bwd / triton:fa2 (measured)"] == pytest.approx(4.0)
 
@@ -283,25 +284,25 @@ def test_bench_summary_reads_the_benchmark_file(tmp_path):
     cases.append({"impl": "sdpa_efficient_attention", "n": 4096, "d": 128, "causal": False, "status": "refused"})
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"environment": {"gpu": "test"}, "cases": cases}))
-    table, env = study.bench_summary(path)
+    table, env = readings.bench_summary(path)
     row = table.loc[(4096, 128, False)]
     assert row["GProj dq extra"] == pytest.approx(0.05) and row["FP32 backward extra"] == pytest.approx(4.0)
     assert row["/ sdpa:flash"] == pytest.approx(1.25) and env == {"gpu": "test"}
     assert np.isnan(row["fwd / sdpa:flash"])  # no per-pass times in these cases
-    assert study.bench_summary(tmp_path / "absent.json") == (None, None)
+    assert readings.bench_summary(tmp_path / "absent.json") == (None, None)
     for case in cases:
         if case["impl"] in ("triton_fa2", "sdpa_flash_attention"):
             case.update(fwd_ms=case["fwd_bwd_ms"] / 4, bwd_ms=case["fwd_bwd_ms"] * 3 / 4)
         if case["impl"] == "triton_fa2_gproj_dq":
             case["fwd_bwd_ms"] = 10.4  # +4%: within the target
     path.write_text(json.dumps({"environment": {"gpu": "test"}, "cases": cases}))
-    table, _ = study.bench_summary(path)
+    table, _ = readings.bench_summary(path)
     assert table.loc[(4096, 128, False), "bwd / sdpa:flash"] == pytest.approx(1.25)
-    text = study.bench_targets_summary(table)
+    text = prose.bench_targets_summary(table)
     assert "is met at 1 of 1 shapes: N 4096, d 128, no mask)" in text
     assert "1.25-1.25x PyTorch's FlashAttention-2 time (target: at most 1x at N >= 4096; met at 0 of 1 shapes)" in text
     assert "d = 128: forward 1.25-1.25x, backward 1.25-1.25x" in text
-    assert study.bench_targets_summary(None) == ""
+    assert prose.bench_targets_summary(None) == ""
 
 
 @pytest.mark.gpu
@@ -314,8 +315,8 @@ def test_gpu_real_kernels_on_the_grid_and_timed():
     if reason:
         pytest.skip(reason)
     real = ["triton:fa2", "triton:fa2:gproj_dq", "sdpa:flash"]
-    ds = study.fix_grid([16.0], [0.0, 1000.0], [512], [64], [0], fixes=["none", "gproj_dq"], block_q=128,
-                        block_k=128, golden_chunk=512, real_kernels=real, device="cuda", progress=False)
+    ds = experiments.fix_grid([16.0], [0.0, 1000.0], [512], [64], [0], fixes=["none", "gproj_dq"], block_q=128,
+                              block_k=128, stable_beta=2.0, golden_chunk=512, real_kernels=real, device="cuda", progress=False)
     assert (ds["real_status"] == "ok").all()
     err = ds["real_dq_err"].squeeze()
     # our kernel's unfixed dQ error grows with the offset; GProj keeps it near its |mu| = 0 level
@@ -324,13 +325,13 @@ def test_gpu_real_kernels_on_the_grid_and_timed():
     assert float(err.sel(real_kernel="triton:fa2:gproj_dq", mu_norm=1000.0)) < float(
         err.sel(real_kernel="triton:fa2", mu_norm=1000.0)) / 5
     assert float(ds["real_dq_err_corr"].sel(real_kernel="triton:fa2").min()) > 0.5  # it is its emulated equivalent
-    t = study.real_timings(real, seq_len=1024, tokens=8192, head_dims=[64], fp32_kernels=["triton:fa2"], warmup=1,
+    t = real_kernels.real_timings(real, seq_len=1024, tokens=8192, head_dims=[64], causal=[False], fp32_kernels=["triton:fa2"], warmup=1,
                            repeats=3, device="cuda", progress=False)
     assert "CUDA events" in t.attrs["timing_clock"] and t.attrs["timing_gpu"] != "none"
     assert (t["timing_status"].sel(timing_dtype="bf16") == "ok").all()
     assert (t["timing_fwd_bwd_ms"].sel(timing_dtype="bf16") > 0).all()
     assert t["timing_status"].sel(timing_kernel="triton:fa2", timing_dtype="fp32").item() == "ok"
-    steps = study.step_timings(["triton:fa2", "triton:fa2:gproj_dq"], ["triton:fa2"], n_layer=1, d_model=256,
+    steps = real_kernels.step_timings(["triton:fa2", "triton:fa2:gproj_dq"], ["triton:fa2"], n_layer=1, d_model=256,
                                n_head=2, context=512, batch_size=2, warmup=1, repeats=3, device="cuda",
                                progress=False)
     assert (steps["step_status"].sel(step_dtype="bf16") == "ok").all()
@@ -340,30 +341,30 @@ def test_gpu_real_kernels_on_the_grid_and_timed():
 def test_failures_are_recorded_by_kind():
     from attnum.kernels.sdpa import BackendRefused
 
-    assert study._failure(BackendRefused("sdpa:flash refused fp32")).startswith("refused: BackendRefused")
-    assert study._failure(ValueError("head_dim <= 256")).startswith("refused: ValueError")
+    assert real_kernels._failure(BackendRefused("sdpa:flash refused fp32")).startswith("refused: BackendRefused")
+    assert real_kernels._failure(ValueError("head_dim <= 256")).startswith("refused: ValueError")
 
     class OutOfResources(Exception):  # Triton's compile errors are not RuntimeErrors
         pass
 
-    assert study._failure(OutOfResources("shared memory\nmore")) == "error: OutOfResources: shared memory"
+    assert real_kernels._failure(OutOfResources("shared memory\nmore")) == "error: OutOfResources: shared memory"
 
 
 def test_step_timings_on_a_cpu_and_fp32_attention_under_autocast():
     import torch
 
-    ds = study.step_timings(["sdpa:math", "triton:fa2"], ["sdpa:math"], n_layer=1, d_model=16, n_head=2,
+    ds = real_kernels.step_timings(["sdpa:math", "triton:fa2"], ["sdpa:math"], n_layer=1, d_model=16, n_head=2,
                             context=16, batch_size=2, warmup=1, repeats=2, progress=False)
-    assert ds["step_kernel"].values.tolist() == [study.STEP_NO_ATTENTION, "sdpa:math", "triton:fa2"]
+    assert ds["step_kernel"].values.tolist() == [gproj_fix.STEP_NO_ATTENTION, "sdpa:math", "triton:fa2"]
     status = ds["step_status"]
-    assert status.sel(step_kernel=study.STEP_NO_ATTENTION, step_dtype="bf16").item() == "ok"
+    assert status.sel(step_kernel=gproj_fix.STEP_NO_ATTENTION, step_dtype="bf16").item() == "ok"
     assert status.sel(step_kernel="sdpa:math", step_dtype="fp32").item() == "ok"
     assert status.sel(step_kernel="triton:fa2", step_dtype="bf16").item().startswith("unavailable")
     assert status.sel(step_kernel="triton:fa2", step_dtype="fp32").item() == "not requested"
     assert (ds["step_ms"].where(status == "ok") > 0).sum() == 3
-    table = study.step_cost_table(ds)
-    assert table.loc[(study.STEP_NO_ATTENTION, "bf16"), "attention share of the step"] == 0.0
-    assert not study.has_step_timings(ds)  # a CPU run: no GPU step times to compare with seed 004's
+    table = readings.step_cost_table(ds)
+    assert table.loc[(gproj_fix.STEP_NO_ATTENTION, "bf16"), "attention share of the step"] == 0.0
+    assert not readings.has_step_timings(ds)  # a CPU run: no GPU step times to compare with seed 004's
     seen = []
 
     class Spy(kernels.Kernel):
@@ -375,14 +376,14 @@ def test_step_timings_on_a_cpu_and_fp32_attention_under_autocast():
 
     q = torch.randn(1, 2, 8, 4, dtype=torch.bfloat16)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # FP32 attention stays fp32 inside an autocast model
-        out = study.FormatAttention(Spy(), "fp32")(q, q, q, is_causal=True)
+        out = real_kernels.FormatAttention(Spy(), "fp32")(q, q, q, is_causal=True)
     assert seen == [torch.float32] and out.dtype == torch.bfloat16
-    assert study.FormatAttention(None)(q, q, q) is q  # no attention: the rest of the step
+    assert real_kernels.FormatAttention(None)(q, q, q) is q  # no attention: the rest of the step
 
 
 def test_seed004_step_claims_from_step_times():
     ds = _claims_dataset()
-    names = [study.STEP_NO_ATTENTION, "triton:fa2", "triton:fa2:gproj_dq"]
+    names = [gproj_fix.STEP_NO_ATTENTION, "triton:fa2", "triton:fa2:gproj_dq"]
     ms = np.array([[60.0, np.nan], [100.0, 300.0], [104.0, np.nan]])
     status = np.where(np.isfinite(ms), "ok", "not requested")
     step = xr.Dataset({"step_ms": (("step_kernel", "step_dtype"), ms),
@@ -391,14 +392,14 @@ def test_seed004_step_claims_from_step_times():
     ds = xr.merge([ds, step])
     ds.attrs.update(timing_gpu="NVIDIA H200", real_timing_seq_len=4096, real_timing_heads=64, step_n_layer=4,
                     step_d_model=1024, step_n_head=8, step_context=4096, step_batch_size=4)
-    assert study.has_step_timings(ds)
-    claims = study.seed004_claims(ds)
+    assert readings.has_step_timings(ds)
+    claims = prose.seed004_claims(ds)
     gproj = claims.loc["GProj costs +4.7% of a training step (a step of our model)"]
     assert gproj["ours"] == "+4.0% of a step (GProj dq)" and gproj["reproduced?"].startswith("yes")
     assert "attention 40% of the step" in gproj["basis"]
     fp32 = claims.loc["FP32 attention costs +33.4% of a training step (a step of our model)"]
     assert fp32["ours"].startswith("+200.0%") and fp32["reproduced?"].startswith("no: 6x theirs")
-    table = study.step_cost_table(ds)
+    table = readings.step_cost_table(ds)
     assert table.loc[("triton:fa2:gproj_dq", "bf16"), "extra over triton:fa2"] == pytest.approx(0.04)
 
 
@@ -418,21 +419,21 @@ def test_triton_code_paths_in_the_cpu_interpreter():
     code = """
 import torch
 from attnum import kernels
-from attnum.studies import gproj_fix as st
-t = st.real_timings(["triton:fa2", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd"], seq_len=32, tokens=32,
+from attnum.studies.gproj_fix import experiments, real_kernels
+t = real_kernels.real_timings(["triton:fa2", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd"], seq_len=32, tokens=32,
                     head_dims=[16], causal=[False, True], fp32_kernels=["triton:fa2"], warmup=0, repeats=1,
                     progress=False)
 ok = t["timing_status"] == "ok"
 assert int(ok.sum()) == 8 and bool(ok.sel(timing_kernel="triton:fa2", timing_dtype="fp32").all()), t["timing_status"].values
-s = st.step_timings(["triton:fa2:gproj_dq"], ["triton:fa2"], n_layer=1, d_model=32, n_head=2, context=16,
+s = real_kernels.step_timings(["triton:fa2:gproj_dq"], ["triton:fa2"], n_layer=1, d_model=32, n_head=2, context=16,
                     batch_size=1, warmup=0, repeats=1, progress=False)
 assert int((s["step_status"] == "ok").sum()) == 3, s["step_status"].values
-g = st.fix_grid([1.0], [0.0], [32], [16], [0], fixes=["none"], block_q=16, block_k=16, golden_chunk=32,
+g = experiments.fix_grid([1.0], [0.0], [32], [16], [0], fixes=["none"], block_q=16, block_k=16, stable_beta=2.0, golden_chunk=32,
                 real_kernels=["triton:fa2", "triton:fa2:gproj_dq"], progress=False)
 assert (g["real_status"] == "ok").all(), g["real_status"].values
 gen = torch.Generator().manual_seed(0)
 q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
-out = st.FormatAttention(kernels.get("triton:fa2"), "fp32")(q, k, v, is_causal=True)
+out = real_kernels.FormatAttention(kernels.get("triton:fa2"), "fp32")(q, k, v, is_causal=True)
 ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 assert (out - ref).abs().max().item() < 1e-5, (out - ref).abs().max().item()
 print("ok")
@@ -468,14 +469,14 @@ def _floor_dataset(ratio=1.02):
 
 
 def test_sharp_floor_summary_compares_our_gproj_with_the_emulators():
-    text = study.sharp_floor_summary(_floor_dataset(1.02))
+    text = prose.sharp_floor_summary(_floor_dataset(1.02))
     assert "sharpness 16" in text and "|mu| = 1000 (changed problem)" in text
     assert "1.020x the emulator's GProj" in text and "unfixed kernel 30.0%" in text
     assert "the emulator's within 2.0% (it falls to the emulator's GProj floor)" in text
     assert "bitwise equal 97.0%" in text and "beyond: 40.0%" in text
-    far = study.sharp_floor_summary(_floor_dataset(1.5))
+    far = prose.sharp_floor_summary(_floor_dataset(1.5))
     assert "does not fall to the emulator's GProj floor" in far
-    assert study.sharp_floor_summary(_grid_like()) == ""  # no real kernels
+    assert prose.sharp_floor_summary(_grid_like()) == ""  # no real kernels
 
 
 def _cost_dataset():
@@ -490,7 +491,7 @@ def _cost_dataset():
                          "timing_status": (dims, np.where(np.isfinite(ms), "ok", "not requested"))},
                         coords={"timing_kernel": names, "timing_dtype": ["bf16", "fp32"], "timing_head_dim": [128],
                                 "timing_causal": [0]})
-    steps = [study.STEP_NO_ATTENTION, "sdpa:flash", "triton:fa2", "triton:fa2:gproj_dq", "sdpa:efficient"]
+    steps = [gproj_fix.STEP_NO_ATTENTION, "sdpa:flash", "triton:fa2", "triton:fa2:gproj_dq", "sdpa:efficient"]
     sms = np.array([[60.0, np.nan], [80.0, np.nan], [100.0, 300.0], [104.0, np.nan], [np.nan, 150.0]])
     step = xr.Dataset({"step_ms": (("step_kernel", "step_dtype"), sms),
                        "step_status": (("step_kernel", "step_dtype"), np.where(np.isfinite(sms), "ok", "not requested"))},
@@ -502,14 +503,14 @@ def _cost_dataset():
 
 
 def test_measured_cost_summary_states_the_targets():
-    text = study.measured_cost_summary(_cost_dataset(), label="the GPU run")
+    text = prose.measured_cost_summary(_cost_dataset(), label="the GPU run")
     assert text.startswith("**Measured on the GPU run** (NVIDIA H200, N = 4096, 64 heads")
     assert "GProj dq +4.0% (analytic count of the kernel's structure +8.0%; target at most +5%: met)" in text
     assert "1.25x PyTorch's FlashAttention-2 (target at most 1x: missed)" in text
     assert "our kernel fed fp32 +3900%" in text and "the fastest other kernel fed fp32, sdpa:efficient, +500%" in text
     assert "with our kernel +25.0% over the same step with `sdpa:flash`, with our kernel's GProj dq +30.0%" in text
     assert "leaving PyTorch's faster kernel" in text
-    assert study.measured_cost_summary(_grid_like()) == ""  # no GPU timings
+    assert prose.measured_cost_summary(_grid_like()) == ""  # no GPU timings
 
 
 def _claims_with_steps(gproj_ms=10.4):
@@ -521,14 +522,14 @@ def _claims_with_steps(gproj_ms=10.4):
 
 def test_claims_take_the_fastest_fp32_attention_and_say_it_plainly():
     ds = _claims_with_steps()
-    claims = study.seed004_claims(ds)
+    claims = prose.seed004_claims(ds)
     step = claims.loc["FP32 attention costs +33.4% of a training step (a step of our model)"]
     # sdpa:efficient fed fp32 (+50% of a step) is faster than our kernel fed fp32 (+200%): it decides, within 2x
     assert step["ours"].startswith("+50.0% of a step (sdpa:efficient fed fp32, the fastest FP32 attention timed)")
     assert "our kernel fed fp32 +200.0%" in step["ours"] and step["reproduced?"].startswith("yes")
-    per_call = study.seed004_claims(_claims_with_steps(gproj_ms=11.0)).loc["GProj costs +4.7% of a training step"]
+    per_call = prose.seed004_claims(_claims_with_steps(gproj_ms=11.0)).loc["GProj costs +4.7% of a training step"]
     assert per_call["reproduced?"].startswith("not at the step level (a step of our model: the row below)")
-    plain = study.seed004_headline(claims, ds)
+    plain = prose.seed004_headline(claims, ds)
     assert plain.startswith("**Plainly** (the run of commit abcdef0, cuda:0 test GPU)")
     assert "**+4.7% of a training step for GProj**: **reproduced** on a training step of our model" in plain
     assert "**+33.4% of a training step for FP32 attention**: **reproduced** on a training step of our model" in plain
@@ -541,8 +542,76 @@ def test_emulator_timing_is_labelled_with_its_device():
     ds = xr.Dataset({"emul_forward_seconds": ("fix", [1.0, 1.2, 1.1]), "emul_backward_seconds": ("fix", [1.0, 1.0, 1.7])},
                     coords={"fix": fixes}, attrs={"device": "cuda:0 NVIDIA H200", "timing_seq_len": 1024,
                                                   "timing_head_dim": 64})
-    assert study.emulation_device(ds) == "GPU"
-    text = study.emulator_timing_summary(ds)
+    assert readings.emulation_device(ds) == "GPU"
+    text = prose.emulator_timing_summary(ds)
     assert "the emulator on the GPU" in text and "slowest fix is `gproj_dq_dk` at 1.40x" in text
     ds.attrs["device"] = "cpu AMD EPYC"
-    assert "the emulator on the CPU" in study.emulator_timing_summary(ds)
+    assert "the emulator on the CPU" in prose.emulator_timing_summary(ds)
+
+
+def _schema_rules(values: dict) -> list[str]:
+    return [rule["message"] for rule in runner.study_checks(STUDY)["rules"] if not runner.evaluate(rule["expr"], values)]
+
+
+@pytest.mark.parametrize("name", runner.param_sets(STUDY))
+def test_rules_and_memory_estimate_agree_with_the_schema(name):
+    values = {**runner.notebook_defaults(STUDY), **runner.load_param_set(STUDY, name)}
+    assert gproj_fix.rules(values) == _schema_rules(values) == []
+    assert gproj_fix.memory_estimate(values) == runner.memory_estimate(STUDY, values)
+    broken = {**values, "fixes": ["gproj_dq"], "d_model": 30, "n_head": 4, "step_d_model": 30, "step_n_head": 4,
+              "real_timing_tokens": values["real_timing_seq_len"] - 1}
+    assert gproj_fix.rules(broken) == _schema_rules(broken) and len(gproj_fix.rules(broken)) == 4
+    for key, bad in (("fixes", ["mean_key"]), ("n_head", 3), ("step_n_head", 3), ("real_timing_tokens", 8)):
+        one = {**values, key: bad}
+        assert gproj_fix.rules(one) == _schema_rules(one) and len(gproj_fix.rules(one)) == 1
+
+
+def test_the_package_root_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys; import attnum.studies.gproj_fix as s; assert 'torch' not in sys.modules, 'torch imported'; "
+            "print(s.STUDY)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == STUDY
+
+
+def test_step_extras_count_gproj_over_our_kernel_and_over_sdpa_flash():
+    extras = readings.step_extras(_cost_dataset())  # steps: rest 60, flash 80, ours 100, GProj 104; fp32: ours 300, eff. 150
+    assert extras["gproj_over_ours"] == pytest.approx(0.04)
+    assert extras["gproj_over_flash"] == pytest.approx(0.30) and extras["ours_over_flash"] == pytest.approx(0.25)
+    assert extras["fp32_fastest"] == "sdpa:efficient"
+    assert extras["fp32_fastest_over_ours"] == pytest.approx(0.5)
+    assert extras["fp32_fastest_over_flash"] == pytest.approx(150 / 80 - 1)
+    assert extras["fp32_ours_over_ours"] == pytest.approx(2.0)
+    assert extras["attention_share_ours"] == pytest.approx(0.4)
+    assert extras["attention_share_flash"] == pytest.approx(0.25)
+    assert np.isnan(extras["gproj_dq_dk_over_ours"]) and np.isnan(extras["fp32_bwd_over_ours"])
+    absent = readings.step_extras(_grid_like())  # no step timings: every extra NaN
+    assert all(np.isnan(v) for k, v in absent.items() if k != "fp32_fastest") and absent["fp32_fastest"] == ""
+    assert readings.within_factor(0.04, readings.SEED004_GPROJ_STEP_COST) is True
+    assert readings.within_factor(0.30, readings.SEED004_GPROJ_STEP_COST) is False
+    assert readings.within_factor(float("nan"), readings.SEED004_GPROJ_STEP_COST) is None
+
+
+def test_bench_extras_state_gproj_over_sdpa_flash(tmp_path):
+    cases = [{"impl": impl, "n": n, "d": 128, "causal": False, "status": "ok", "fwd_bwd_ms": ms * (n // 1024)}
+             for n in (1024, 4096)
+             for impl, ms in (("triton_fa2", 10.0), ("triton_fa2_gproj_dq", 10.0 + n / 4096),
+                              ("sdpa_flash_attention", 8.0 if n == 1024 else 5.0))]
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"environment": {}, "cases": cases}))
+    extras = readings.bench_extras(readings.bench_summary(path)[0])
+    assert extras["shapes"] == 2
+    assert extras["gproj_over_ours_min"] == pytest.approx(0.025) and extras["gproj_over_ours_max"] == pytest.approx(0.1)
+    assert extras["ours_over_flash_min"] == pytest.approx(0.25) and extras["ours_over_flash_max"] == pytest.approx(1.0)
+    assert extras["gproj_over_flash_min"] == pytest.approx(1.025 * 1.25 - 1)
+    assert extras["gproj_over_flash_max"] == pytest.approx(1.1 * 2.0 - 1)
+    assert readings.bench_extras(None)["shapes"] == 0
+
+
+@pytest.mark.slow
+def test_smoke_run_glues_every_key_its_markdown_refers_to(smoke_run):
+    from attnum import glue
+
+    executed = json.loads((smoke_run / "notebook.ipynb").read_text())
+    assert glue.referenced_keys(executed) and glue.missing_keys(executed) == set()

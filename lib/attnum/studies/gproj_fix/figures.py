@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-from ..plots import offset_axis
-from ..studies.gproj_fix import SEED004_DQ_ERR_AFTER, SEED004_DQ_ERR_BEFORE
+from ...plots import offset_axis
+from .readings import SEED004_DQ_ERR_AFTER, SEED004_DQ_ERR_BEFORE
 
 
 FIX_STYLE = {"none": ("#c0392b", "-"), "forward_fix": ("#f1948a", "--"), "mean_key": ("#d68910", "-"),
@@ -20,7 +20,7 @@ def _style(fix) -> tuple[str, str]:
 def plot_error_vs_offset(ds: xr.Dataset, var: str = "grid_dq_err"):
     """One panel per sharpness: median (over seeds) error vs |mu| of every fix, at the largest N and
     the first d, with seed 004's before/after numbers as horizontal marks (theirs)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
     sharp = ds["sharpness"].values
@@ -50,7 +50,7 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "grid_dq_err"):
 def plot_delta_path(ds: xr.Dataset):
     """dQ error vs sharpness for every fix, as run (solid) and with D formed from the exact output
     (dashed), at |mu| = 0 and at the largest |mu| (largest N, first d)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     mus = [float(ds["mu_norm"][0]), float(ds["mu_norm"][-1])]
     fig, axes = subplots(1, 2, sharey=True, figsize=(11, 3.8))
@@ -75,7 +75,7 @@ def plot_delta_path(ds: xr.Dataset):
 def plot_dk_dv(ds: xr.Dataset):
     """dK and dV median (solid) and 99th-percentile (dotted) errors vs |mu| at the largest sharpness
     (largest N, first d)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     s = float(ds["sharpness"][-1])
     fig, axes = subplots(1, 2, sharey=True, figsize=(11, 3.8))
@@ -98,7 +98,7 @@ def plot_dk_dv(ds: xr.Dataset):
 def plot_regimes(ds: xr.Dataset):
     """dQ error, and the coherence across rows of the forward-output error (1: every row errs alike),
     of every fix in each regime (median over seeds)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 2, figsize=(12, 3.9))
     regimes = ds["regime"].values
@@ -121,7 +121,7 @@ def plot_regimes(ds: xr.Dataset):
 def plot_costs(ds: xr.Dataset):
     """Left: analytic extras of each fix over the base kernel (forward + backward, per head).
     Right: the emulator's measured time on the run's device relative to the base (an emulation, not a kernel)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 2, figsize=(12, 3.8), gridspec_kw={"width_ratios": [2, 1]})
     fixes = [str(f) for f in ds["fix"].values]
@@ -153,7 +153,7 @@ def plot_fix_training(ds: xr.Dataset, baseline: str = "fp32", window: int = 5):
     """Top: loss (running mean over ``window`` records), its difference from the baseline, and the
     global gradient norm ratio to the baseline. Bottom: each layer's gradient norm, and the key-mean
     norm of every layer (solid: layer 0, then dashed, dotted)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     layers = ds["layer"].values
     ncols = max(3, len(layers) + 1)
@@ -201,8 +201,8 @@ def plot_real_kernels(ds: xr.Dataset, var: str = "real_dq_err"):
     """One panel per sharpness: each real kernel's median row dQ error vs |mu| (solid) beside its
     emulated equivalent's on the same operands (dashed), at the largest N and d of the grid; the
     shaded band marks offsets beyond the trusted one (the rounded keys changed the exact problem)."""
-    from ..plots import subplots
-    from ..studies.gproj_fix import trusted_offset
+    from ...plots import subplots
+    from .readings import trusted_offset
 
     at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][-1]))
     sharp = ds["sharpness"].values
@@ -237,8 +237,8 @@ def plot_exact_problem(ds: xr.Dataset):
     from |mu| = 0 (solid, one colour per sharpness; the dotted line is the trusted limit) and its
     median row norm relative to |mu| = 0 (dashed). Largest N, first d, median over seeds; zero values
     (|mu| = 0 against itself) are left out of the logarithmic axes."""
-    from ..plots import subplots
-    from ..studies.gproj_fix import EXACT_CHANGE_LIMIT
+    from ...plots import subplots
+    from .readings import EXACT_CHANGE_LIMIT
 
     sub = ds[["grid_key_perturbation", "grid_distinct_key_values", "grid_exact_dq_change", "grid_exact_dq_norm"]]
     sub = sub.isel(seq_len=-1, head_dim=0).median("seed")
