@@ -145,70 +145,32 @@ def dilution_table(ds: xr.Dataset, row_error: float = SEED000_MISSED_ERROR) -> p
     return pd.DataFrame(rows).set_index(["dtype", "faulty rows", "N"])
 
 
-def dilution_statements(ds: xr.Dataset, row_error: float = SEED000_MISSED_ERROR) -> list[str]:
-    """Sentences, computed from the data: for each metric, dtype and number of faulty rows, at which
-    N the fixed 0.1% tolerance accepts the correct output and misses ``row_error`` in the faulty
-    rows (every seed), at which N it catches it, and at which it rejects the correct output too;
-    and how the largest accepted row error grows with the number of rows (log-log slope)."""
+def dilution_summary(ds: xr.Dataset, row_error: float = SEED000_MISSED_ERROR) -> pd.DataFrame:
+    """Per dtype, number of faulty rows and metric: the N (ranges of the run's lengths) at which the fixed
+    0.1% tolerance accepts the correct output and misses ``row_error`` in the faulty rows (every seed),
+    at which it catches it, and at which it rejects the correct output too; and the largest accepted row
+    error at the first and last such N with its log-log slope over the rows seen (NaN: fewer than two N)."""
     table = dilution_table(ds, row_error)
-    out = []
     e_lab = f"{float(ds['dil_row_error'].sel(dil_row_error=row_error, method='nearest')):.0%}"
+    rows = []
     for (fmt, r), sub in table.groupby(level=["dtype", "faulty rows"]):
         sub = sub.droplevel(["dtype", "faulty rows"])
         for m in ds["dil_metric"].values:
             ok = sub[f"{m}: accepts correct"]
-            missed = list(sub.index[ok & sub[f"{m}: accepts {e_lab}"]])
-            caught_n = list(sub.index[ok & ~sub[f"{m}: accepts {e_lab}"]])
-            false = list(sub.index[~ok])
-            name = {"rel_l2": "relative L2", "mean_rel": "mean relative error"}[str(m)]
-            text = (f"fa2_{fmt}, {r} faulty row{'s' if r > 1 else ''}, 0.1% on the {name}: "
-                    f"misses {e_lab} at N {_n_ranges(missed)}; catches it at N {_n_ranges(caught_n)}")
-            if false:
-                text += f"; rejects the correct output at N {_n_ranges(false)}"
             big = sub[f"{m}: largest accepted"]
             fit = big[np.isfinite(big) & (big > 0)]
+            slope = math.nan
             if len(fit) >= 2:
                 rows_seen = ds["dil_rows"].sel(dil_seq_len=list(fit.index)).values.astype(float)
-                slope = np.polyfit(np.log(rows_seen), np.log(fit.values), 1)[0]
-                text += (f"; the largest accepted row error goes from {fit.iloc[0]:.3g} to {fit.iloc[-1]:.3g} "
-                         f"(log-log slope over the rows seen {slope:.2f})")
-            out.append(text + ".")
-    return out
-
-
-def dilution_one_row_l2(ds: xr.Dataset, row_error: float = SEED000_MISSED_ERROR) -> list[str]:
-    """Per dtype, one faulty row, the fixed 0.1% on the relative L2 error: whether it misses
-    ``row_error`` and from which N (rows seen), the faulty output's relative L2 there, and where it
-    rejects the correct output already (median over seeds; "misses" needs every seed)."""
-    table = dilution_table(ds, row_error)
-    e_lab = f"{float(ds['dil_row_error'].sel(dil_row_error=row_error, method='nearest')):.0%}"
-    out = []
-    for fmt in ds["dil_dtype"].values:
-        if (str(fmt), 1) not in table.index.droplevel("N"):
-            continue
-        sub = table.loc[(str(fmt), 1)]
-        ok = sub["rel_l2: accepts correct"]
-        missed = sub.index[ok & sub[f"rel_l2: accepts {e_lab}"]].tolist()
-        caught_n = sub.index[ok & ~sub[f"rel_l2: accepts {e_lab}"]].tolist()
-        false = sub.index[~ok].tolist()
-        if missed:
-            n0 = min(missed)
-            text = (f"fa2_{fmt}: the 0.1% rule on the relative L2 misses {e_lab} in one row at N {_n_ranges(missed)} "
-                    f"(from {int(ds['dil_rows'].sel(dil_seq_len=n0))} rows on: relative L2 of that output "
-                    f"{sub.loc[n0, f'rel_l2: with {e_lab}']:.2e}, of the correct one "
-                    f"{sub.loc[n0, 'rel_l2: correct']:.2e})")
-            text += f" and catches it at N {_n_ranges(caught_n)}" if caught_n else ""
-        elif caught_n:
-            text = (f"fa2_{fmt}: the 0.1% rule on the relative L2 catches {e_lab} in one row at every N where it "
-                    f"accepts the correct output ({_n_ranges(caught_n)}); it misses it nowhere in this run")
-        else:
-            text = f"fa2_{fmt}: the 0.1% rule on the relative L2 neither misses nor catches {e_lab} in one row"
-        if false:
-            lo, hi = sub.loc[false, "rel_l2: correct"].min(), sub.loc[false, "rel_l2: correct"].max()
-            text += (f"; it rejects the correct output at N {_n_ranges(false)} (its relative L2 {lo:.2e} to "
-                     f"{hi:.2e}), so it misses nothing there and accepts nothing")
-        out.append(text + ".")
-    return out
+                slope = float(np.polyfit(np.log(rows_seen), np.log(fit.values), 1)[0])
+            rows.append({"dtype": str(fmt), "faulty rows": int(r), "metric": str(m),
+                         "misses at N": _n_ranges(list(sub.index[ok & sub[f"{m}: accepts {e_lab}"]])),
+                         "catches at N": _n_ranges(list(sub.index[ok & ~sub[f"{m}: accepts {e_lab}"]])),
+                         "rejects correct at N": _n_ranges(list(sub.index[~ok])),
+                         "largest accepted, first N": float(fit.iloc[0]) if len(fit) else math.nan,
+                         "largest accepted, last N": float(fit.iloc[-1]) if len(fit) else math.nan,
+                         "log-log slope": slope})
+    return pd.DataFrame(rows).set_index(["dtype", "faulty rows", "metric"])
 
 
 def fault_table(names=None) -> pd.DataFrame:
@@ -250,3 +212,69 @@ def largest_missed(ds: xr.Dataset) -> pd.DataFrame:
                 rows.append(dict(row, **{"largest missed worst-row error": float(values[f, lev, fam, seed]),
                                          "by": f"{fault} ({sev:g}), {sub['det_family'].values[fam]}"}))
     return pd.DataFrame(rows).set_index(["rule", "dtype", "N"])
+
+
+def dilution_boundary(ds: xr.Dataset, row_error: float = SEED000_MISSED_ERROR, faulty_rows: int = 1,
+                      metric: str = "rel_l2") -> pd.DataFrame:
+    """Per dtype and seed: from which N the fixed 0.1% tolerance on ``metric`` misses ``row_error`` in
+    ``faulty_rows`` rows (the largest accepted row error ``dil_largest_accepted`` reaches ``row_error``).
+
+    Columns: ``last N caught`` and ``first N missed`` (measured lengths; NaN where none), ``boundary N``
+    (the N where the largest accepted error equals ``row_error``, interpolated in log-log between the two
+    measured lengths that bracket it; NaN where the run's lengths do not bracket it), and
+    ``rejects correct`` (the tolerance rejects the correct output at some N of the run: then it misses
+    nothing there). For a row of typical size (its norm 1/sqrt(rows) of the output's) the relative-L2
+    boundary is where ``row_error`` / sqrt(rows) = 0.1%: ``typical_dilution_boundary``."""
+    big = ds["dil_largest_accepted"].sel(dil_metric=metric, dil_faulty_rows=faulty_rows)
+    lens = np.asarray(ds["dil_seq_len"].values, dtype=float)
+    rows = []
+    for fmt in ds["dil_dtype"].values:
+        for seed in ds["dil_seed"].values:
+            e = big.sel(dil_dtype=fmt, dil_seed=seed).values.astype(float)
+            ok = np.isfinite(e)
+            missed = ok & (e >= row_error)
+            caught_at = ok & (e < row_error)
+            boundary = math.nan
+            for i in range(len(lens) - 1):
+                a, b = e[i], e[i + 1]
+                if ok[i] and ok[i + 1] and a < row_error <= b and a > 0:
+                    t = (math.log(row_error) - math.log(a)) / (math.log(b) - math.log(a))
+                    boundary = math.exp(math.log(lens[i]) + t * (math.log(lens[i + 1]) - math.log(lens[i])))
+                    break
+            rows.append({"dtype": str(fmt), "seed": int(seed),
+                         "last N caught": float(lens[caught_at].max()) if caught_at.any() else math.nan,
+                         "first N missed": float(lens[missed].min()) if missed.any() else math.nan,
+                         "boundary N": boundary, "rejects correct": bool((~ok).any())})
+    return pd.DataFrame(rows).set_index(["dtype", "seed"])
+
+
+def typical_dilution_boundary(ds: xr.Dataset, row_error: float = SEED000_MISSED_ERROR) -> float:
+    """N at which one row of typical size (norm 1/sqrt(rows) of the output's) with ``row_error`` in it has
+    a relative L2 error of exactly the fixed tolerance, the correct output's own error neglected:
+    rows = (row_error / tol)^2, N = rows / (batch * heads)."""
+    per_n = float(ds["dil_rows"].values[0]) / float(ds["dil_seq_len"].values[0])
+    return (row_error / FIXED_TOLERANCE) ** 2 / per_n
+
+
+def dilution_boundary_values(ds: xr.Dataset | None, prefix: str, row_error: float = SEED000_MISSED_ERROR) -> dict:
+    """Glue values of ``dilution_boundary`` (one faulty row, relative L2) over the dtypes where the
+    tolerance accepts the correct output: the interpolated boundary's smallest and largest value over
+    dtypes and seeds, how many (dtype, seed) cases it was bracketed in, the first missed N, and the
+    longest N of the run. Values are None (glued as n/a) when ``ds`` is None or has no bracket."""
+    keys = ("boundary_lo", "boundary_hi", "bracketed", "cases", "first_missed_lo", "first_missed_hi",
+            "n_max", "usable_dtypes", "rejecting_dtypes")
+    if ds is None or "dil_largest_accepted" not in ds:
+        return {f"{prefix}_{k}": None for k in keys}
+    table = dilution_boundary(ds, row_error)
+    usable = table[~table["rejects correct"]]
+    b, f = usable["boundary N"].dropna(), usable["first N missed"].dropna()
+    rejecting = sorted(set(table.index.get_level_values("dtype")[table["rejects correct"].values]))
+    values = {"boundary_lo": int(round(b.min())) if len(b) else None,
+              "boundary_hi": int(round(b.max())) if len(b) else None,
+              "bracketed": int(len(b)), "cases": int(len(usable)),
+              "first_missed_lo": int(f.min()) if len(f) else None, "first_missed_hi": int(f.max()) if len(f) else None,
+              "n_max": int(ds["dil_seq_len"].max()),
+              "usable_dtypes": ", ".join(f"fa2_{d}" for d in sorted(set(usable.index.get_level_values("dtype"))))
+              or "none",
+              "rejecting_dtypes": ", ".join(f"fa2_{d}" for d in rejecting) or "none"}
+    return {f"{prefix}_{k}": v for k, v in values.items()}

@@ -1,291 +1,185 @@
-"""Study 02's readings of the real-kernel experiment (section 7): what each kernel did, by input."""
+"""Study 02's readings of the real-kernel experiment (section 7): tables of what each kernel did, by input,
+mask delivery and format, and the values the notebook's prose states (no sentences: the notebook words them)."""
 from __future__ import annotations
 
 import json
 import math
 
 import numpy as np
+import pandas as pd
 import xarray as xr
 
 from .real_kernels import _cells, _real_label, emulator_beside_real
 
+SINGLE_ENTRY_INPUTS = ("nan_in_one_key", "inf_in_one_key", "nan_in_one_value", "inf_in_one_value")
+PADDING_INPUTS = ("nan_in_masked_key", "nan_in_masked_value")
 
-def real_findings_by_input(ds: xr.Dataset) -> list[str]:
-    """One sentence per (dtype, input, mask delivery) where some real kernel departs from the golden
-    value's finite-ness, zero rows or masking, or gives no output: what each kernel did (``_real_label``),
-    kernels that agree with the golden value grouped as "as golden", and the emulator's outcome on the
-    same family when the family sweep has it (``emulator_beside_real``)."""
+
+def _names(ds: xr.Dataset, dim: str) -> list[str]:
+    return [str(x) for x in ds[dim].values]
+
+
+def real_findings_table(ds: xr.Dataset) -> pd.DataFrame:
+    """One row per (dtype, input, mask delivery) where some real kernel departs from the golden value's
+    finite-ness, zero rows or masking, or gives no output; one column per kernel with its outcome
+    (``_real_label``: how it departs, its relative L2 error where it agrees, why it gave no output), and the
+    emulator's outcome on the same family (family sweep, ``-inf`` masks) where the sweep has it."""
     beside = emulator_beside_real(ds) if "family" in ds else None
     cell = _cells(ds)
-    out = []
-    for fmt in ds["real_dtype"].values:
-        for inp in ds["real_input"].values:
-            for mask in ds["real_mask"].values:
-                labels = {}
-                for kernel in ds["real_kernel"].values:
-                    code, text = _real_label(cell(kernel, fmt, inp, mask))
-                    if not (isinstance(code, float) and math.isnan(code)):
-                        labels[str(kernel)] = (code, text)
-                if not labels or all(code == 0 for code, _ in labels.values()):
+    kernels_ = _names(ds, "real_kernel")
+    rows = []
+    for fmt in _names(ds, "real_dtype"):
+        for inp in _names(ds, "real_input"):
+            for mask in _names(ds, "real_mask"):
+                labels = {k: _real_label(cell(k, fmt, inp, mask)) for k in kernels_}
+                ran = {k: v for k, v in labels.items() if not (isinstance(v[0], float) and math.isnan(v[0]))}
+                if not ran or all(code == 0 for code, _ in ran.values()):
                     continue
-                bad = [f"{k}: {t}" for k, (c, t) in labels.items() if c != 0]
-                good = [f"{k} ({t})" for k, (c, t) in labels.items() if c == 0]
-                text = f"{inp}{'' if mask == 'none' else ' | ' + str(mask)}, {fmt}: " + "; ".join(bad)
-                if good:
-                    text += f"; as golden: {', '.join(good)}"
-                if beside is not None and mask in ("none", "-inf") and (str(fmt), str(inp)) in beside.index:
-                    text += f"; emulator (family sweep): {beside.loc[(str(fmt), str(inp))].iloc[0]}"
-                out.append(text + ".")
+                row = {"dtype": fmt, "input": inp, "mask": mask, **{k: t for k, (_, t) in labels.items()}}
+                if beside is not None:
+                    emulated = (fmt, inp) in beside.index and mask in ("none", "-inf")
+                    row["emulator (family sweep)"] = beside.loc[(fmt, inp)].iloc[0] if emulated else "-"
+                rows.append(row)
+    columns = ["dtype", "input", "mask", *kernels_] + (["emulator (family sweep)"] if beside is not None else [])
+    return pd.DataFrame(rows, columns=columns).set_index(["dtype", "input", "mask"])
+
+
+def fully_masked_outcome(cell: dict, total: int) -> str:
+    """What one kernel gave on the fully masked rows of one cell: 0 (the golden value), NaN, weight on the
+    masked keys, partly 0, or no output."""
+    if str(np.asarray(cell["real_status"])) != "ok":
+        return "-"
+    if float(cell["real_masked_rows_nan"]) > 0:
+        return "NaN"
+    if float(cell["real_rows_attend_masked"]) > 0 or float(cell["real_nonzero_rows"]) > 0:
+        return "weight on masked keys"
+    return "0" if float(cell["real_masked_rows_zero"]) >= total else "partly 0"
+
+
+def real_fully_masked_table(ds: xr.Dataset) -> pd.DataFrame:
+    """Mask deliveries down, (kernel, dtype) across: what each kernel gave on the ``fully_masked_rows``
+    input's rows that see no key (``fully_masked_outcome``; the golden value is 0 there)."""
+    if "fully_masked_rows" not in ds["real_input"].values:
+        return pd.DataFrame()
+    total = int(ds["real_masked_rows"].sel(real_input="fully_masked_rows").max())
+    cell = _cells(ds)
+    masks = [m for m in _names(ds, "real_mask") if m != "none"]
+    table = {(k, f): [fully_masked_outcome(cell(k, f, "fully_masked_rows", m), total) for m in masks]
+             for k in _names(ds, "real_kernel") for f in _names(ds, "real_dtype")}
+    return pd.DataFrame(table, index=pd.Index(masks, name="mask"))
+
+
+def masks_zero_everywhere(ds: xr.Dataset) -> list[str]:
+    """The mask deliveries that gave 0 on fully masked rows in every kernel and format that ran them."""
+    table = real_fully_masked_table(ds)
+    out = []
+    for mask, row in table.iterrows():
+        ran = [v for v in row.values if v != "-"]
+        if ran and all(v == "0" for v in ran):
+            out.append(str(mask))
     return out
 
 
-def _real_point(inp, mask) -> str:
-    return f"{inp}{'' if mask == 'none' else ' | ' + str(mask)}"
-
-
-def _short_reason(status: str) -> str:
-    """A refusal's reason in a few words (the full text is in ``real_status_table``)."""
-    if "No available kernel" in status:
-        return "refused: no available kernel for an explicit mask"
-    if "out of resource" in status or "No valid triton configs" in status:
-        return "refused: the compile failed (no Triton configuration fits in shared memory)"
-    return status if len(status) <= 90 else status[:87] + "..."
-
-
-def _by_dtype(groups: dict) -> str:
-    """``{(what, kernel): [dtypes]}`` -> "what: k (bf16, fp16), ...", kernels in order of first appearance."""
-    out: dict[str, list[str]] = {}
-    for (what, kernel), fmts in groups.items():
-        out.setdefault(what, []).append(f"{kernel} ({', '.join(fmts)})")
-    return "; ".join(f"{what}: {', '.join(ks)}" for what, ks in out.items())
-
-
-def real_highlights(ds: xr.Dataset, far: float = 10.0, floor: float = 1e-2) -> list[str]:
-    """Section 7b's findings, regrouped from the data (one sentence each, nothing hand-written about
-    the numbers): refusals per kernel, what each mask delivery gave on fully masked rows, a NaN in
-    padding, scores near the format's limits, outputs that are finite where the golden value is but
-    far from it (relative L2 error above ``floor`` and ``far`` times the median of the kernels that
-    agree with the golden value's finite-ness there), one NaN/inf in K or V, and the emulator's
-    family-sweep outcome beside them."""
-    kernels_ = [str(k) for k in ds["real_kernel"].values]
-    dtypes_ = [str(f) for f in ds["real_dtype"].values]
-    masks = [str(m) for m in ds["real_mask"].values if m != "none"]
-    inputs = [str(i) for i in ds["real_input"].values]
+def real_padding_nan(ds: xr.Dataset) -> pd.DataFrame:
+    """Per padding input (a NaN in a key or value masked for every query; golden value finite) and kernel:
+    the smallest and largest fraction of output entries non-finite over the mask deliveries and formats
+    that ran, and in how many of them the NaN was kept out."""
     cell = _cells(ds)
-    status = lambda k, f, i, m: str(cell(k, f, i, m)["real_status"])  # noqa: E731
-    val = lambda c, name: float(c[name])  # noqa: E731
-    out = []
+    masks = [m for m in _names(ds, "real_mask") if m != "none"]
+    rows = []
+    for inp in [i for i in PADDING_INPUTS if i in ds["real_input"].values]:
+        for k in _names(ds, "real_kernel"):
+            fr = [float(c["real_nonfinite_where_golden_finite"]) for f in _names(ds, "real_dtype") for m in masks
+                  for c in [cell(k, f, inp, m)] if str(np.asarray(c["real_status"])) == "ok"]
+            if fr:
+                rows.append({"input": inp, "kernel": k, "non-finite, least": min(fr), "non-finite, most": max(fr),
+                             "deliveries run": len(fr), "kept out in": sum(x == 0 for x in fr)})
+    return pd.DataFrame(rows, columns=["input", "kernel", "non-finite, least", "non-finite, most",
+                                       "deliveries run", "kept out in"]).set_index(["input", "kernel"])
 
-    # refusals
-    parts, ran_all = [], []
-    for k in kernels_:
-        reasons: dict[str, set] = {}
-        points = 0
-        for f in dtypes_:
-            for i in inputs:
-                for m in ["none"] + masks:
-                    s = status(k, f, i, m)
-                    if s == "ok" or s.startswith("not applicable: the input"):
-                        continue
-                    if s.startswith("unavailable"):
-                        reasons.setdefault(s.split(":")[0], set()).add("every point")
-                        continue
-                    points += 1
-                    reasons.setdefault(_short_reason(s) if not s.startswith("not applicable") else
-                                       "not applicable (no boolean mask input)", set()).add(m)
-        if not reasons:
-            ran_all.append(k)
-            continue
-        order = ["none"] + masks
-        parts.append(f"{k}: " + "; ".join(
-            f"{why} ({', '.join(sorted(w, key=lambda x: order.index(x) if x in order else -1))})"
-            for why, w in reasons.items()))
-    if parts:
-        text = "No output (mask deliveries in brackets): " + " · ".join(parts) + "."
-        if any("compile failed" in p for p in parts):
-            text += (" A failed compile is not an answer about these inputs: that kernel's handling of masks is "
-                     "not measured in this run.")
-        if ran_all:
-            text += f" Every point ran in {', '.join(ran_all)}."
-        out.append(text)
 
-    # fully masked rows
-    if "fully_masked_rows" in inputs:
-        total = int(ds["real_masked_rows"].sel(real_input="fully_masked_rows").max())
-        golden_everywhere = []
-        for m in masks:
-            groups: dict = {}
-            for k in kernels_:
-                for f in dtypes_:
-                    if status(k, f, "fully_masked_rows", m) != "ok":
-                        continue
-                    c = cell(k, f, "fully_masked_rows", m)
-                    if val(c, "real_masked_rows_nan") > 0:
-                        what = "NaN"
-                    elif val(c, "real_rows_attend_masked") > 0 or val(c, "real_nonzero_rows") > 0:
-                        what = "not 0, weight on the masked keys"
-                    elif val(c, "real_masked_rows_zero") >= total:
-                        what = "0 (the golden value)"
-                    else:
-                        what = "partly 0"
-                    groups.setdefault((what, k), []).append(f)
-            if not groups:
+def real_far_from_golden(ds: xr.Dataset, far: float = 10.0, floor: float = 1e-2) -> pd.DataFrame:
+    """Silent errors: (dtype, input, mask, kernel) where a kernel's output is finite where the golden value is,
+    without zero rows or weight on masked keys, but its relative L2 error is above ``floor`` and ``far``
+    times the median of the kernels that agree with the golden value's finite-ness there (points with at
+    least three such kernels; ``attrs["points_checked"]`` says how many)."""
+    cell = _cells(ds)
+    kernels_ = _names(ds, "real_kernel")
+    rows, checked = [], 0
+    for f in _names(ds, "real_dtype"):
+        for i in _names(ds, "real_input"):
+            if float(ds["real_golden_nonfinite"].sel(real_dtype=f, real_input=i)) != 0:
                 continue
-            if all(what == "0 (the golden value)" for what, _ in groups):
-                golden_everywhere.append(m)
-            out.append(f"Fully masked rows ({total} per input), mask as {m}: " + _by_dtype(groups) + ".")
-        if golden_everywhere:
-            out.append(f"The mask deliveries that gave 0 on fully masked rows in every kernel that ran them: "
-                       f"{', '.join(golden_everywhere)}.")
-
-    # a NaN in padding (masked for every query)
-    d = int(ds["real_head_dim"])
-    for inp, what in (("nan_in_masked_key", "key"), ("nan_in_masked_value", "value")):
-        if inp not in inputs:
-            continue
-        fr, ran, clean = [], set(), set()
-        for k in kernels_:
-            for f in dtypes_:
-                for m in masks:
-                    if status(k, f, inp, m) != "ok":
-                        continue
-                    ran.add(k)
-                    x = val(cell(k, f, inp, m), "real_nonfinite_where_golden_finite")
-                    fr.append(x)
-                    if x == 0:
-                        clean.add(k)
-        if not fr:
-            continue
-        lo, hi = min(fr), max(fr)
-        size = f"{lo:.1%}" if lo == hi else f"{lo:.1%} to {hi:.1%}"
-        cols = f" ({lo * d:.3g} of d = {d} columns)" if lo == hi and 0 < lo < 1 else ""
-        text = (f"A NaN in a padding {what} (masked for every query; golden value finite): non-finite in {size} of "
-                f"the output entries{cols} in {', '.join(k for k in kernels_ if k in ran and k not in clean)}")
-        if clean:
-            text += f"; kept out in some deliveries by {', '.join(sorted(clean))}"
-        out.append(text + f", over the deliveries {', '.join(masks)} and formats {', '.join(dtypes_)}.")
-
-    # scores near the format's limits
-    limit_words = {"scores_near_max": "+0.5 x", "scores_beyond_max": "+2 x", "scores_near_min": "-0.5 x"}
-    for inp, words in limit_words.items():
-        if inp not in inputs:
-            continue
-        for f in dtypes_:
-            groups: dict[str, list[str]] = {}
-            errs = []
-            for k in kernels_:
-                if status(k, f, inp, "none") != "ok":
-                    continue
-                code, label = _real_label(cell(k, f, inp, "none"))
-                if code == 0:
-                    errs.append(val(cell(k, f, inp, "none"), "real_rel_l2_err"))
-                    groups.setdefault("finite as golden", []).append(k)
-                else:
-                    groups.setdefault(label, []).append(k)
-            if not groups:
-                continue
-            parts = []
-            for label, ks in groups.items():
-                if label == "finite as golden" and errs:
-                    label += (f" (rel. L2 {min(errs):.1e})" if min(errs) == max(errs) else
-                              f" (rel. L2 {min(errs):.1e} to {max(errs):.1e})")
-                parts.append(f"{label}: {', '.join(ks)}")
-            out.append(f"Scores at {words} the largest {f} number ({inp}): " + "; ".join(parts) + ".")
-
-    # finite where the golden value is finite, but far from it
-    far_off, checked = [], 0
-    for f in dtypes_:
-        for i in inputs:
-            for m in ["none"] + masks:
+            for m in _names(ds, "real_mask"):
                 errs = {}
                 for k in kernels_:
-                    if status(k, f, i, m) != "ok":
-                        continue
                     c = cell(k, f, i, m)
+                    if str(np.asarray(c["real_status"])) != "ok":
+                        continue
                     code, _ = _real_label(c)
-                    e = val(c, "real_rel_l2_err")
-                    if code == 0 and math.isfinite(e) and float(ds["real_golden_nonfinite"].sel(
-                            real_dtype=f, real_input=i)) == 0:
+                    e = float(c["real_rel_l2_err"])
+                    if code == 0 and math.isfinite(e):
                         errs[k] = e
                 if len(errs) < 3:
                     continue
                 checked += 1
                 med = float(np.median(list(errs.values())))
-                bad = {k: e for k, e in errs.items() if e > floor and e > far * med}
-                if bad:
-                    far_off.append(f"{_real_point(i, m)}, {f}: " + ", ".join(f"{k} {e:.2g}" for k, e in bad.items())
-                                   + f" (median of the {len(errs)} kernels {med:.1e})")
-    if far_off:
-        out.append(f"Finite where the golden value is, no zero rows, but far from it (relative L2 error above "
-                   f"{floor:g} and {far:g}x the median kernel's): " + "; ".join(far_off) + ".")
-    elif checked:
-        out.append(f"No kernel's finite output is far from the golden value (relative L2 error above {floor:g} and "
-                   f"{far:g}x the median kernel's) where the others agree with it ({checked} points with three or "
-                   "more kernels).")
-
-    single = real_single_entry_statement(ds)
-    if single:
-        out.append(single)
-
-    # the emulator beside them
-    if "family" in ds:
-        beside = emulator_beside_real(ds)
-        emu_col = beside.columns[0]
-        emu_bad = [f"{i}, {f} ({t})" for (f, i), t in beside[emu_col].items()
-                   if not (t[:1].isdigit() or t == "NaN as golden")]
-        real_bad = []
-        for k in beside.columns[1:]:
-            bad = [f"{i}, {f} ({t})" for (f, i), t in beside[k].items()
-                   if not (t[:1].isdigit() or t in ("NaN as golden", "-", "refused", "unavailable", "n/a"))]
-            if bad:
-                real_bad.append(f"{k}: {'; '.join(bad)}")
-        text = (f"The emulator ({emu_col.removeprefix('emulator ')}; the family sweep's families only, none of the "
-                "padding-NaN or scores-near-limit inputs): ")
-        text += ("finite, without zero rows and without weight on masked keys on every family whose golden value "
-                 "is finite" if not emu_bad else "departs on " + "; ".join(emu_bad))
-        if real_bad:
-            text += "; on the same families the real kernels depart in " + " · ".join(real_bad)
-        out.append(text + ".")
-    return out
+                rows += [{"dtype": f, "input": i, "mask": m, "kernel": k, "rel. L2 error": e, "median kernel": med,
+                          "kernels": len(errs)} for k, e in errs.items() if e > floor and e > far * med]
+    table = pd.DataFrame(rows, columns=["dtype", "input", "mask", "kernel", "rel. L2 error", "median kernel",
+                                        "kernels"])
+    table.attrs["points_checked"] = checked
+    return table
 
 
-def real_single_entry_statement(ds: xr.Dataset) -> str | None:
-    """One sentence: on one NaN or +inf in one key or value of N(0, 1) inputs, whether every kernel
-    that ran is non-finite exactly where the golden value is (without zero rows), or how each departs."""
-    kernels_ = [str(k) for k in ds["real_kernel"].values]
-    dtypes_ = [str(f) for f in ds["real_dtype"].values]
-    singles = [i for i in ("nan_in_one_key", "inf_in_one_key", "nan_in_one_value", "inf_in_one_value")
-               if i in ds["real_input"].values]
-    if not singles:
-        return None
-    departs, ran = [], []
-    for k in kernels_:
-        for i in singles:
-            for f in dtypes_:
-                c = ds.sel(real_kernel=k, real_dtype=f, real_input=i, real_mask="none")
-                if str(c["real_status"].values) != "ok":
+def real_single_entry_departures(ds: xr.Dataset) -> pd.DataFrame:
+    """On one NaN or +inf in one key or value of N(0, 1) inputs (no mask): the (kernel, input, dtype) whose
+    output departs from the golden value's NaN/inf pattern or zeroes rows (empty: every kernel that ran is
+    non-finite exactly where the golden value is)."""
+    cell = _cells(ds)
+    rows = []
+    for k in _names(ds, "real_kernel"):
+        for i in [x for x in SINGLE_ENTRY_INPUTS if x in ds["real_input"].values]:
+            for f in _names(ds, "real_dtype"):
+                c = cell(k, f, i, "none")
+                if str(np.asarray(c["real_status"])) != "ok":
                     continue
-                if k not in ran:
-                    ran.append(k)
                 code, label = _real_label(c)
                 if code != 0:
-                    departs.append(f"{k} on {i}, {f} ({label})")
-    if not ran:
-        return None
-    return (f"One NaN or +inf in one key or value ({', '.join(singles)}; N = {int(ds['real_seq_len'])}): "
-            + (f"every kernel that ran ({', '.join(ran)}) is non-finite exactly where the golden value is, without "
-               "zero rows" if not departs else "departures from the golden value's NaN/inf pattern: "
-               + "; ".join(departs)) + ".")
+                    rows.append({"kernel": k, "input": i, "dtype": f, "outcome": label})
+    return pd.DataFrame(rows, columns=["kernel", "input", "dtype", "outcome"])
 
 
-def real_exceptions_by_experiment(ds: xr.Dataset) -> list[str]:
-    """The exceptions a run recorded (``kernel_exceptions``), counted per experiment and what raised
-    (the first two words of where), with the first message of each."""
-    entries = json.loads(ds.attrs.get("kernel_exceptions", "[]"))
+def real_exceptions_by_experiment(ds: xr.Dataset) -> pd.DataFrame:
+    """The exceptions a run recorded (``kernel_exceptions``), counted per experiment and what raised (the
+    first two words of where), with the first message of each."""
     groups: dict[str, list] = {}
-    for e in entries:
-        words = str(e["where"]).split()
-        key = " ".join(words[:2])
-        groups.setdefault(key, [0, str(e["message"])])
+    for e in json.loads(ds.attrs.get("kernel_exceptions", "[]")):
+        key = " ".join(str(e["where"]).split()[:2])
+        groups.setdefault(key, [0, str(e["message"])[:160]])
         groups[key][0] += int(e["count"])
-    return [f"{n} x {key}: {msg[:160]}" for key, (n, msg) in groups.items()]
+    return pd.DataFrame([{"raised in": k, "count": n, "first message": m} for k, (n, m) in groups.items()],
+                        columns=["raised in", "count", "first message"])
+
+
+def real_values(ds: xr.Dataset | None, prefix: str) -> dict:
+    """Glue values of a run's real-kernel experiment (None, glued as n/a, where ``ds`` is None): its commit,
+    device, N and d, the kernels, the mask deliveries that gave 0 on fully masked rows everywhere, how many
+    (dtype, input, mask) points some kernel departs at, silent errors and single-entry departures."""
+    keys = ("commit", "device", "seq_len", "head_dim", "kernels", "zero_masks", "departures", "silent",
+            "silent_checked", "single_departures", "padding_nan_least", "padding_nan_most")
+    if ds is None or "real_status" not in ds:
+        return {f"{prefix}_{k}": None for k in keys}
+    pad = real_padding_nan(ds)
+    key_pad = pad.loc["nan_in_masked_key"] if "nan_in_masked_key" in pad.index.get_level_values("input") else None
+    far = real_far_from_golden(ds)
+    values = {"commit": str(ds.attrs.get("git_commit", ""))[:7], "device": str(ds.attrs.get("device", "")),
+              "seq_len": int(ds["real_seq_len"]), "head_dim": int(ds["real_head_dim"]),
+              "kernels": ", ".join(_names(ds, "real_kernel")),
+              "zero_masks": ", ".join(masks_zero_everywhere(ds)) or "none",
+              "departures": len(real_findings_table(ds)), "silent": len(far),
+              "silent_checked": int(far.attrs["points_checked"]),
+              "single_departures": len(real_single_entry_departures(ds)),
+              "padding_nan_least": float(key_pad["non-finite, least"].min()) if key_pad is not None else None,
+              "padding_nan_most": float(key_pad["non-finite, most"].max()) if key_pad is not None else None}
+    return {f"{prefix}_{k}": v for k, v in values.items()}
