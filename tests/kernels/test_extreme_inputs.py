@@ -12,7 +12,14 @@ from attnum.inputs import (FLASHINFER_TARGET_LOGITS, INPUT_FAMILIES, make_inputs
 from attnum.metrics import finite_error_summary, finiteness_counts, scaled_max_error, zero_rows
 from attnum.precision import get_policy, round_to
 from attnum.kernels import golden_attention, reference_attention, textbook_attention
-from attnum.studies import extreme_inputs as study
+from attnum.studies.extreme_inputs import detection, experiments, readings, real_kernels
+
+# the sizes the experiments take (no defaults there: the notebook's parameters cell states them)
+SIZES = dict(batch=1, heads=1, head_dim=64, block_q=128, block_k=128, device="cpu", golden_chunk=1024)
+
+
+def sizes(**kw):
+    return {**SIZES, **kw}
 
 
 def rel(a, b):
@@ -140,9 +147,9 @@ def test_finite_sentinel_is_harmless_above_its_value():
 
 
 def test_onset_prediction_brackets_the_measured_onset():
-    ds = study.sentinel_onset(128, [-50900.0, -50800.0, -50700.0, -50600.0, -50200.0, -50100.0],
-                              ["fa2_bf16", "fa2_fp16"], head_dim=64, block_k=64, progress=False)
-    table = study.onset_table(ds)
+    ds = experiments.sentinel_onset(128, [-50900.0, -50800.0, -50700.0, -50600.0, -50200.0, -50100.0],
+                              ["fa2_bf16", "fa2_fp16"], seed=0, **sizes(block_k=64), progress=False)
+    table = readings.onset_table(ds)
     for policy in ("fa2_bf16", "fa2_fp16"):
         row = table.loc[policy]
         assert row["highest row-max logit zeroed"] < row["predicted onset"] + 40
@@ -166,19 +173,19 @@ def test_fully_masked_rows_give_zero_without_nan(policy):
 
 def test_a_masked_key_gets_no_weight_unless_the_mask_is_too_small():
     inp = make_inputs("masked_huge_scores", 1, 1, 128, 32, seed=5)
-    cols = study.masked_key_columns(inp.mask)
-    shifted = study.shift_masked_values(inp.v, cols)
+    cols = experiments.masked_key_columns(inp.mask)
+    shifted = experiments.shift_masked_values(inp.v, cols)
     for handling in ("fill_-inf", "fill_-5e4", "fill_finfo_min", "additive_finfo_min"):
-        a, _ = study.masked_attention(handling, inp, "fa2_bf16", block_k=32)
-        b, _ = study.masked_attention(handling, inp, "fa2_bf16", v=shifted, block_k=32)
+        a, _ = experiments.masked_attention(handling, inp, "fa2_bf16", block_k=32)
+        b, _ = experiments.masked_attention(handling, inp, "fa2_bf16", v=shifted, block_k=32)
         assert torch.equal(a, b), handling
-    a, _ = study.masked_attention("additive_-1e4", inp, "fa2_bf16")
-    b, _ = study.masked_attention("additive_-1e4", inp, "fa2_bf16", v=shifted)
+    a, _ = experiments.masked_attention("additive_-1e4", inp, "fa2_bf16")
+    b, _ = experiments.masked_attention("additive_-1e4", inp, "fa2_bf16", v=shifted)
     assert (a - b).abs().max().item() > 50  # a masked key with score 1e5 survives a -1e4 additive mask
 
 
 def test_fp16_overflow_at_65504_needs_fp32_scores_and_max_subtraction():
-    ds = study.overflow_experiment(32, 128)
+    ds = experiments.overflow_experiment(32, 128, **{k: v for k, v in SIZES.items() if k != "head_dim"})
     assert float(ds["overflow_golden_value"]) == 65504.0
     nan = ds["overflow_nan_fraction"]
     assert float(nan.sel(overflow_kernel="textbook", score_format="fp32", max_subtraction="yes")) == 0.0
@@ -268,21 +275,21 @@ def test_finiteness_counts_and_finite_errors():
 def test_scaled_rule_accepts_correct_kernels_and_rejects_a_narrow_p():
     inp = make_inputs("normal", 1, 2, 512, 64, seed=3).rounded("bf16")
     policy = get_policy("fa2_bf16")
-    ctx = study._detection_context(inp, policy, "bf16", True, 256)
+    ctx = experiments._detection_context(inp, policy, "bf16", True, 256)
     correct = flash_attention(inp.q, inp.k, inp.v, policy, causal=True, block_k=64)
-    verdict = study._judge(correct, ctx, 512, "bf16")
+    verdict = experiments._judge(correct, ctx, 512, "bf16")
     assert verdict["passes"]["scaled_elementwise"] and verdict["passes"]["scaled_elementwise_lse"]
     assert verdict["kappa_out"] <= 2 * ctx["kappa_ref"] + 2
     assert not verdict["passes"]["fixed_0.1pct"]  # bf16's own rounding is above 0.1%: a false alarm
     faulty = flash_attention(inp.q, inp.k, inp.v, policy, causal=True, block_k=64,
                              fault=make_fault("narrow_p"))
-    assert not study._judge(faulty, ctx, 512, "bf16")["passes"]["scaled_elementwise"]
+    assert not experiments._judge(faulty, ctx, 512, "bf16")["passes"]["scaled_elementwise"]
     assert acceptance.scaled_elementwise_rule(5.9, 2.0) and not acceptance.scaled_elementwise_rule(6.1, 2.0)
     assert acceptance.error_scale(torch.tensor([2.0]), "bf16").item() == 2 * 2.0 ** -8
 
 
 def test_kernel_exceptions_are_recorded_not_raised():
-    log = study.ExceptionLog()
+    log = experiments.ExceptionLog()
     value, message = log.call("here", lambda: 1 / 0)
     assert value is None and message.startswith("ZeroDivisionError")
     assert log.call("there", lambda: 3) == (3, None)
@@ -308,13 +315,13 @@ def test_a_kernel_that_raises_is_recorded_and_the_sweeps_go_on(monkeypatch):
         return real(*args, fault=fault, **kwargs)
 
     monkeypatch.setattr(autograd, "flash_forward", flaky)
-    log = study.ExceptionLog()
-    ds = study.detection_sweep(["stale_max", "narrow_p"], ["normal"], [128], ["fp16"], [0], block_k=32,
-                               head_dim=16, log=log, progress=False)
+    log = experiments.ExceptionLog()
+    ds = detection.detection_sweep(["stale_max", "narrow_p"], ["normal"], [128], ["fp16"], [0], causal=True,
+                               **sizes(block_k=32, head_dim=16), log=log, progress=False)
     assert ds["det_fault_exception"].sel(fault="stale_max").all()
     assert not ds["det_fault_exception"].sel(fault="narrow_p").any()
     assert ds["det_detected"].sel(fault="stale_max").all()  # a crash is caught by every rule
-    sent = study.sentinel_experiment(64, ["fa2_bf16"], [0], targets=(-6e4,), head_dim=16, block_k=32, log=log,
+    sent = experiments.sentinel_experiment(64, ["fa2_bf16"], [0], targets=(-6e4,), **sizes(head_dim=16, block_k=32), log=log,
                                      progress=False)
     assert sent["sentinel_exception"].sel(mask_handling="fill_-1e4").all()
     assert not sent["sentinel_exception"].sel(mask_handling="fill_-inf").any()
@@ -323,23 +330,27 @@ def test_a_kernel_that_raises_is_recorded_and_the_sweeps_go_on(monkeypatch):
 
 # -- real kernels on the same inputs (section 7) ------------------------------------------------
 
+REAL_SIZES = dict(batch=1, heads=1, head_dim=16, device="cpu", golden_chunk=1024)
+
+
 def _real(kernel_names, inputs, masks=("bool", "-inf", "-5e4"), dtypes=("bf16",), n=48, **kw):
-    return study.real_kernel_inputs(kernel_names, inputs, masks, dtypes, n, head_dim=16, progress=False, **kw)
+    return real_kernels.real_kernel_inputs(kernel_names, inputs, masks, dtypes, n, progress=False,
+                                   **{"seed": 0, **REAL_SIZES, **kw})
 
 
 def test_real_extra_inputs_put_the_nan_where_they_say_and_the_golden_input_is_clean():
-    inp, gold = study.real_case_inputs("nan_in_masked_key", "bf16", 1, 2, 32, 16, seed=0)
+    inp, gold = real_kernels.real_case_inputs("nan_in_masked_key", "bf16", 1, 2, 32, 16, seed=0)
     assert int(torch.isnan(inp.k).sum()) == 2 and not torch.isnan(inp.q).any() and not torch.isnan(inp.v).any()
-    masked = study.masked_key_columns(inp.mask)
+    masked = experiments.masked_key_columns(inp.mask)
     assert masked is not None and int(torch.isnan(inp.k[..., masked, :]).sum()) == 2  # in a padding key
     assert not torch.isnan(gold.k).any() and torch.equal(gold.mask, inp.mask)
-    inp, gold = study.real_case_inputs("inf_in_one_value", "fp16", 1, 1, 32, 16, seed=0)
+    inp, gold = real_kernels.real_case_inputs("inf_in_one_value", "fp16", 1, 1, 32, 16, seed=0)
     assert gold is inp and inp.mask is None and int(torch.isinf(inp.v).sum()) == 1
-    inp, _ = study.real_case_inputs("scores_near_max", "fp16", 1, 1, 32, 16, seed=0)
+    inp, _ = real_kernels.real_case_inputs("scores_near_max", "fp16", 1, 1, 32, 16, seed=0)
     scaled = (inp.rounded("fp16").q @ inp.rounded("fp16").k.transpose(-1, -2)) / 4.0
     assert abs(scaled.mean().item() / (0.5 * 65504.0) - 1) < 1e-2
     with pytest.raises(ValueError, match="unknown real-kernel input"):
-        study.real_case_inputs("no_such_input", "bf16", 1, 1, 32, 16, seed=0)
+        real_kernels.real_case_inputs("no_such_input", "bf16", 1, 1, 32, 16, seed=0)
 
 
 def test_a_cuda_only_kernel_is_recorded_as_unavailable_with_the_registrys_reason():
@@ -357,7 +368,7 @@ def test_a_cuda_only_kernel_is_recorded_as_unavailable_with_the_registrys_reason
         "not applicable")
     assert str(math_status.sel(real_dtype="bf16", real_input="fully_masked_rows", real_mask="none").values).startswith(
         "not applicable")
-    assert study.real_status_table(ds)["kernel"].unique().tolist() == ["sdpa:cudnn"]
+    assert real_kernels.real_status_table(ds)["kernel"].unique().tolist() == ["sdpa:cudnn"]
 
 
 def test_a_refusal_is_recorded_as_data_and_the_experiment_goes_on(monkeypatch):
@@ -380,7 +391,7 @@ def test_a_refusal_is_recorded_as_data_and_the_experiment_goes_on(monkeypatch):
     assert str(status.sel(real_kernel="textbook:fp32", real_mask="bool").values).startswith("not applicable: textbook")
     refused = ds.sel(real_kernel="sdpa:math", real_dtype="bf16", real_input="masked_huge_scores", real_mask="bool")
     assert np.isnan(float(refused["real_nan_fraction"])) and np.isnan(float(refused["real_rel_l2_err"]))
-    table = study.real_status_table(ds)
+    table = real_kernels.real_status_table(ds)
     assert table.loc[table["kernel"] == "sdpa:math", "points"].tolist() == [1]
     # running out of memory is recorded under its own name, not as a refusal
     class Hungry(kernels.Kernel):
@@ -390,9 +401,9 @@ def test_a_refusal_is_recorded_as_data_and_the_experiment_goes_on(monkeypatch):
             raise torch.OutOfMemoryError("tried to allocate 1 PiB")
 
     q = torch.randn(1, 1, 16, 8, dtype=torch.bfloat16)
-    out, why = study._real_forward(Hungry(), q, q, q, None, "none")
+    out, why = real_kernels._real_forward(Hungry(), q, q, q, None, "none")
     assert out is None and why == "out of memory: tried to allocate 1 PiB"
-    out, why = study._real_forward(kernels.get("sdpa:math"), q, q, q, None, "none")
+    out, why = real_kernels._real_forward(kernels.get("sdpa:math"), q, q, q, None, "none")
     assert why == "ok" and out.dtype == torch.float64
 
 
@@ -432,10 +443,10 @@ def test_pairwise_disagreement_is_zero_against_itself_and_finds_a_different_nan_
     masked = dict(real_input="fully_masked_rows", real_mask="-inf", real_dtype="bf16")
     assert float(ds["real_pair_nonfinite_mismatch"].sel(real_kernel="sdpa:math", real_other_kernel="textbook:fp32",
                                                         **masked)) > 0  # 0 against NaN rows
-    table = study.real_disagreements(ds)
+    table = real_kernels.real_disagreements(ds)
     assert {("sdpa:math", "textbook:fp32"), ("sdpa:flash", "textbook:fp32")} <= set(
         zip(table["kernel a"], table["kernel b"]))
     assert not ((table["kernel a"] == "sdpa:math") & (table["kernel b"] == "sdpa:flash")).any()
-    codes, labels = study.real_outcome_table(ds, "bf16")
+    codes, labels = real_kernels.real_outcome_table(ds, "bf16")
     assert labels.loc["fully_masked_rows | -inf", "textbook:fp32"].startswith("NaN")
     assert codes.loc["fully_masked_rows | -inf", "sdpa:math"] == 0.0

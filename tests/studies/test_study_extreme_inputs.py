@@ -7,6 +7,15 @@ import pytest
 from attnum import acceptance, ncio, runner
 from attnum.kernels.faults import FAULTS
 from attnum.inputs import INPUT_FAMILIES
+from attnum.studies.extreme_inputs import detection, experiments, readings, readings_gpu, real_kernels
+
+# the sizes the experiments take (no defaults there: the notebook's parameters cell states them)
+SIZES = dict(batch=1, heads=1, head_dim=64, block_q=128, block_k=128, device="cpu", golden_chunk=1024)
+
+
+def sizes(**kw):
+    return {**SIZES, **kw}
+
 
 pytestmark = pytest.mark.slow
 
@@ -146,7 +155,7 @@ def test_row_fault_totals_match_the_metrics_on_the_explicit_faulty_output():
     import torch
 
     from attnum.metrics import mean_rel_error, rel_l2_error, row_rel_l2
-    from attnum.studies.extreme_inputs import _RowFault
+    from attnum.studies.extreme_inputs.detection import _RowFault
 
     g = torch.Generator().manual_seed(3)
     gold = torch.randn(1, 2, 50, 8, dtype=torch.float64, generator=g)
@@ -166,10 +175,8 @@ def test_row_fault_totals_match_the_metrics_on_the_explicit_faulty_output():
 
 
 def test_dilution_experiment_dilutes_one_row_by_rows_in_the_mean_and_by_sqrt_rows_in_l2():
-    from attnum.studies import extreme_inputs as study
-
-    ds = study.dilution_experiment([64, 1024], ["fp32"], [0], [0.12], [1, 16], block_q=32, block_k=32,
-                                   golden_chunk=256, progress=False)
+    ds = detection.dilution_experiment([64, 1024], ["fp32"], [0], [0.12], [1, 16],
+                                   **sizes(block_q=32, block_k=32, golden_chunk=256), progress=False)
     assert ds["dil_fault_err"].dims == ("dil_metric", "dil_faulty_rows", "dil_row_error", "dil_seq_len",
                                         "dil_dtype", "dil_seed")
     big = ds["dil_largest_accepted"].sel(dil_dtype="fp32", dil_seed=0)
@@ -184,8 +191,8 @@ def test_dilution_experiment_dilutes_one_row_by_rows_in_the_mean_and_by_sqrt_row
                                        dil_seq_len=1024)
     assert int(acc.sel(dil_metric="mean_rel")) == 1 and int(acc.sel(dil_metric="rel_l2")) == 0
     assert (ds["dil_correct_accepted"] == 1).all()
-    lines = study.dilution_statements(ds)
-    assert any("mean relative error: misses 12% at N 1024" in line for line in lines)
+    summary = readings.dilution_summary(ds)
+    assert summary.loc[("fp32", 1, "mean_rel"), "misses at N"] == "1024"
 
 
 def test_smoke_run_has_the_dilution_experiment_and_both_metrics_in_the_detection_sweep(smoke):
@@ -203,79 +210,83 @@ def test_smoke_run_has_the_dilution_experiment_and_both_metrics_in_the_detection
     for var in ("det_fault_mean_rel_err", "det_correct_mean_rel_err"):
         vals = ds[var].values
         assert (vals[np.isfinite(vals)] >= 0).all() and np.isfinite(vals).any(), var
-    from attnum.studies import extreme_inputs as study
-
-    table = study.fixed_tolerance_by_metric(ds)
+    table = readings.fixed_tolerance_by_metric(ds)
     assert set(table.index.get_level_values("metric")) == {"rel_l2", "mean_rel"}
 
 
 def test_gpu_readback_helpers_on_the_cpu_run(smoke, tmp_path, monkeypatch):
     import shutil
 
-    from attnum.studies import extreme_inputs as study
-
     path, ds = smoke
-    summary = study.real_kernel_summary(ds)
+    summary = real_kernels.real_kernel_summary(ds)
     assert list(summary.index) == [(k, d) for k in ds["real_kernel"].values for d in ds["real_dtype"].values]
     # a NaN in a padding key poisons every row in both CPU backends (section 7), whatever the mask
     for key in summary.index:
         assert "nan_in_masked_key" in summary.loc[key, "NaN/inf where golden finite"]
         assert summary.loc[key, "no output"] == "none"
-    beside = study.emulator_beside_real(ds)
+    beside = real_kernels.emulator_beside_real(ds)
     assert set(beside.index.get_level_values("input")) == set(ds["family"].values) & set(ds["real_input"].values)
     assert beside.loc[("bf16", "normal")].iloc[0][0].isdigit()  # the emulator's error on N(0, 1) inputs, a number
-    lines = study.real_findings_by_input(ds)
-    padding = [line for line in lines if line.startswith("nan_in_masked_key | bool, bf16:")]
-    assert len(padding) == 1 and "sdpa:flash: NaN 100%" in padding[0] and "sdpa:math: NaN 100%" in padding[0]
-    assert not any(line.startswith("normal, ") for line in lines)  # N(0, 1) inputs: every kernel as golden
+    findings = readings_gpu.real_findings_table(ds)
+    padding = findings.loc[("bf16", "nan_in_masked_key", "bool")]
+    assert padding["sdpa:flash"] == "NaN 100%" and padding["sdpa:math"] == "NaN 100%"
+    assert "normal" not in findings.index.get_level_values("input")  # N(0, 1) inputs: every kernel as golden
     # the committed-run loader: nothing there -> None; a CPU run there -> None (not a GPU run)
     monkeypatch.setenv("ATTNUM_ROOT", str(tmp_path))
-    assert study.load_gpu_run() is None
+    monkeypatch.delenv("ATTNUM_OUTPUTS", raising=False)
+    assert real_kernels.load_gpu_run() is None
     (tmp_path / "outputs" / "extreme_inputs" / "gpu").mkdir(parents=True)
     shutil.copy(path / "results.nc", tmp_path / "outputs" / "extreme_inputs" / "gpu" / "results.nc")
-    assert study.load_gpu_run() is None
+    assert real_kernels.load_gpu_run() is None
 
 
-def test_real_highlights_regroup_the_cpu_run(smoke):
-    from attnum.studies import extreme_inputs as study
-
+def test_real_kernel_readings_on_the_cpu_run(smoke):
     _, ds = smoke
-    lines = study.real_highlights(ds)
     # both CPU backends return 0 on fully masked rows under a boolean mask and a -inf bias (section 7)
-    assert any(line.startswith("The mask deliveries that gave 0 on fully masked rows") and "-inf" in line
-               for line in lines)
-    bool_line = [line for line in lines if line.startswith("Fully masked rows") and "mask as bool:" in line]
-    assert len(bool_line) == 1 and "0 (the golden value): sdpa:flash (bf16, fp16), sdpa:math (bf16, fp16)" in bool_line[0]
-    padding = [line for line in lines if line.startswith("A NaN in a padding key")]
-    assert len(padding) == 1 and "100.0%" in padding[0]
-    # two kernels only: the far-from-golden check needs three, so it says nothing rather than "none"
-    assert not any(line.startswith("No kernel's finite output is far") for line in lines)
-    single = study.real_single_entry_statement(ds)
-    assert single is not None and ("departures" in single or "every kernel that ran" in single)
+    fully = readings_gpu.real_fully_masked_table(ds)
+    assert (fully.loc["bool"] == "0").all() and (fully.loc["-inf"] == "0").all()
+    assert {"bool", "-inf"} <= set(readings_gpu.masks_zero_everywhere(ds))
+    pad = readings_gpu.real_padding_nan(ds)
+    assert (pad.loc["nan_in_masked_key"]["non-finite, least"] == 1.0).all()
+    # two kernels only: the far-from-golden check needs three, so it checks no point
+    far = readings_gpu.real_far_from_golden(ds)
+    assert len(far) == 0 and far.attrs["points_checked"] == 0
+    values = readings_gpu.real_values(ds, "x")
+    assert values["x_padding_nan_least"] == 1.0 and values["x_seq_len"] == int(ds["real_seq_len"])
+    assert values["x_departures"] == len(readings_gpu.real_findings_table(ds))
+    assert readings_gpu.real_values(None, "x")["x_commit"] is None
 
 
-def test_dilution_one_row_l2_says_where_the_rule_misses():
-    from attnum.studies import extreme_inputs as study
-
-    ds = study.dilution_experiment([64, 1024], ["fp32"], [0], [0.01, 0.12], [1], block_q=32, block_k=32,
-                                   golden_chunk=256, progress=False)
+def test_dilution_boundary_says_where_the_rule_misses():
+    ds = detection.dilution_experiment([64, 1024], ["fp32"], [0], [0.01, 0.12], [1],
+                                       **sizes(block_q=32, block_k=32, golden_chunk=256), progress=False)
     # 1% in one row: diluted by sqrt(1024) = 32 below 0.1% at N = 1024, not by sqrt(64) = 8 at N = 64
-    (line,) = study.dilution_one_row_l2(ds, row_error=0.01)
-    assert line.startswith("fa2_fp32: the 0.1% rule on the relative L2 misses 1% in one row at N 1024 (from 1024 rows")
-    assert line.endswith("and catches it at N 64.")
-    (line,) = study.dilution_one_row_l2(ds, row_error=0.12)
-    assert "misses it nowhere" in line and "(64,1024)" in line
+    row = readings.dilution_boundary(ds, row_error=0.01).loc[("fp32", 0)]
+    assert row["first N missed"] == 1024 and row["last N caught"] == 64 and 64 < row["boundary N"] < 1024
+    assert not row["rejects correct"]
+    row = readings.dilution_boundary(ds, row_error=0.12).loc[("fp32", 0)]
+    assert np.isnan(row["first N missed"]) and row["last N caught"] == 1024 and np.isnan(row["boundary N"])
+    values = readings.dilution_boundary_values(ds, "d", row_error=0.01)
+    assert values["d_first_missed_lo"] == 1024 and values["d_bracketed"] == 1 and values["d_n_max"] == 1024
+    assert readings.typical_dilution_boundary(ds) == pytest.approx(14400.0)
+    assert readings.dilution_boundary_values(None, "d")["d_boundary_lo"] is None
+
+
+def test_smoke_notebook_glues_every_key_its_markdown_refers_to(smoke):
+    from attnum import glue
+
+    path, _ = smoke
+    executed = json.loads((path / "notebook.ipynb").read_text())
+    assert glue.referenced_keys(executed) and glue.missing_keys(executed) == set()
 
 
 def test_exceptions_are_counted_per_experiment_and_fault():
     import xarray as xr
 
-    from attnum.studies import extreme_inputs as study
-
     entries = [{"count": 1, "where": f"detection narrow_p(severity=4) normal N={n} bf16 seed=0", "message": "E"}
                for n in (256, 1024)] + [{"count": 2, "where": "dilution N=64 fp16 seed=0 golden", "message": "F"}]
-    lines = study.real_exceptions_by_experiment(xr.Dataset(attrs={"kernel_exceptions": json.dumps(entries)}))
-    assert lines == ["2 x detection narrow_p(severity=4): E", "2 x dilution N=64: F"]
+    table = readings_gpu.real_exceptions_by_experiment(xr.Dataset(attrs={"kernel_exceptions": json.dumps(entries)}))
+    assert table.values.tolist() == [["detection narrow_p(severity=4)", 2, "E"], ["dilution N=64", 2, "F"]]
 
 
 @pytest.mark.gpu
@@ -284,11 +295,35 @@ def test_bit_width_faults_run_on_cuda():
     bit-width faults (attnum.kernels.faults.round_significand); the detection sweep must run them on CUDA."""
     import torch
 
-    from attnum.studies import extreme_inputs as study
-
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    log = study.ExceptionLog()
-    study.detection_sweep(["low_precision_sum", "narrow_p", "low_precision_lse"], ["normal"], [256], ["bf16"], [0],
-                          causal=True, head_dim=64, device="cuda", log=log, progress=False)
+    log = experiments.ExceptionLog()
+    detection.detection_sweep(["low_precision_sum", "narrow_p", "low_precision_lse"], ["normal"], [256], ["bf16"], [0],
+                          causal=True, **sizes(device="cuda"), log=log, progress=False)
     assert log.counts == {}, log.to_json()
+
+
+@pytest.mark.parametrize("param_set", ["default", "smoke", "full", "gpu"])
+def test_rules_and_memory_estimate_agree_with_the_schema(param_set):
+    """The study's plain-Python checks give what the schema's ``_rules``/``_memory`` expressions give."""
+    import attnum.studies.extreme_inputs as study
+
+    values = {**runner.notebook_defaults("extreme_inputs"), **runner.load_param_set("extreme_inputs", param_set)}
+    expected = [rule["message"] for rule in runner.study_checks("extreme_inputs")["rules"]
+                if not runner.evaluate(rule["expr"], values)]
+    assert len(study.rules(values)) == len(expected) == 0
+    broken = {**values, "onset_logit_min": values["onset_logit_max"]}
+    assert not runner.evaluate(runner.study_checks("extreme_inputs")["rules"][0]["expr"], broken)
+    assert len(study.rules(broken)) == 1 and "onset_logit_min" in study.rules(broken)[0]
+    assert study.memory_estimate(values) == runner.memory_estimate("extreme_inputs", values)
+    bigger = {**values, "real_seq_len": 3 * max(values["seq_lens"] + values["det_seq_lens"]), "golden_chunk": 7}
+    assert study.memory_estimate(bigger) == runner.memory_estimate("extreme_inputs", bigger)
+
+
+def test_the_study_package_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, attnum.studies.extreme_inputs as s; print('torch' in sys.modules, sorted(s.VARIABLES)[:1])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.startswith("False")

@@ -47,7 +47,7 @@ def _heatmap(ax, table: pd.DataFrame, *, cmap, vmin=None, vmax=None, annot=None,
 
 def plot_sentinels(ds: xr.Dataset, policy: str):
     """Mask handlings x cases, one policy: rows zeroed and masked-key influence (the rest is in tables)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     sub = ds.sel(sentinel_policy=policy).max("seed")
     panels = (("sentinel_zero_row_fraction", "fraction of rows zeroed where golden is not", "Reds", 1),
@@ -68,7 +68,7 @@ def plot_sentinels(ds: xr.Dataset, policy: str):
 
 def plot_onset(ds: xr.Dataset):
     """Fraction of rows zeroed by the -5e4 sentinel against the row's largest valid logit."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 1, figsize=(7, 3.6))
     ax = axes[0][0]
@@ -95,7 +95,7 @@ def plot_onset(ds: xr.Dataset):
 def plot_detection(ds: xr.Dataset):
     """Headline: detection rate of each fault at its default severity, and false alarms on the
     correct kernel (top row, reversed colours), by rule and N, one panel per dtype."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     dtypes = list(ds["det_dtype"].values)
     rules = list(ds["rule"].values)
@@ -130,7 +130,7 @@ def plot_detection(ds: xr.Dataset):
 
 def plot_miss_rates(ds: xr.Dataset):
     """Share of faulty outputs each rule accepts, by the size of the worst row's error and by N."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     dtypes = list(ds["det_dtype"].values)
     bins = list(ds["error_bin"].values)[-2:]  # the smallest bin overlaps bf16's own rounding error
@@ -158,8 +158,8 @@ def plot_real_kernels(ds: xr.Dataset):
     """What each real kernel returned on every input and mask delivery, one panel per input format:
     green agrees with the golden value's finite-ness, zero rows and masking (text: relative error),
     red departs (text: how), grey gave no output (text: why); blank: not applicable."""
-    from ..plots import subplots
-    from ..studies.extreme_inputs import real_outcome_table
+    from ...plots import subplots
+    from .real_kernels import real_outcome_table
 
     dtypes = [str(d) for d in ds["real_dtype"].values]
     tables = [real_outcome_table(ds, fmt) for fmt in dtypes]
@@ -185,7 +185,7 @@ def plot_dilution(ds: xr.Dataset):
     the number of rows it averages over, per metric (panels) and dtype and number of faulty rows
     (lines; smallest over seeds; missing where the tolerance rejects the correct output); the
     dotted line is seed 000's missed 12%."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     metrics = list(ds["dil_metric"].values)
     names = {"rel_l2": "relative L2", "mean_rel": "mean relative error (seed 000)"}
