@@ -251,3 +251,54 @@ def same_layer_elsewhere(ds: xr.Dataset, run: str, layer: int, step: int):
                      "loss_at": float(loss.sel(step=st, method="nearest")),
                      "val_at": float(val.sel(step=val["step"] <= st)[-1]) if val.size else math.nan})
     return pd.DataFrame(rows)
+
+
+GROWTH_KEYS = ("run", "layer", "pass_step", "top_step", "pass_key_mean_norm", "top_key_mean_norm", "pass_offset_logit",
+               "top_offset_logit", "top_dq_rel_err", "top_dq_row_rel_err", "top_dv_rel_err", "top_dk_rel_err",
+               "top_grad_norm_ratio", "other_layers_max_dq", "top_offset_over_spread", "loss_at_pass", "loss_end",
+               "val_end", "val_min_step")
+BESIDE_KEYS = ("run", "read_at", "dq_rel_err", "key_mean_norm", "max_dq_rel_err", "max_key_mean_norm",
+               "max_dq_any_layer", "last_step", "loss_at", "val_at")
+
+
+def growth_reading(ds: xr.Dataset | None, level: float = GPU_DQ_PASS) -> dict:
+    """The values section 10's reading states, flat (NaN where the records lack them): ``growth_*``, the
+    layer with the largest dQ error of all that passed ``level`` (``layer_passes``); ``repeat_*``, the same
+    layer in the run of its setting with the same kernel (its repeat); ``gproj_*``, in the setting's GProj
+    run; ``second_*``, the one other layer that passed (the largest of the rest), with ``second_beside_*``
+    the same layer in the setting's other runs by attention (``flash``, ``triton``, ``gproj``); and
+    ``fp32_last_step``, where the FP32-attention run of the second's setting stopped."""
+    nan = {f"growth_{k}": math.nan for k in GROWTH_KEYS}
+    nan.update({f"{who}_{k}": math.nan for who in ("repeat", "gproj") for k in BESIDE_KEYS})
+    nan.update({f"second_{k}": math.nan for k in ("run", "layer", "top_dq_rel_err", "top_key_mean_norm",
+                                                   "top_offset_over_spread", "top_dq_row_rel_err")})
+    nan.update({f"second_beside_{k}": math.nan for k in ("flash", "triton", "gproj")})
+    nan["fp32_last_step"] = math.nan
+    out = dict(nan)
+    if ds is None or GPU_DQ_METRIC not in ds:
+        return out
+    passes = layer_passes(ds, level)
+    if not len(passes):
+        return out
+    passes = passes.sort_values("top_dq_rel_err", ascending=False)
+    growth = passes.iloc[0]
+    out.update({f"growth_{k}": growth[k] for k in GROWTH_KEYS})
+    beside = same_layer_elsewhere(ds, growth["run"], int(growth["layer"]), int(growth["pass_step"]))
+    for who, pick in (("repeat", beside["attention"] == growth["attention"] if len(beside) else None),
+                      ("gproj", beside["attention"].str.contains("gproj") if len(beside) else None)):
+        if pick is not None and pick.any():
+            row = beside[pick].iloc[0]
+            out.update({f"{who}_{k}": row[k] for k in BESIDE_KEYS})
+    if len(passes) > 1:
+        second = passes.iloc[1]
+        out.update({f"second_{k}": second[k] for k in ("run", "layer", "top_dq_rel_err", "top_key_mean_norm",
+                                                         "top_offset_over_spread", "top_dq_row_rel_err")})
+        others = same_layer_elsewhere(ds, second["run"], int(second["layer"]), int(second["pass_step"]))
+        for who, needle in (("flash", "sdpa:flash"), ("triton", "triton:fa2@"), ("gproj", "gproj")):
+            pick = others["attention"].str.contains(needle, regex=False) if len(others) else None
+            if pick is not None and pick.any():
+                out[f"second_beside_{who}"] = float(others[pick]["max_dq_rel_err"].max())
+        fp32 = others[others["attention"].str.endswith("@fp32")] if len(others) else others
+        if len(fp32):
+            out["fp32_last_step"] = int(fp32["last_step"].iloc[0])
+    return out
