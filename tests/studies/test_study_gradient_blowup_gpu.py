@@ -314,3 +314,26 @@ def test_repeat_growth_counts_the_runs_of_one_setting_and_kernel_that_grew(recor
     assert (grow["runs"], grow["grown"], grow["grown_runs"]) == (2, 1, flash)
     assert grow["largest dq_rel_err"] == 1.5 and grow["attention"] == "sdpa:flash@bf16"
     assert (grow["p low (95%)"], grow["p high (95%)"]) == pytest.approx(readings_gpu.clopper_pearson(1, 2))
+
+
+def test_growth_reading_takes_the_largest_pass_and_reads_the_same_layer_of_its_setting(records):
+    ds = gpu_training.gpu_training_dataset(records, None, 0.1)
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    dq = ds[gpu_training.GPU_DQ_METRIC]
+    calm = ds.assign({gpu_training.GPU_DQ_METRIC: xr.where((dq["run"] == flash) & dq.notnull(), 0.01, dq).transpose(*dq.dims)})
+    assert math.isnan(readings_gpu.growth_reading(calm)["growth_top_dq_rel_err"])
+    assert math.isnan(readings_gpu.growth_reading(None)["repeat_dq_rel_err"])
+    raised = calm[gpu_training.GPU_DQ_METRIC].copy()
+    steps = raised.sel(run=flash, member="a", layer=1).dropna("step")["step"].values
+    steps = steps[steps > 0]
+    raised.loc[dict(run=flash, member="a", layer=1, step=steps[1])] = 0.3
+    raised.loc[dict(run=flash, member="a", layer=1, step=steps[-1])] = 1.2
+    out = readings_gpu.growth_reading(calm.assign({gpu_training.GPU_DQ_METRIC: raised}))
+    assert (out["growth_run"], out["growth_layer"], out["growth_pass_step"]) == (flash, 1, int(steps[1]))
+    assert (out["growth_top_dq_rel_err"], out["growth_top_step"]) == (1.2, int(steps[-1]))
+    assert out["growth_top_key_mean_norm"] == float(ds["key_mean_norm"].sel(run=flash, member="a", layer=1, step=steps[-1]))
+    assert out["growth_other_layers_max_dq"] == 0.01
+    # the FP32 run is the setting's other run but not a repeat (another kernel), and there is no GProj run
+    assert math.isnan(out["repeat_dq_rel_err"]) and math.isnan(out["gproj_dq_rel_err"]) and math.isnan(out["second_layer"])
+    table = readings_gpu.same_layer_elsewhere(calm.assign({gpu_training.GPU_DQ_METRIC: raised}), flash, 1, int(steps[1]))
+    assert list(table["run"]) == [fp32] and table["dq_rel_err"].iloc[0] == 0.0
