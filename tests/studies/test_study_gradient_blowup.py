@@ -7,7 +7,10 @@ import torch
 import xarray as xr
 
 from attnum import ncio, runner
+from attnum.operands import regime_operands
 from attnum.studies import late_training_gradient_blowup as study
+from attnum.studies.late_training_gradient_blowup import (experiments, gpu_training, prose, prose_gpu, readings,
+                                                         readings_gpu, real_kernels)
 
 STUDY = "late_training_gradient_blowup"
 
@@ -20,8 +23,16 @@ def smoke_run(tmp_path_factory):
 
 @pytest.mark.slow
 def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
+    from attnum import glue
+
     path = smoke_run
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
+    executed = json.loads((path / "notebook.ipynb").read_text())
+    assert glue.missing_keys(executed) == set()
+    values = glue.read_glued(executed)
+    late = readings.late_diagnostic(ncio.open_results(path / "results.nc", squeeze_sweep_dims=True))
+    assert values["s04_late_global_max"] == pytest.approx(late["global_max"])
+    assert values["s04_late_row_verdict"] == ("passes" if late["row_passes_100"] else "stays below")
     assert {"error_vs_offset.png", "row_sums.png", "error_vs_size.png", "training.png", "checkpoint_offsets.png",
             "tied_maxima.png", "real_vs_emulator.png", "real_correlation.png",
             "real_diagnostics.png", "exact_problem.png"} <= {p.name for p in path.glob("*.png")}
@@ -74,8 +85,8 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
 
 
 def test_mechanism_grid_isolates_kernel_error():
-    ds = study.mechanism_grid([1.0], [0.0, 300.0], [64], [16], [0], variants=["fp32", "fp32_ds_bf16", "bf16"],
-                              block_q=16, block_k=16, progress=False)
+    ds = experiments.mechanism_grid([1.0], [0.0, 300.0], [64], [16], [0], variants=["fp32", "fp32_ds_bf16", "bf16"],
+                                   block_q=16, block_k=16, golden_chunk=1024, device="cpu", progress=False)
     err = ds["mech_dq_err"].squeeze()
     assert float(err.sel(variant="fp32", mu_norm=300.0)) < 1e-4
     for variant in ("fp32_ds_bf16", "bf16"):
@@ -89,21 +100,21 @@ def test_mechanism_grid_isolates_kernel_error():
 
 def test_level_crossing_interpolates_in_log_log():
     da = xr.DataArray([0.01, 0.1, 1.0, 10.0], coords={"x": [0.0, 10.0, 100.0, 1000.0]}, dims="x", name="e")
-    assert float(study.level_crossing(da, "x", 1.0)) == pytest.approx(100.0)
-    assert float(study.level_crossing(da, "x", 3.1622776601683795)) == pytest.approx(316.227766, rel=1e-6)
-    assert np.isnan(float(study.level_crossing(da, "x", 100.0)))
+    assert float(readings.level_crossing(da, "x", 1.0)) == pytest.approx(100.0)
+    assert float(readings.level_crossing(da, "x", 3.1622776601683795)) == pytest.approx(316.227766, rel=1e-6)
+    assert np.isnan(float(readings.level_crossing(da, "x", 100.0)))
 
 
 def test_regimes_have_tied_maxima_and_offsets():
-    q, k, v, do, mu = study.regime_operands("tied_max_negative_v", 64, 16, seed=0, n_ties=4)
+    q, k, v, do, mu = regime_operands("tied_max_negative_v", 64, 16, seed=0, n_ties=4)
     scores = q @ k.transpose(-1, -2)
     top = scores.max(dim=-1, keepdim=True).values
     assert ((scores == top).sum(-1) >= 4).all()  # every row's maximum is repeated
     assert float(v.mean()) < -0.5 and float(mu.abs().sum()) == 0
-    _, _, _, _, mu = study.regime_operands("key_offset", 64, 16, seed=0, mu_norm=50.0)
+    _, _, _, _, mu = regime_operands("key_offset", 64, 16, seed=0, mu_norm=50.0)
     assert float(mu.norm()) == pytest.approx(50.0)
     with pytest.raises(ValueError, match="regime"):
-        study.regime_operands("ties", 64, 16, seed=0)
+        regime_operands("ties", 64, 16, seed=0)
 
 
 # -- real kernels (section 8): the mechanism grid and the diagnostic through the registry's kernels ----------
@@ -114,9 +125,10 @@ REAL_MUS = [0.0, 100.0, 1000.0, 10000.0]
 @pytest.fixture(scope="module")
 def real_grid():
     # the emulator variant "bf16" at these tiles is also passed as a "real" kernel, by its registry name
-    return study.real_mechanism_grid(["sdpa:cudnn", "emulator:fa2_bf16:bk16:bq16", "sdpa:math", "sdpa:flash"],
+    return real_kernels.real_mechanism_grid(["sdpa:cudnn", "emulator:fa2_bf16:bk16:bq16", "sdpa:math", "sdpa:flash"],
                                      [1.0, 16.0], REAL_MUS, [64], [16], [0, 1], variants=["bf16", "bf16_fused"],
-                                     block_q=16, block_k=16, device="cpu", progress=False)
+                                     block_q=16, block_k=16, golden_chunk=1024, device="cpu",
+                                            progress=False)
 
 
 def test_real_grid_records_a_cuda_only_kernel_as_unavailable(real_grid):
@@ -165,7 +177,7 @@ def test_sdpa_flash_on_cpu_shows_the_emulators_dq_growth(real_grid):
 
 
 def test_dq_growth_table(real_grid):
-    table = study.dq_growth(real_grid)
+    table = readings.dq_growth(real_grid)
     row = table.loc[("real: sdpa:flash", 1.0)]
     assert row["growth"] == pytest.approx(row["dQ err at |mu|=10000"] / row["dQ err at |mu|=0"])
     assert table.loc[("emulator: bf16", 1.0), "growth"] > 100 > 2 > table.loc[("real: sdpa:math", 1.0), "growth"]
@@ -189,8 +201,9 @@ def small_checkpoint():
 
 def test_diagnostic_with_a_real_kernel_as_the_models_attention(small_checkpoint):
     result, cfg, batch = small_checkpoint
-    ds = study.real_kernel_diagnostics(result, cfg, batch, ["sdpa:flash", "sdpa:math", "sdpa:cudnn"],
-                                       [0.0, 100.0, 1000.0], progress=False)
+    ds = real_kernels.real_kernel_diagnostics(result, cfg, batch, ["sdpa:flash", "sdpa:math", "sdpa:cudnn"],
+                                       [0.0, 100.0, 1000.0], threshold=0.1, seed=0,
+                                              device="cpu", progress=False)
     assert ds["real_diag_dq_rel_err"].dims == ("real_kernel", "offset_norm", "layer")
     assert str(ds["real_diag_status"].sel(real_kernel="sdpa:cudnn").item()).startswith("unavailable: ")
     assert np.isnan(ds["real_diag_dq_rel_err"].sel(real_kernel="sdpa:cudnn")).all()
@@ -203,7 +216,8 @@ def test_diagnostic_with_a_real_kernel_as_the_models_attention(small_checkpoint)
     math_ = ds["real_diag_dq_rel_err"].sel(real_kernel="sdpa:math")
     assert float(math_.max()) < 1e-2  # measured at most 4.3e-3
     # the emulated kernel on the same checkpoint, through checkpoint_diagnostics: the same picture as sdpa:flash
-    emulated = study.checkpoint_diagnostics(result, cfg, batch, [0.0, 1000.0], progress=False)
+    emulated = experiments.checkpoint_diagnostics(result, cfg, batch, [0.0, 1000.0], threshold=0.1, seed=0,
+                                                       device="cpu", progress=False)
     ratio = flash.sel(offset_norm=1000.0) / emulated["diag_dq_rel_err"].sel(offset_norm=1000.0, checkpoint=0)
     assert float(ratio.min()) > 0.5 and float(ratio.max()) < 2.0
 
@@ -217,7 +231,7 @@ def test_in_format_feeds_the_kernel_bf16_and_the_recompute_what_it_read():
     gen = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, 24, 16, generator=gen) for _ in range(4))
     inner = kernels.get("sdpa:flash")
-    wrapped = study.InFormat(inner)
+    wrapped = real_kernels.InFormat(inner)
     out = wrapped(q, k, v, is_causal=True)
     assert out.dtype == torch.float32
     assert torch.equal(out, inner(q.bfloat16(), k.bfloat16(), v.bfloat16(), is_causal=True).float())
@@ -245,22 +259,22 @@ def test_rounded_offset_changes_the_exact_problem_and_the_axis_offset_does_not()
     assert torch.equal(k, round_to(k, "bf16")) and torch.equal(k - mu.float(), k0)
     assert all(torch.equal(a, b) for a, b in zip((q, v, do), (q0, v0, do0)))
     assert float(mu[0]) == pytest.approx(1e4, rel=2 ** -8) and float(mu[1:].abs().sum()) == 0
-    ds = study.mechanism_grid([1.0], [0.0, 1e4], [64], [16], [0], variants=["bf16"], block_q=16, block_k=16,
-                              progress=False)
-    xo = study.mechanism_grid([1.0], [0.0, 1e4], [64], [16], [0], variants=["bf16"], block_q=16, block_k=16,
-                              progress=False, operands="axis_offset")
+    ds = experiments.mechanism_grid([1.0], [0.0, 1e4], [64], [16], [0], variants=["bf16"], block_q=16, block_k=16,
+                                   golden_chunk=1024, device="cpu", progress=False)
+    xo = experiments.mechanism_grid([1.0], [0.0, 1e4], [64], [16], [0], variants=["bf16"], block_q=16, block_k=16,
+                                   golden_chunk=1024, device="cpu", progress=False, operands="axis_offset")
     assert float(ds["mech_exact_dq_shift"].sel(mu_norm=0.0).max()) == 0.0
     assert float(ds["mech_exact_dq_shift"].sel(mu_norm=1e4).min()) > 0.5  # measured ~1.5-4 on such grids
     assert float(xo["xo_exact_dq_shift"].max()) < 1e-9
     assert float(xo["xo_dq_err"].sel(mu_norm=1e4).min()) > 100 * float(xo["xo_dq_err"].sel(mu_norm=0.0).max())
-    assert set(xo.data_vars) == {f"xo_{m}" for m in study.AXIS_OFFSET_VARS} | {"variant_description"}
+    assert set(xo.data_vars) == {f"xo_{m}" for m in experiments.AXIS_OFFSET_VARS} | {"variant_description"}
 
 
 def test_same_problem_limit():
     shift = xr.DataArray([[[0.0, 0.01, 0.2, 0.05]], [[0.0, 0.5, 0.01, 0.01]]],
                          coords={"sharpness": [1.0, 16.0], "seed": [0], "mu_norm": [0.0, 10.0, 100.0, 1000.0]},
                          dims=("sharpness", "seed", "mu_norm"))
-    limit = study.same_problem_limit(xr.Dataset({"mech_exact_dq_shift": shift}), 0.1)
+    limit = readings.same_problem_limit(xr.Dataset({"mech_exact_dq_shift": shift}), 0.1)
     assert limit.sel(sharpness=1.0).item() == 10.0  # 1000 is within again, but 100 is not: the limit stops
     assert limit.sel(sharpness=16.0).item() == 0.0
 
@@ -268,19 +282,19 @@ def test_same_problem_limit():
 def test_seed000_check_is_the_binding_angle():
     cos = xr.DataArray([0.98, 0.995, 0.997, 1.0])
     # cos 0.995 is 5.7 degrees: above 0.99 but rejected by the angle; 0.997 is 4.4 degrees
-    assert study.seed000_accepts(cos).values.tolist() == [0, 0, 1, 1]
+    assert readings.seed000_accepts(cos).values.tolist() == [0, 0, 1, 1]
 
 
 def test_seed003_verdicts():
     ds = xr.Dataset({"src_dq_max_abs_err": ("x", [5e-4, 5e-4, 2e-3, 5e-4]),
                      "src_dk_max_abs_err": ("x", [5e-4, 5e-4, 5e-4, 5e-4]),
                      "src_dv_max_abs_err": ("x", [4e-3, 6e-3, 1e-3, 4e-3])})
-    assert study.seed003_verdicts(ds).values.tolist() == [1, 0, 0, 1]
+    assert readings.seed003_verdicts(ds).values.tolist() == [1, 0, 0, 1]
 
 
 def test_source_checks_measure_both_masks_against_their_own_exact_gradients():
-    ds = study.source_checks([1.0], [0.0, 1000.0], 64, 16, [0], formats=["bf16", "fp16"], block_q=16, block_k=16,
-                             progress=False)
+    ds = experiments.source_checks([1.0], [0.0, 1000.0], 64, 16, [0], formats=["bf16", "fp16"], block_q=16, block_k=16,
+                                  golden_chunk=1024, device="cpu", progress=False)
     assert ds["src_dq_err"].dims == ("src_format", "src_mask", "sharpness", "mu_norm", "seed")
     assert ds["src_kernel"].values.tolist() == ["emulator:fa2_bf16:bk16", "emulator:fa2_fp16:bk16"]
     plain = ds.sel(mu_norm=0.0)
@@ -293,34 +307,57 @@ def test_source_checks_measure_both_masks_against_their_own_exact_gradients():
 
 
 def test_real_kernel_summary_and_sentences(real_grid):
-    summary = study.real_kernel_summary(real_grid)
+    summary = readings.real_kernel_summary(real_grid)
     assert bool(summary.loc["sdpa:flash", "grows"]) and not summary.loc["sdpa:math", "grows"]
     assert summary.loc["sdpa:cudnn", "grows"] is None
     assert summary.loc["sdpa:cudnn", "status"].startswith("unavailable")
     assert summary.loc["sdpa:flash", "corr with bf16, median"] > 0.5 > abs(summary.loc["sdpa:math", "corr with bf16, median"])
-    growth = study.dq_growth(real_grid)
+    growth = readings.dq_growth(real_grid)
     assert summary.loc["sdpa:flash", "growth max"] == pytest.approx(growth.xs("real: sdpa:flash", level="kernel")["growth"].max())
-    sentences = study.real_kernel_sentences(summary)
+    sentences = prose.real_kernel_sentences(summary)
     assert any(s.startswith("`sdpa:cudnn` gave no gradients") and ": unavailable" in s for s in sentences)
     assert any(s.startswith("`sdpa:flash` shows") for s in sentences)
     assert any(s.startswith("`sdpa:math` does not show") for s in sentences)
 
 
-def test_load_gpu_run_reads_only_a_cuda_run(tmp_path, monkeypatch):
-    from attnum import paths
+def test_committed_runs_are_read_only_from_the_right_device():
+    cpu = xr.Dataset({"train_grad_norm_total": ("a", [1.0])}, attrs={"device": "cpu"})
+    cuda = xr.Dataset({"x": ("a", [1.0])}, attrs={"device": "cuda NVIDIA H200"})
+    assert readings.cuda_run(None) is None and readings.cuda_run(cpu) is None and readings.cuda_run(cuda) is cuda
+    assert readings.cpu_training_run(None) is None and readings.cpu_training_run(cuda) is None
+    assert readings.cpu_training_run(cpu) is cpu
+    assert readings.cpu_training_run(cpu.drop_vars("train_grad_norm_total")) is None  # no training in it
 
-    monkeypatch.setattr(paths, "project_root", lambda: tmp_path)
-    assert study.load_gpu_run() is None
-    folder = tmp_path / "outputs" / "late_training_gradient_blowup" / "gpu"
-    folder.mkdir(parents=True)
-    xr.Dataset({"x": ("a", [1.0])}, attrs={"device": "cpu"}).to_netcdf(folder / "results.nc")
-    assert study.load_gpu_run() is None
-    xr.Dataset({"x": ("a", [1.0])}, attrs={"device": "cuda NVIDIA H200"}).to_netcdf(folder / "results.nc")
-    assert float(study.load_gpu_run()["x"][0]) == 1.0
+
+def test_rules_and_memory_estimate_agree_with_the_schema_on_every_parameter_set():
+    from attnum.runner import evaluate, study_checks
+
+    checks = study_checks(STUDY)
+    defaults = runner.notebook_defaults(STUDY)
+    sets = [runner.load_param_set(STUDY, name) for name in runner.param_sets(STUDY)]
+    broken = [{"checkpoint_steps": [0, 10 ** 6]}, {"d_model": 30, "n_head": 4},
+              {"checkpoint_steps": [0, 10 ** 6], "d_model": 30, "n_head": 4}]
+    for values in sets + broken:
+        p = {**defaults, **values}
+        expected = [r["message"] for r in checks["rules"] if not evaluate(r["expr"], p)]
+        got = study.rules(p)
+        assert len(got) == len(expected) and all(g.startswith(e) for g, e in zip(got, expected)), values
+        assert study.memory_estimate(p) == (int(evaluate(checks["memory"]["bytes"], p)), checks["memory"]["note"])
+    assert len(study.rules({**defaults, **broken[2]})) == 2
+
+
+def test_the_package_module_is_light_and_gives_its_variables():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnum.studies.late_training_gradient_blowup as s; "
+            "assert 'torch' not in sys.modules, 'torch imported'; assert s.STUDY; "
+            "v = s.VARIABLES; assert 'mech_dq_err' in v and 'train_loss' in v")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_real_kernel_details_point_by_point_and_within_the_same_problem_limit(real_grid):
-    details = study.real_kernel_details(real_grid)
+    details = readings.real_kernel_details(real_grid)
     # the emulator passed as a "real" kernel is the bf16 variant itself: its ratio is 1 everywhere
     same = details.loc["emulator:fa2_bf16:bk16:bq16"]
     assert same["dQ err / emulator bf16's, min"] == 1.0 == same["dQ err / emulator bf16's, max"]
@@ -338,14 +375,14 @@ def test_real_kernel_details_point_by_point_and_within_the_same_problem_limit(re
                          coords={"sharpness": [1.0, 16.0], "seq_len": [64], "head_dim": [16], "seed": [0, 1],
                                  "mu_norm": REAL_MUS},
                          dims=("sharpness", "seq_len", "head_dim", "seed", "mu_norm"))
-    limited = study.real_kernel_details(xr.merge([real_grid, xr.Dataset({"mech_exact_dq_shift": shift})],
+    limited = readings.real_kernel_details(xr.merge([real_grid, xr.Dataset({"mech_exact_dq_shift": shift})],
                                                  join="exact"))
     err = real_grid["real_mech_dq_err"].sel(real_kernel="sdpa:flash", sharpness=1.0).isel(
         real_seq_len=-1, real_head_dim=0).median("seed")
     expected = float(err.sel(mu_norm=100.0) / err.sel(mu_norm=0.0))
     assert limited.loc["sdpa:flash", "same-problem growth, min"] == pytest.approx(expected)
     assert limited.loc["sdpa:flash", "same-problem growth, max"] == pytest.approx(expected)
-    sentences = study.real_kernel_detail_sentences(limited)
+    sentences = prose.real_kernel_detail_sentences(limited)
     assert not any(s.startswith("`sdpa:cudnn`") for s in sentences)
     flash = next(s for s in sentences if s.startswith("`sdpa:flash`"))
     assert f"grows {expected:.3g}x over sharpness" in flash and "at d = 16" in flash
@@ -373,17 +410,17 @@ def _trained(flag_at_last, params):
 
 
 def test_trained_model_and_same_training_sentences():
-    params = {k: 1 for k in study.TRAINING_PARAMS}
+    params = {k: 1 for k in readings.TRAINING_PARAMS}
     quiet, flagged = _trained(False, params), _trained(True, params)
-    text = study.trained_model_sentence(quiet)
+    text = prose.trained_model_sentence(quiet)
     assert "without an offset at none of the 2 checkpoints" in text
     assert "at a common key offset of 30" in text and "0.5, 2 at the largest offset (30)" in text
-    assert "without an offset at checkpoints [10]" in study.trained_model_sentence(flagged)
+    assert "without an offset at checkpoints [10]" in prose.trained_model_sentence(flagged)
     other = _trained(False, params)
     other["train_loss"][0, 0] = 2.002
-    same = study.same_training_sentence(quiet, other)
+    same = prose.same_training_sentence(quiet, other)
     assert "differ by at most 1.0e-03" in same and "final losses are 1 here and 1 on the GPU" in same
-    assert study.same_training_sentence(quiet, _trained(False, {**params, "steps": 2})) is None
+    assert prose.same_training_sentence(quiet, _trained(False, {**params, "steps": 2})) is None
 
 
 # -- the gpu_training tier's computed text (section 10) ----------------------------------------------------
@@ -439,7 +476,7 @@ def s04_records(tmp_path_factory):
                 sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
     train(TrainConfig(**base, steps=30, kernel="sdpa:flash", tag="s04_flash_lr1e-3"), folder, progress=lambda s: None)
     train(TrainConfig(**base, steps=23, kernel="sdpa:math", tag="s04_fp32_lr1e-3"), folder, progress=lambda s: None)
-    return study.gpu_training_dataset(folder, mech=None)
+    return gpu_training.gpu_training_dataset(folder, mech=None, level=0.1)
 
 
 FLASH, FP32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
@@ -450,9 +487,9 @@ def test_gpu_sentences_say_fp32_attention_has_zero_dq_error_not_nan(s04_records)
     ds["dq_rel_err"].loc[{"run": FP32}] = 0.0  # as on the GPU: the diagnostic recomputes FP32 attention exactly
     ds["sum_max_dq_rel_err"].loc[{"run": FP32}] = 0.0
     ds["sum_dq_err_growth"].loc[{"run": FP32}] = np.nan
-    text = "\n".join(study.gpu_training_sentences(ds))
+    text = "\n".join(prose_gpu.gpu_training_sentences(ds))
     assert "nanx" not in text and " nan" not in text
-    grow = next(s for s in study.gpu_training_sentences(ds) if s.startswith("**Does the dQ error grow late?**"))
+    grow = next(s for s in prose_gpu.gpu_training_sentences(ds) if s.startswith("**Does the dQ error grow late?**"))
     assert f"{FP32} (sdpa:math@fp32): no growth: its dQ error is 0" in grow
     assert "recomputes this kernel itself" in grow
     assert np.isfinite(float(ds["sum_dq_err_growth"].sel(run=FLASH, member="a")))
@@ -463,7 +500,7 @@ def test_gpu_sentences_say_fp32_attention_has_zero_dq_error_not_nan(s04_records)
 def test_gpu_equal_step_table_takes_the_largest_common_logged_step(s04_records):
     ds = s04_records
     assert int(ds["steps_done"].sel(run=FLASH)) == 30 and int(ds["steps_done"].sel(run=FP32)) == 23
-    table = study.gpu_equal_step_table(ds)
+    table = readings_gpu.gpu_equal_step_table(ds)
     assert list(table.index.get_level_values("run")) == [FLASH, FP32]
     assert (table["common step"] == 20).all()  # 23 is logged by the FP32 run only
     assert list(table["last step"]) == [30, 23]
@@ -474,18 +511,18 @@ def test_gpu_equal_step_table_takes_the_largest_common_logged_step(s04_records):
         assert row["val step"] == 15 and row["val loss"] == float(one["val_loss"].sel(step=15))  # last eval <= 20
         assert row["key_mean_norm"] == pytest.approx(float(one["key_mean_norm"].sel(step=20).mean()))
         assert row["grad norm"] == float(one["grad_norm"].sel(step=20))
-    (sentence,) = study.gpu_equal_step_sentences(ds)
+    (sentence,) = prose_gpu.gpu_equal_step_sentences(ds)
     assert "at step 20, the largest logged step they all reached, against " + FP32 in sentence
     assert f"{FLASH}: step 30, {FP32}: step 23" in sentence
     # a setting with a single run gives no comparison
     alone = ds.sel(run=[FLASH])
-    assert study.gpu_equal_step_table(alone).empty
-    assert "no comparison at equal steps" in study.gpu_equal_step_sentences(alone)[0]
+    assert readings_gpu.gpu_equal_step_table(alone).empty
+    assert "no comparison at equal steps" in prose_gpu.gpu_equal_step_sentences(alone)[0]
 
 
 def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
     ds = s04_records
-    text = study.gpu_memorisation_sentence(ds)
+    text = prose_gpu.gpu_memorisation_sentence(ds)
     split = float(ds["run_corpus_train_bytes"].sel(run=FLASH))
     passes = 30 * 8 * 32 / split
     assert float(ds["sum_train_passes"].sel(run=FLASH)) == pytest.approx(passes)
@@ -500,7 +537,7 @@ def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
     rose["sum_min_val_loss_step"].loc[{"run": FLASH, "member": "a"}] = 15
     rose["sum_final_val_loss"].loc[{"run": FLASH, "member": "a"}] = 1.5 * v15
     assert float(rose["sum_final_loss"].sel(run=FLASH, member="a")) < float(ds["loss"].sel(run=FLASH, member="a", step=15))
-    memo = study.gpu_memorisation_sentence(rose)
+    memo = prose_gpu.gpu_memorisation_sentence(rose)
     assert f"lowest {v15:.3g} at step 15" in memo and "50% above its minimum" in memo
     assert f"({FLASH}) ended with a validation loss more than 5% above its minimum" in memo
     assert "memorise their training split" in memo
@@ -511,10 +548,10 @@ def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
     assert f"after the minimum in {int(b > 1.1 * a)} of 1" in memo
     grown = rose.copy(deep=True)
     grown["dq_rel_err"].loc[{"run": FLASH, "member": "a", "step": int(dq["step"][-1])}] = 2 * a
-    assert "after the minimum in 1 of 1: for those, the late dQ growth" in study.gpu_memorisation_sentence(grown)
+    assert "after the minimum in 1 of 1: for those, the late dQ growth" in prose_gpu.gpu_memorisation_sentence(grown)
     assert "validation minimum" not in text  # not memorising: no such comparison
     rate = float(ds["sum_median_tokens_per_s"].sel(run=FP32))
-    throughput = study.gpu_throughput_sentence(ds)
+    throughput = prose_gpu.gpu_throughput_sentence(ds)
     assert f"{FP32} (sdpa:math@fp32): {rate:.3g} tokens/s" in throughput and "23 steps" in throughput
     assert "attention share not timed" in throughput  # time_attention off: no share
 
@@ -542,7 +579,7 @@ def _layered_records(n_steps=40, n_layers=4, grow_layer=2):
 
 def test_layer_growth_finds_the_layer_whose_keys_drift_and_skips_a_zero_error_member():
     ds = _layered_records()
-    table = study.gpu_layer_growth(ds)
+    table = readings_gpu.gpu_layer_growth(ds)
     assert set(table.index.get_level_values("run")) == {"flash_run"}  # FP32: dQ error 0, left out
     sub = table.loc[("flash_run", "a")]
     n = 39  # logged steps: step 0 left out
@@ -555,7 +592,7 @@ def test_layer_growth_finds_the_layer_whose_keys_drift_and_skips_a_zero_error_me
     assert sub.loc[0, "dq growth"] == pytest.approx(1.0)
     assert sub.loc[2, "late_corr"] == pytest.approx(1.0)
     assert np.isnan(sub.loc[0, "late_corr"])  # a flat layer: no correlation to speak of
-    text = " ".join(study.gpu_layer_sentences(ds))
+    text = " ".join(prose_gpu.gpu_layer_sentences(ds))
     assert "grew most in layer 2" in text and f"{expected:.3g}x" in text
     assert "more than 2x late in 1 of 4 layers (layer 2)" in text
     assert "fp32_run" not in text
@@ -564,5 +601,31 @@ def test_layer_growth_finds_the_layer_whose_keys_drift_and_skips_a_zero_error_me
 def test_layer_growth_with_no_trained_member_says_so():
     ds = _layered_records()
     ds["dq_rel_err"][:] = 0.0
-    assert len(study.gpu_layer_growth(ds)) == 0
-    assert "nothing to say by layer" in study.gpu_layer_sentences(ds)[0]
+    assert len(readings_gpu.gpu_layer_growth(ds)) == 0
+    assert "nothing to say by layer" in prose_gpu.gpu_layer_sentences(ds)[0]
+
+
+def _diagnosed(glob, row, flagged):
+    """A run's diagnostic at checkpoints 0, 10, 20, 30 (no offset and one offset), two layers."""
+    coords = {"checkpoint": [0, 10, 20, 30], "offset_norm": [0.0, 100.0], "layer": [0, 1]}
+    def var(layer1):
+        values = np.zeros((4, 2, 2))
+        values[:, 0, 1] = layer1
+        values[:, 0, 0] = 0.01
+        values[:, 1, :] = 5.0  # with the offset: never read by late_diagnostic
+        return (("checkpoint", "offset_norm", "layer"), values)
+    return xr.Dataset({"diag_dq_rel_err": var(glob), "diag_dq_row_rel_err": var(row),
+                       "diag_flagged": var(flagged), "diag_grad_norm_qk_ratio": var([1.0, 1.1, 1.2, 1.5])}, coords=coords)
+
+
+def test_late_diagnostic_states_each_measure_on_its_own():
+    # the last third: checkpoints 20 and 30; layer 1 has the larger global error there
+    late = readings.late_diagnostic(_diagnosed([0.01, 0.5, 1.3, 3.1], [0.01, 0.05, 0.077, 0.099], [0, 1, 1, 1]))
+    assert (late["layer"], late["first_checkpoint"], late["last_checkpoint"], late["n_checkpoints"]) == (1, 20, 30, 2)
+    assert (late["global_min"], late["global_max"]) == (1.3, 3.1) and (late["row_min"], late["row_max"]) == (0.077, 0.099)
+    assert late["global_passes_100"] is True and late["row_passes_100"] is False  # only the global error passes
+    assert late["flagged"] == 2 and (late["qk_ratio_min"], late["qk_ratio_max"]) == (1.2, 1.5)
+    both = readings.late_diagnostic(_diagnosed([0.01, 0.5, 1.3, 3.1], [0.01, 0.5, 1.7, 2.7], [0, 1, 1, 1]))
+    assert both["row_passes_100"] is True
+    nothing = readings.late_diagnostic(None)
+    assert np.isnan(nothing["global_max"]) and nothing["row_passes_100"] is None

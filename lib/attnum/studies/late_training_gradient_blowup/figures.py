@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
-from ..plots import offset_axis
+from ...plots import offset_axis
 
 
 def metric_label(var: str) -> str:
@@ -26,7 +26,7 @@ VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#58d68d", "--"), "fp3
 def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
     """One panel per sharpness: median (over seeds) error vs |mu| for every variant, at the largest N
     and the first d."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     sub = ds[var].isel(seq_len=-1, head_dim=0).median("seed")
     sharp = ds["sharpness"].values
@@ -51,7 +51,7 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
 
 def plot_error_vs_size(ds: xr.Dataset, var: str = "mech_dq_err", variant: str = "bf16_fused"):
     """Error vs |mu| of one variant for every (N, d), at the first sharpness."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 1, figsize=(5.6, 3.8))
     ax = axes[0][0]
@@ -71,7 +71,7 @@ def plot_error_vs_size(ds: xr.Dataset, var: str = "mech_dq_err", variant: str = 
 
 def plot_row_sums(ds: xr.Dataset):
     """Row sums of dS as fed to the dQ matmul, and the alignment of the dQ error with mu."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 2, figsize=(10.5, 3.8))
     x = ds["mu_norm"].values
@@ -97,7 +97,7 @@ def plot_training(ds: xr.Dataset, trained: str = "bf16", baseline: str = "fp32")
     """Top: loss, global gradient norm, and their ratio, for both runs. Bottom, per layer of the
     trained run: key-mean norm and max logit, attention entropy, and the FP32 recompute
     diagnostic run during training (periodic and at gradient-norm spikes, dotted)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(2, 3, figsize=(15, 7.2))
     steps = ds["step"].values
@@ -146,7 +146,7 @@ def plot_checkpoint_offsets(ds: xr.Dataset, var: str = "diag_dq_rel_err"):
     """Per layer: the diagnostic's error vs the common key offset, one line per checkpoint."""
     import matplotlib as mpl
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     layers = ds["layer"].values
     fig, axes = subplots(1, len(layers), sharey=True, figsize=(4.4 * len(layers) + 1.5, 3.6))
@@ -170,7 +170,7 @@ def plot_tied_maxima(ds: xr.Dataset):
     """dQ error and output-error coherence per regime and variant (tiled)."""
     import seaborn as sns
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 2, figsize=(12, 3.8))
     df = ds[["qy_dq_err", "qy_out_err_coherence"]].median("seed").to_dataframe().reset_index()
@@ -204,7 +204,7 @@ def plot_real_vs_emulator(ds: xr.Dataset):
     """Rows: median row error of dQ, dK, dV; one column per sharpness: every real kernel that ran
     (solid) beside the emulator variants on the same operands (dashed), vs |mu|, at the largest N and
     the first d of the real-kernel grid, median over seeds."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     sharp = ds["sharpness"].values
     at = dict(real_seq_len=int(ds["real_seq_len"][-1]), real_head_dim=int(ds["real_head_dim"][0]))
@@ -242,7 +242,7 @@ def plot_real_correlation(ds: xr.Dataset, variant: str | None = None):
     first d; right: |cos(dQ error, mu)| of every real kernel."""
     import matplotlib as mpl
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     variant = str(ds["real_variant"].values[0]) if variant is None else variant
     at = dict(real_seq_len=int(ds["real_seq_len"][-1]), real_head_dim=int(ds["real_head_dim"][0]))
@@ -277,7 +277,7 @@ def plot_real_correlation(ds: xr.Dataset, variant: str | None = None):
 def plot_real_diagnostics(ds: xr.Dataset, var: str = "dq_rel_err"):
     """Per layer: the FP32 recompute diagnostic's error vs the common key offset on the last
     checkpoint, with each real kernel as the model's attention, beside the trained (emulated) kernel."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     layers = ds["layer"].values
     step = int(ds["real_diag_checkpoint"])
@@ -307,7 +307,7 @@ def plot_exact_problem(ds: xr.Dataset):
     rounded-offset operands (solid) and the axis-offset operands (dashed), per sharpness; middle: distinct
     values per key component; right: the BF16 kernel's median row dQ error on both operand sets.
     Largest N, first d, median over seeds."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][0]))
     fig, axes = subplots(1, 3, figsize=(14.5, 3.8))
@@ -351,7 +351,7 @@ def plot_gpu_training(ds: xr.Dataset):
     """The gathered GPU training records (gpu_training tier): per run, over training, the mean over
     layers (line) and the range over layers (band) of each per-layer series; loss and throughput
     per run (validation loss dashed)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(2, 3, figsize=(14, 7.5))
     runs = [str(r) for r in ds["run"].values]
@@ -395,7 +395,7 @@ def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | 
     empty log axis."""
     import matplotlib.pyplot as plt
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     runs = [str(r) for r in ds["run"].values]
     shown = [v for v in (var, offset) if v is not None and v in ds]

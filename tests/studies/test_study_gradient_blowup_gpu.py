@@ -1,0 +1,339 @@
+"""Study 04's gpu_training tier on tiny CPU records made with attnum.lm's trainer: the gathered dataset,
+the computed readings, the early error for a folder without records, and one runner (papermill) run of
+the notebook on those records (a record of another study's campaign in the folder is left out)."""
+import json
+import math
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from attnum import ncio
+from attnum.lm import record
+from attnum.lm.train import TrainConfig, train
+from attnum.studies.late_training_gradient_blowup import figures, gpu_training, prose_gpu, readings, readings_gpu
+
+RUNS = {
+    "s04_flash_lr1e-3": dict(kernel="sdpa:flash"),
+    "s04_fp32_lr1e-3": dict(kernel="sdpa:math"),
+    "s03_repeat_s0": dict(pair=True),  # another study's record: this study leaves it out
+}
+
+
+def _tiny(**kw):
+    base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=30, log_every=5, eval_every=10,
+                snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup=2, lr=3e-3,
+                sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("records")
+    for tag, kw in RUNS.items():
+        train(_tiny(tag=tag, **kw), folder, progress=lambda s: None)
+    return folder
+
+
+# -- the early error ---------------------------------------------------------------------------------
+
+def test_a_folder_without_records_fails_at_once_naming_what_is_missing(tmp_path):
+    study, prefix = gpu_training, "s04_"
+    with pytest.raises(FileNotFoundError, match="does not exist") as err:
+        study.check_gpu_records(tmp_path / "nope")
+    for name in record.campaign_runs(prefix):
+        assert name in str(err.value)
+    (tmp_path / "other.nc").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=rf"no records lm_{prefix}\*\.nc") as err:
+        study.check_gpu_records(tmp_path)
+    assert "other.nc" in str(err.value) and f"{prefix}flash" in str(err.value)
+    with pytest.raises(FileNotFoundError):
+        study.gpu_training_dataset(tmp_path, None, 0.1)
+
+
+def test_each_study_takes_only_its_own_records(records):
+    assert gpu_training.check_gpu_records(records) == records
+    ds = gpu_training.gpu_training_dataset(records, None, 0.1)
+    assert sorted(ds["run"].values) == ["lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"]
+    assert "s04_gproj_lr1e-3" in json.loads(ds.attrs["missing_runs"])
+    assert "s04_flash_lr1e-3" not in json.loads(ds.attrs["missing_runs"])
+
+
+# -- study 04 ------------------------------------------------------------------------------------------
+
+def test_study04_gathers_the_per_layer_series_and_answers_from_them(records):
+    ds = gpu_training.gpu_training_dataset(records, mech=None, level=0.1)
+    for var in ("key_mean_norm", "max_prob", "dq_rel_err", "grad_norm_layer"):
+        assert ds[var].dims == ("run", "member", "step", "layer")
+    assert list(ds["step"].values) == [0, 5, 10, 15, 20, 25, 30]
+    assert "weight_sketch" not in ds and "tensor" not in ds.dims
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    # FP32 attention is its own recompute; bf16 flash is not
+    assert float(ds["sum_max_dq_rel_err"].sel(run=fp32, member="a")) < 1e-5
+    assert float(ds["sum_max_dq_rel_err"].sel(run=flash, member="a")) > 1e-4
+    assert np.isfinite(float(ds["sum_dq_err_growth"].sel(run=flash, member="a")))  # six logged steps
+    assert int(ds["sum_tokens_done"].sel(run=flash)) == 30 * 8 * 32
+    assert float(ds["sum_blowup"].sel(run=flash, member="a")) == 0.0
+    # GPU time: the records' own wall_s, summed
+    walls = [float(record.open_record(p)["wall_s"]) for p in sorted(records.glob("lm_s04_*.nc"))]
+    assert float(ds["campaign_gpu_s"]) == pytest.approx(sum(walls))
+    every = [float(record.open_record(p)["wall_s"]) for p in sorted(records.glob("lm_*.nc"))]
+    assert len(every) == len(RUNS) and float(ds["campaign_all_gpu_s"]) == pytest.approx(sum(every))
+    assert sum(every) > sum(walls)
+    assert ds.attrs["records_in_folder"] == len(RUNS)
+    # the records' own provenance carried over
+    assert set(ds["prov_version_torch"].values) == {__import__("torch").__version__}
+    sha = record.open_record(records / f"{flash}.nc").attrs["corpus_sha256"]
+    assert str(ds["prov_corpus_sha256"].sel(run=flash).values) == sha
+    text = "\n".join(prose_gpu.gpu_training_sentences(ds))
+    assert "dq_rel_err" in text and ("the layer mean grow more than" in text or "grew more than" in text)
+    assert "Nothing blew up" in text and "No mechanism grid" in text
+    table = readings_gpu.gpu_training_table(ds)
+    assert list(table["attention"]) == ["sdpa:flash@bf16", "sdpa:math@fp32"]
+
+
+def test_study04_blowup_and_the_grid_bound_are_computed(records):
+    assert gpu_training._loss_rise([math.nan, 3.0, 2.0, 1.0, 2.5]) == pytest.approx(2.5)
+    assert gpu_training._loss_rise([math.nan, 3.0, 2.0, 1.0]) < 1
+    mech = readings.cuda_run(ncio.committed_run("late_training_gradient_blowup", "gpu"))
+    if mech is None:
+        pytest.skip("no committed gpu run of study 04 in this checkout")
+    ds = gpu_training.gpu_training_dataset(records, mech=mech, level=0.1)
+    mu = float(ds["grid_mu_at_level"])
+    err = mech["mech_dq_err"].sel(variant="bf16_fused", seq_len=1024).isel(sharpness=0, head_dim=0).median("seed")
+    below = err.sel(mu_norm=err["mu_norm"] < mu).values
+    assert (below < 0.1).all() and float(err.sel(mu_norm=err["mu_norm"] > mu).max()) >= 0.1
+    assert float(ds["grid_offset_spread_at_level"]) == pytest.approx(mu / math.sqrt(int(mech["head_dim"][0])))
+    assert "The bound" in "\n".join(prose_gpu.gpu_training_sentences(ds))
+
+
+def test_study04_offset_sentence_orders_the_runs_by_dq_error_and_key_offset(records):
+    ds = gpu_training.gpu_training_dataset(records, mech=None, level=0.1)
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    lines = prose_gpu.gpu_offset_sentences(ds)
+    assert len(lines) == 1 and "Over the 6 logged steps all its runs reached (steps 5-30)" in lines[0]
+    assert "FP32 0 < sdpa:flash" in lines[0]  # by dQ error: FP32 is its own recompute
+    assert "One run per attention" in lines[0] and "s04_triton_lr1e-3" not in lines[0]
+
+    def shifted(by):
+        out = ds.copy(deep=True)
+        out["key_mean_norm"].loc[dict(run=flash)] = out["key_mean_norm"].sel(run=fp32).values + by
+        return out
+
+    up = prose_gpu.gpu_offset_sentences(shifted(1.0))[0]
+    assert "is above FP32's at 6 of the 6 steps (never below it)" in up and "in the same order by both" in up
+    down = prose_gpu.gpu_offset_sentences(shifted(-1.0))[0]
+    assert "is above FP32's at 0 of the 6 steps (last below it at step 30)" in down and "The two orders differ" in down
+    # a GProj run without a Triton run of its setting: the forward kernel is named as the other difference
+    gproj = shifted(1.0)
+    names = gproj["member_attention"].values.astype(object)
+    names[list(gproj["run"].values).index(flash)] = "triton:fa2:gproj_dq@bf16"
+    gproj = gproj.assign_coords(member_attention=(("run", "member"), names.astype(str)))
+    assert "has no record here" in prose_gpu.gpu_offset_sentences(gproj)[0]
+    assert lines[0] in prose_gpu.gpu_training_sentences(ds)
+    # a second flash run of the setting: the run-to-run spread is stated, and the runs named apart
+    import xarray as xr
+
+    again = ds.sel(run=[flash]).assign_coords(run=["lm_s04_flash_lr1e-3_b_s0_d0"])
+    again["key_mean_norm"] = again["key_mean_norm"] * 1.5
+    both = xr.concat([ds, again], "run", data_vars="all")
+    text = prose_gpu.gpu_offset_sentences(both)[0]
+    first = float(ds["key_mean_norm"].sel(run=flash, member="a", step=slice(5, 30)).mean("layer").mean())
+    assert "One run per attention" not in text and "the 2 sdpa:flash runs' mean key_mean_norm" in text
+    assert f"{first:.3g}, {1.5 * first:.3g} (1.5x apart)" in text
+    assert f"sdpa:flash ({flash})" in text and "sdpa:flash (lm_s04_flash_lr1e-3_b_s0_d0)" in text
+    second = float(again["dq_rel_err"].sel(member="a", step=slice(5, 30)).mean("layer").mean())
+    assert f"mean dq_rel_err {float(ds['dq_rel_err'].sel(run=flash, member='a', step=slice(5, 30)).mean('layer').mean()):.3g}, {second:.3g}" in text
+    # GProj beside our Triton kernel without it: the two are compared, and set beside the repeat's spread
+    third = ds.sel(run=[flash]).assign_coords(run=["lm_s04_triton_lr1e-3_s0_d0"])
+    third["dq_rel_err"] = third["dq_rel_err"] * 4
+    trio = xr.concat([both, third], "run", data_vars="all")
+    names = trio["member_attention"].values.astype(object)
+    names[list(trio["run"].values).index(flash)] = "triton:fa2:gproj_dq@bf16"
+    names[list(trio["run"].values).index("lm_s04_triton_lr1e-3_s0_d0")] = "triton:fa2@bf16"
+    trio = trio.assign_coords(member_attention=(("run", "member"), names.astype(str)))
+    text = prose_gpu.gpu_offset_sentences(trio)[0]
+    assert "has no record here" not in text
+    assert "GProj against the same Triton kernel without it (lm_s04_triton_lr1e-3_s0_d0)" in text
+    assert "(4x lower with GProj)" in text and "(1x)." in text
+    # the spread now is the flash_b run alone (one sdpa:flash run left): no repeat, so no spread comparison
+    assert "repeat's spread" not in text
+    # with a second sdpa:flash run: its spread (1.1x in key offset, 1x in dQ error) is the yardstick
+    fourth = again.assign_coords(run=["lm_s04_flash_lr1e-3_c_s0_d0"])
+    fourth["key_mean_norm"] = fourth["key_mean_norm"] * 1.1
+    text = prose_gpu.gpu_offset_sentences(xr.concat([trio, fourth], "run", data_vars="all"))[0]
+    assert "repeat's spread (1x in dq_rel_err, 1.1x in key_mean_norm)" in text
+    assert "GProj's dQ difference is outside it and its key offset difference within it" in text
+
+
+# -- the notebooks, through the runner ------------------------------------------------------------------
+
+def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path):
+    study, figure, needle = "late_training_gradient_blowup", "gpu_training.png", "Does the dQ error grow late?"
+    import nbformat
+
+    from attnum import runner
+
+    folder = runner.run(study, "gpu_training", {"gpu_records": str(records)}, outputs=tmp_path, progress=False)
+    folder = __import__("pathlib").Path(folder)
+    ds = ncio.open_results(folder / "results.nc")
+    prefix = "s04_"
+    assert all(str(r).startswith(f"lm_{prefix}") for r in ds["run"].values)
+    assert float(ds["campaign_gpu_s"]) > 0 and "mech_dq_err" not in ds and "drift_ratio" not in ds
+    assert (folder / figure).exists()
+    nb = nbformat.read(folder / "notebook.ipynb", 4)
+    text = json.dumps([c.get("outputs", []) for c in nb.cells])
+    assert needle in text and '"ename"' not in text and "nothing is trained here" in text
+    from attnum import glue
+
+    executed = json.loads((folder / "notebook.ipynb").read_text())
+    assert glue.missing_keys(executed) == set()
+    values = glue.read_glued(executed)
+    # the prose's repeat numbers are the run's own
+    grow = readings_gpu.strongest_repeat_growth(ds, gpu_training.GPU_DQ_PASS)
+    assert values["s04_dq_pass_level"] == gpu_training.GPU_DQ_PASS
+    assert values["s04_repeat_runs"] == (grow["runs"] if grow["attention"] else "n/a")
+    assert values["s04_repeat_grown"] == (grow["grown"] if grow["attention"] else "n/a")
+
+
+def test_notebook_gpu_training_tier_stops_at_once_without_records(tmp_path):
+    from attnum import runner
+
+    empty = tmp_path / "records"
+    empty.mkdir()
+    with pytest.raises(Exception) as err:
+        runner.run("late_training_gradient_blowup", "gpu_training", {"gpu_records": str(empty)},
+                   outputs=tmp_path / "out", progress=False)
+    text = str(err.value)
+    assert "no records lm_s04_*.nc" in text and "s04_flash_lr1e-3" in text
+    assert not list((tmp_path / "out").rglob("results.nc"))
+
+
+def test_study04_names_the_layers_whose_dq_error_passed_the_level(records):
+    ds = gpu_training.gpu_training_dataset(records, mech=None, level=0.1)
+    flash = "lm_s04_flash_lr1e-3_s0_d0"
+    # the tiny CPU records' dQ errors are whatever a 2-layer toy gives: set the flash run's to 1% first
+    dq = ds[gpu_training.GPU_DQ_METRIC].copy()
+    is_flash = dq["run"] == flash
+    dq = xr.where(is_flash & dq.notnull(), 0.01, dq).transpose(*ds[gpu_training.GPU_DQ_METRIC].dims)
+    calm = ds.assign({gpu_training.GPU_DQ_METRIC: dq})
+    text = prose_gpu.gpu_dq_pass_sentence(calm)
+    assert "in no layer of any run" in text and f"{flash} (0.01)" in text
+    # raise one layer's dQ error above the level from the second logged step after 0 on
+    steps = dq.sel(run=flash, member="a", layer=1).dropna("step")
+    steps = steps["step"].values[steps["step"].values > 0]
+    first, top = int(steps[1]), int(steps[-1])
+    raised = dq.copy()
+    for k, st in enumerate(steps[1:]):
+        raised.loc[dict(run=flash, member="a", layer=1, step=st)] = 0.2 + 0.1 * k
+    text = prose_gpu.gpu_dq_pass_sentence(calm.assign({gpu_training.GPU_DQ_METRIC: raised}))
+    assert f"{flash} (sdpa:flash@bf16): layer 1 passed 0.1 at step {first} " in text
+    assert f"reached {0.2 + 0.1 * (len(steps) - 2):.3g} at step {top} " in text
+    assert "layer 0 passed" not in text and "its other layers stayed at or below 0.01." in text
+    assert "In the other runs" not in text  # the FP32 run's dQ error is 0: it has none to pass
+
+
+def test_study04_sets_a_layer_that_passed_beside_the_same_layer_of_its_setting(records):
+    ds = gpu_training.gpu_training_dataset(records, mech=None, level=0.1)
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    dq = ds[gpu_training.GPU_DQ_METRIC]
+    calm = ds.assign({gpu_training.GPU_DQ_METRIC: xr.where((dq["run"] == flash) & dq.notnull(), 0.01, dq).transpose(*dq.dims)})
+    assert prose_gpu.gpu_pass_setting_sentences(calm) == []
+    steps = calm[gpu_training.GPU_DQ_METRIC].sel(run=flash, member="a", layer=1).dropna("step")["step"].values
+    steps = steps[steps > 0]
+    first = int(steps[2])
+    raised = calm[gpu_training.GPU_DQ_METRIC].copy()
+    for st in steps[2:]:
+        raised.loc[dict(run=flash, member="a", layer=1, step=st)] = 0.5
+    # the two tiny runs share one setting: one of its two runs passed, and the FP32 run's layer 1 is read at that step
+    (text,) = prose_gpu.gpu_pass_setting_sentences(calm.assign({gpu_training.GPU_DQ_METRIC: raised}))
+    km = float(ds["key_mean_norm"].sel(run=fp32, member="a", layer=1, step=first))
+    assert "1 of the 2 trained runs of this setting had a layer whose dq_rel_err passed 0.1" in text
+    assert f"{flash}'s layer 1 passed at step {first} " in text
+    assert f"{fp32} (sdpa:math@fp32) at step {first}: dq_rel_err 0, key_mean_norm {km:.3g};" in text
+    # a run of the setting that stopped before the step is read at its last logged step, and says so
+    cut = calm.assign({gpu_training.GPU_DQ_METRIC: raised})
+    for var in ("key_mean_norm", gpu_training.GPU_DQ_METRIC):
+        cut[var] = cut[var].where(~((cut["run"] == fp32) & (cut["step"] >= first)))
+    (text,) = prose_gpu.gpu_pass_setting_sentences(cut)
+    assert "(it stopped before step" in text and f"{fp32} (sdpa:math@fp32) at step {first}" not in text
+
+
+def test_study04_per_layer_figure_wraps_runs_into_blocks_on_one_y_axis_per_variable(records):
+    ds = gpu_training.gpu_training_dataset(records, mech=None, level=0.1)
+    three = xr.concat([ds, ds.isel(run=[0]).assign_coords(run=["lm_s04_copy_s0_d0"])], "run", data_vars="all")
+    fig = figures.plot_gpu_dq_by_layer(three, per_row=2)
+    try:
+        axes = np.array(fig.axes).reshape(4, 2)  # two blocks of (dQ row, key offset row), two runs a row
+        assert [ax.get_title() for ax in axes[[0, 0, 2], [0, 1, 0]]] == [str(r) for r in three["run"].values]
+        assert not axes[2, 1].get_visible() and not axes[3, 1].get_visible() and axes[2, 0].get_visible()
+        dq_panels = [a for a in axes[[0, 0, 2], [0, 1, 0]] if a.lines]
+        assert len({a.get_ylim() for a in dq_panels}) == 1 and len(dq_panels) >= 2
+        assert axes[3, 0].get_xlabel() == "optimiser step" and axes[2, 0].get_ylabel() == gpu_training.GPU_DQ_METRIC
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+
+
+def test_results_write_with_provenance(records, tmp_path):
+    from attnum.studies.late_training_gradient_blowup import experiments
+
+    ds = gpu_training.gpu_training_dataset(records, None, 0.1)
+    path = ncio.write_results(ds, tmp_path / "r.nc", study="late_training_gradient_blowup", params={},
+                              variables=experiments.VARIABLES)
+    back = ncio.open_results(path)
+    assert back.sizes["run"] == 2 and "prov_version_torch" in back.coords
+    assert np.allclose(back["dq_rel_err"].values, ds["dq_rel_err"].values, equal_nan=True)
+
+
+def test_clopper_pearson_interval_for_one_growth_in_two_runs():
+    low, high = readings_gpu.clopper_pearson(1, 2)
+    assert low == pytest.approx(0.01258, abs=1e-5) and high == pytest.approx(0.98742, abs=1e-5)
+    assert readings_gpu.clopper_pearson(0, 2)[0] == 0.0 and readings_gpu.clopper_pearson(2, 2)[1] == 1.0
+    low, high = readings_gpu.clopper_pearson(0, 10)
+    assert low == 0.0 and high == pytest.approx(1 - 0.025 ** 0.1)  # k = 0: 1 - (alpha/2)^(1/n)
+    assert all(math.isnan(x) for x in readings_gpu.clopper_pearson(0, 0))
+
+
+def test_repeat_growth_counts_the_runs_of_one_setting_and_kernel_that_grew(records):
+    ds = gpu_training.gpu_training_dataset(records, None, 0.1)
+    flash = "lm_s04_flash_lr1e-3_s0_d0"
+    dq = ds[gpu_training.GPU_DQ_METRIC]
+    calm = ds.assign({gpu_training.GPU_DQ_METRIC: xr.where((dq["run"] == flash) & dq.notnull(), 0.01, dq).transpose(*dq.dims)})
+    assert len(readings_gpu.repeat_growth(calm)) == 0
+    assert math.isnan(readings_gpu.strongest_repeat_growth(calm)["runs"])
+    assert math.isnan(readings_gpu.strongest_repeat_growth(None)["grown"])
+    # a copy of the flash run under another name: two runs of one setting and kernel, one of which grows
+    twin = calm.isel(run=[0]).assign_coords(run=["lm_s04_flash_lr1e-3_b_s0_d0"])
+    pair = xr.concat([calm, twin], "run", data_vars="all")
+    raised = pair[gpu_training.GPU_DQ_METRIC].copy()
+    steps = raised.sel(run=flash, member="a", layer=1).dropna("step")["step"].values
+    raised.loc[dict(run=flash, member="a", layer=1, step=steps[-1])] = 1.5
+    grow = readings_gpu.strongest_repeat_growth(pair.assign({gpu_training.GPU_DQ_METRIC: raised}))
+    assert (grow["runs"], grow["grown"], grow["grown_runs"]) == (2, 1, flash)
+    assert grow["largest dq_rel_err"] == 1.5 and grow["attention"] == "sdpa:flash@bf16"
+    assert (grow["p low (95%)"], grow["p high (95%)"]) == pytest.approx(readings_gpu.clopper_pearson(1, 2))
+
+
+def test_growth_reading_takes_the_largest_pass_and_reads_the_same_layer_of_its_setting(records):
+    ds = gpu_training.gpu_training_dataset(records, None, 0.1)
+    flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
+    dq = ds[gpu_training.GPU_DQ_METRIC]
+    calm = ds.assign({gpu_training.GPU_DQ_METRIC: xr.where((dq["run"] == flash) & dq.notnull(), 0.01, dq).transpose(*dq.dims)})
+    assert math.isnan(readings_gpu.growth_reading(calm)["growth_top_dq_rel_err"])
+    assert math.isnan(readings_gpu.growth_reading(None)["repeat_dq_rel_err"])
+    raised = calm[gpu_training.GPU_DQ_METRIC].copy()
+    steps = raised.sel(run=flash, member="a", layer=1).dropna("step")["step"].values
+    steps = steps[steps > 0]
+    raised.loc[dict(run=flash, member="a", layer=1, step=steps[1])] = 0.3
+    raised.loc[dict(run=flash, member="a", layer=1, step=steps[-1])] = 1.2
+    out = readings_gpu.growth_reading(calm.assign({gpu_training.GPU_DQ_METRIC: raised}))
+    assert (out["growth_run"], out["growth_layer"], out["growth_pass_step"]) == (flash, 1, int(steps[1]))
+    assert (out["growth_top_dq_rel_err"], out["growth_top_step"]) == (1.2, int(steps[-1]))
+    assert out["growth_top_key_mean_norm"] == float(ds["key_mean_norm"].sel(run=flash, member="a", layer=1, step=steps[-1]))
+    assert out["growth_other_layers_max_dq"] == 0.01
+    # the FP32 run is the setting's other run but not a repeat (another kernel), and there is no GProj run
+    assert math.isnan(out["repeat_dq_rel_err"]) and math.isnan(out["gproj_dq_rel_err"]) and math.isnan(out["second_layer"])
+    table = readings_gpu.same_layer_elsewhere(calm.assign({gpu_training.GPU_DQ_METRIC: raised}), flash, 1, int(steps[1]))
+    assert list(table["run"]) == [fp32] and table["dq_rel_err"].iloc[0] == 0.0
