@@ -210,3 +210,172 @@ def fidelity_by_length(run: xr.Dataset) -> "pd.DataFrame":
     if not rows:
         return pd.DataFrame(columns=["bitwise equal", "error corr"])
     return pd.DataFrame(rows).groupby(["kernel", "dtype", "N"], sort=False).mean()
+
+
+# -- readings of a run's real kernels (tables and values the notebook states) --------------------------
+
+REAL_KERNELS_STATED = ("sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "sdpa:math", "triton:fa2", "flex")
+"""The registry kernels the notebook's prose names (keys ``<kernel with : as _>_*``); others are in the tables."""
+
+
+def kernel_key(kernel: str) -> str:
+    """A glue-key form of a registry name: ``sdpa:cudnn`` -> ``sdpa_cudnn``."""
+    return "".join(c if c.isalnum() else "_" for c in kernel.lower())
+
+
+def real_kernel_table(run: xr.Dataset) -> "pd.DataFrame":
+    """Per real kernel: its best emulator configurations, the range of their bitwise-equal share and error
+    correlation over dtype, head dim and mask, its error range per dtype, and where it gave no output (and why)."""
+    import pandas as pd
+
+    best = best_fidelity(run)
+    rows = []
+    for kernel in run["real_kernel"].values:
+        b = best[best["kernel"] == kernel]
+        status = run["real_status"].sel(real_kernel=kernel)
+        row = {"kernel": kernel, "best configs": ", ".join(sorted(set(b["best emulator config"]))) or None,
+               "bitwise min": b["bitwise equal"].min() if len(b) else np.nan,
+               "bitwise max": b["bitwise equal"].max() if len(b) else np.nan,
+               "corr min": b["error corr"].min() if len(b) else np.nan,
+               "corr max": b["error corr"].max() if len(b) else np.nan}
+        for fmt in run["real_dtype"].values:
+            e = run["real_rel_l2_err"].sel(real_kernel=kernel, real_dtype=fmt)
+            row[f"{fmt} error min"], row[f"{fmt} error max"] = float(e.min()), float(e.max())
+        bad = sorted({str(x).split(":")[0] for x in status.values.flatten() if x != "ok"})
+        row["no output"] = ", ".join(bad) or None
+        row["no output at N"] = ", ".join(str(int(n)) for n in status["real_seq_len"].values
+                                          if (status.sel(real_seq_len=n) != "ok").any()) or None
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("kernel")
+
+
+def fidelity_length_table(run: xr.Dataset) -> "pd.DataFrame":
+    """Per real kernel and dtype: its best configurations' bitwise share and correlation at the shortest and the
+    longest N where it gave an output (``fidelity_by_length``)."""
+    import pandas as pd
+
+    t = fidelity_by_length(run)
+    rows = []
+    for (kernel, fmt), sub in t.groupby(level=["kernel", "dtype"], sort=False):
+        sub = sub.droplevel(["kernel", "dtype"]).dropna(subset=["bitwise equal"])
+        if sub.empty:
+            continue
+        rows.append({"kernel": kernel, "dtype": fmt, "N short": int(sub.index[0]), "N long": int(sub.index[-1]),
+                     "bitwise short": sub["bitwise equal"].iloc[0], "bitwise long": sub["bitwise equal"].iloc[-1],
+                     "corr short": sub["error corr"].iloc[0], "corr long": sub["error corr"].iloc[-1]})
+    return pd.DataFrame(rows).set_index(["kernel", "dtype"]) if rows else pd.DataFrame()
+
+
+def real_growth_table(run: xr.Dataset) -> "pd.DataFrame":
+    """Per real kernel, mask and dtype: its median error's factor from the shortest to the longest N where it
+    gave an output (range over head dims), beside the emulator's (``fa2_<dtype>``, its configurations' range)."""
+    import pandas as pd
+
+    rows = []
+    for causal in run["real_causal"].values:
+        err = run["real_rel_l2_err"].sel(real_causal=causal).median("real_seed")
+        emu = run["real_emulator_rel_l2_err"].sel(real_causal=causal).median("real_seed")
+        for kernel in run["real_kernel"].values:
+            for fmt in run["real_dtype"].values:
+                e = err.sel(real_kernel=kernel, real_dtype=fmt)
+                ok = [n for n in run["real_seq_len"].values if np.isfinite(e.sel(real_seq_len=n).values).all()]
+                if len(ok) < 2:
+                    continue
+                f = (e.sel(real_seq_len=ok[-1]) / e.sel(real_seq_len=ok[0])).values
+                fe = (emu.sel(real_dtype=fmt, real_seq_len=ok[-1]) / emu.sel(real_dtype=fmt, real_seq_len=ok[0])).values
+                rows.append({"kernel": kernel, "mask": "causal" if causal else "none", "dtype": fmt,
+                             "N short": int(ok[0]), "N long": int(ok[-1]), "growth min": float(np.min(f)),
+                             "growth max": float(np.max(f)), "emulator growth min": float(np.min(fe)),
+                             "emulator growth max": float(np.max(fe))})
+    return pd.DataFrame(rows).set_index(["kernel", "mask", "dtype"]) if rows else pd.DataFrame()
+
+
+def math_backend_values(run: xr.Dataset | None, kernel: str = "sdpa:math") -> dict:
+    """Is the math backend the fp32-inside reference? The range (``ratio_min``, ``ratio_max``) over ``cases``
+    of its median error (no mask) over the emulated fp32-inside reference's at the same N, dtype and head dim
+    (other inputs: a ratio near 1 says the same arithmetic, not the same bits); None where not measurable."""
+    import json
+
+    out = {"ratio_min": None, "ratio_max": None, "cases": 0, "head_dim": None}
+    if run is None or kernel not in run["real_kernel"].values or "fp32_inside_rel_l2_err" not in run:
+        return out
+    head_dim = json.loads(run.attrs.get("parameters", "{}")).get("head_dim")
+    out["head_dim"] = head_dim
+    if head_dim not in run["real_head_dim"].values:
+        return out
+    real = run["real_rel_l2_err"].sel(real_kernel=kernel, real_causal=0, real_head_dim=head_dim).median("real_seed")
+    inside = run["fp32_inside_rel_l2_err"].median("seed")
+    ratios = []
+    for fmt in real["real_dtype"].values:
+        if fmt not in inside["dtype"].values:
+            continue
+        for n in real["real_seq_len"].values:
+            r = float(real.sel(real_dtype=fmt, real_seq_len=n))
+            if np.isfinite(r) and n in inside["seq_len"].values:
+                ratios.append(r / float(inside.sel(dtype=fmt, seq_len=n)))
+    if ratios:
+        out.update(ratio_min=min(ratios), ratio_max=max(ratios), cases=len(ratios))
+    return out
+
+
+def real_false_alarms_by_dtype(run: xr.Dataset, min_len: int = LONG_SEQUENCE_MIN) -> "pd.DataFrame":
+    """False-alarm rate of each rule over every real kernel's outputs at N >= ``min_len``, per dtype."""
+    import pandas as pd
+
+    p = run["real_passes"].sel(real_seq_len=[n for n in run["real_seq_len"].values if n >= min_len])
+    rows = {}
+    for rule in run["rule"].values:
+        for fmt in run["real_dtype"].values:
+            v = p.sel(rule=rule, real_dtype=fmt).values
+            v = v[np.isfinite(v)]
+            rows.setdefault(rule, {})[fmt] = 1 - v.mean() if v.size else np.nan
+    return pd.DataFrame(rows).T.rename_axis("rule")
+
+
+def real_kernel_values(run: xr.Dataset | None, min_len: int = LONG_SEQUENCE_MIN) -> dict:
+    """The numbers the prose about a run's real kernels states, same keys for every run (None where the run
+    did not measure a kernel): per kernel of ``REAL_KERNELS_STATED`` (``k`` = ``kernel_key``): ``k_best`` (its
+    best configurations), ``k_bits_min``/``_max``, ``k_bits_<dtype>_short``/``_long`` and
+    ``k_corr_<dtype>_short``/``_long`` (best configuration at the shortest and longest N),
+    ``k_growth_<dtype>_nomask_max`` (error growth without a mask), ``k_no_output`` (why none, or ``"none"``);
+    the emulator's growth range without a mask (``emulator_growth_<dtype>_nomask_max``); and each rule's
+    false-alarm rate at N >= ``min_len`` over all kernels per dtype (``alarms_<rule>_<dtype>``)."""
+    out = {"commit": None, "device": None, "n_min": None, "n_max": None}
+    dtypes, rules = ("bf16", "fp16"), {"fixed_0.1pct": "fixed", "dynamic_threshold": "dynamic",
+                                       "reference_relative": "refrel"}
+    summary = real_kernel_table(run) if run is not None else None
+    by_n = fidelity_length_table(run) if run is not None else None
+    growth = real_growth_table(run) if run is not None else None
+    alarms = real_false_alarms_by_dtype(run, min_len) if run is not None else None
+    if run is not None:
+        out.update(commit=str(run.attrs.get("git_commit", ""))[:7] or None, device=run.attrs.get("device"),
+                   n_min=int(run["real_seq_len"].min()), n_max=int(run["real_seq_len"].max()))
+
+    def cell(table, index, column):
+        if table is None or not len(table) or index not in table.index or column not in table.columns:
+            return None
+        value = table.loc[index, column]
+        return None if isinstance(value, float) and not np.isfinite(value) else (
+            value if isinstance(value, str) else float(value))
+
+    for kernel in REAL_KERNELS_STATED:
+        k = kernel_key(kernel)
+        out[f"{k}_best"] = cell(summary, kernel, "best configs")
+        out[f"{k}_bits_min"], out[f"{k}_bits_max"] = cell(summary, kernel, "bitwise min"), cell(summary, kernel, "bitwise max")
+        measured = summary is not None and kernel in summary.index
+        out[f"{k}_no_output"] = (cell(summary, kernel, "no output") or "none") if measured else None
+        for fmt in dtypes:
+            for end in ("short", "long"):
+                out[f"{k}_bits_{fmt}_{end}"] = cell(by_n, (kernel, fmt), f"bitwise {end}")
+                out[f"{k}_corr_{fmt}_{end}"] = cell(by_n, (kernel, fmt), f"corr {end}")
+            out[f"{k}_growth_{fmt}_nomask_max"] = cell(growth, (kernel, "none", fmt), "growth max")
+    for fmt in dtypes:
+        try:
+            emu = growth.xs(("none", fmt), level=("mask", "dtype"))
+        except (AttributeError, KeyError, TypeError):  # no table, or no such rows
+            emu = None
+        out[f"emulator_growth_{fmt}_nomask_max"] = None if emu is None or not len(emu) else float(
+            emu["emulator growth max"].max())
+        for rule, name in rules.items():
+            out[f"alarms_{name}_{fmt}"] = cell(alarms, rule, fmt)
+    return out
