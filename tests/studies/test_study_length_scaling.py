@@ -2,14 +2,33 @@
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import xarray as xr
 
 from attnum import ncio, runner
 from attnum.publish import publish
-from attnum.studies import length_scaling as study
+import attnum.studies.length_scaling as study
+from attnum.studies.length_scaling import experiments, readings, real_kernels
 
-pytestmark = pytest.mark.slow
+
+@pytest.mark.parametrize("name", runner.param_sets("length_scaling"))
+def test_rules_and_memory_estimate_agree_with_the_schema(name):
+    values = {**runner.notebook_defaults("length_scaling"), **runner.load_param_set("length_scaling", name)}
+    assert study.memory_estimate(values) == runner.memory_estimate("length_scaling", values)
+    checks = runner.study_checks("length_scaling")
+    assert study.rules(values) == [r["message"] for r in checks["rules"] if not runner.evaluate(r["expr"], values)]
+    assert study.STUDY == "length_scaling"
+
+
+def test_the_package_init_is_light():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnum.studies.length_scaling as s; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(len(s.VARIABLES))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert int(out.stdout) > 0
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +38,7 @@ def smoke_run(tmp_path_factory):
     return outputs, path
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_results_figures_and_record(smoke_run):
     _, path = smoke_run
     assert (path / "notebook.ipynb").exists() and (path / "results.nc").exists()
@@ -27,6 +47,7 @@ def test_smoke_run_writes_results_figures_and_record(smoke_run):
             "stage_attribution.png"} <= {p.name for p in path.glob("*.png")}
 
 
+@pytest.mark.slow
 def test_smoke_results_obey_what_must_hold(smoke_run):
     _, path = smoke_run
     ds = ncio.open_results(path / "results.nc")
@@ -53,6 +74,7 @@ def test_smoke_results_obey_what_must_hold(smoke_run):
     assert params["seq_lens"] == [64, 128, 256] and ds.attrs["study"] == "length_scaling"
 
 
+@pytest.mark.slow
 def test_smoke_run_holds_the_new_measurements(smoke_run):
     _, path = smoke_run
     ds = ncio.open_results(path / "results.nc")
@@ -60,7 +82,7 @@ def test_smoke_run_holds_the_new_measurements(smoke_run):
                 "denominator_tail_share", "fp32_stage_rel_l2_err"):
         assert np.isfinite(ds[var]).all() and (ds[var] > 0).all(), var
     assert "golden" in ds["block_config"].values
-    assert int(ds["tile_k"].sel(block_config="golden")) == study.golden_tile(32)[1]
+    assert int(ds["tile_k"].sel(block_config="golden")) == experiments.golden_tile(32)[1]
     # without a mask no position stratum sees more keys than another
     ratio = ds["nomask_strata_rel_l2_err"].sel(stratum="last_10pct") / ds["nomask_strata_rel_l2_err"].sel(stratum="first_10pct")
     assert float(abs(np.log(ratio)).max()) < np.log(2)
@@ -68,6 +90,21 @@ def test_smoke_run_holds_the_new_measurements(smoke_run):
     assert (path / "fp32_reference_stages.png").stat().st_size > 10_000
 
 
+@pytest.mark.slow
+def test_the_prose_glues_every_value_it_states(smoke_run):
+    from attnum import glue
+
+    _, path = smoke_run
+    executed = json.loads((path / "notebook.ipynb").read_text())
+    assert glue.referenced_keys(executed) and not glue.missing_keys(executed)
+    values = glue.read_glued(executed)
+    ds = ncio.open_results(path / "results.nc", squeeze_sweep_dims=True)
+    assert values["s01_commit"] == ds.attrs["git_commit"][:7]
+    assert values["s01_flash_all_bf16_growth"] == pytest.approx(readings.growth_values(ds)["flash_all_bf16_growth"])
+    assert values["s01_seed000_tail_share"] == 0.62  # the source's own number, glued as the source's
+
+
+@pytest.mark.slow
 def test_published_index_lists_the_run(smoke_run):
     outputs, path = smoke_run
     index = publish(outputs)
@@ -79,6 +116,7 @@ def test_published_index_lists_the_run(smoke_run):
     assert "Length scaling" in html
 
 
+@pytest.mark.slow
 def test_sweep_writes_one_folder_per_point_and_runs_merge_by_coordinates(tmp_path):
     tiny = {"dtypes": ["fp32"], "block_configs": ["32x32"], "loop_orders": ["q_outer"], "block_seeds": [0],
             "attribution_seq_lens": [256], "attribution_dtypes": ["bf16"], "attribution_query_rows": 8}
@@ -95,13 +133,13 @@ def test_sweep_writes_one_folder_per_point_and_runs_merge_by_coordinates(tmp_pat
 
 def test_real_kernel_sweep_records_refusals_and_finds_the_emulator_in_itself():
     # an emulator configuration, taken as a "real" kernel, must be reproduced bit for bit by that configuration
-    ds = study.real_kernel_sweep(["emulator:fa2_bf16:bk32:bq128", "sdpa:math", "sdpa:cudnn"], [64, 96], ["bf16"],
-                                 [16], [False, True], [0], block_ks=(32, 64), progress=False)
+    ds = real_kernels.real_kernel_sweep(["emulator:fa2_bf16:bk32:bq128", "sdpa:math", "sdpa:cudnn"], [64, 96], ["bf16"],
+                                 [16], [False, True], [0], block_ks=(32, 64), progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024, reference_chunk=4096)
     bits = ds["real_bitwise_equal"].sel(real_kernel="emulator:fa2_bf16:bk32:bq128")
     assert (bits.sel(fidelity_config="bk32") == 1).all()
     assert (ds["real_error_corr"].sel(real_kernel="emulator:fa2_bf16:bk32:bq128", fidelity_config="bk32") > 0.999).all()
     assert float(bits.sel(fidelity_config="bk64").min()) < 1  # another key block rounds differently
-    best = study.best_fidelity(ds)
+    best = real_kernels.best_fidelity(ds)
     assert set(best[best["kernel"] == "emulator:fa2_bf16:bk32:bq128"]["best emulator config"]) == {"bk32"}
     status = ds["real_status"].sel(real_kernel="sdpa:cudnn").values.ravel()
     assert all(s.startswith("unavailable:") and "CUDA" in s for s in status)
@@ -153,8 +191,8 @@ def test_sequential_mac_fused_vs_two_roundings():
 
 
 def test_mac_sweep_separates_the_modes_where_they_can_differ():
-    ds = study.mac_sweep([64, 128], ["bf16", "fp32"], [0], query_rows=8, head_dim=16, block_q=32, block_k=32,
-                         progress=False)
+    ds = experiments.mac_sweep([64, 128], ["bf16", "fp32"], [0], query_rows=8, head_dim=16, block_q=32, block_k=32,
+                         progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024)
     err = ds["mac_rel_l2_err"].sel(mac_seed=0)
     assert np.isfinite(err).all() and (err > 0).all()
     fa2 = err.sel(policy="fa2", mac_dtype="bf16")
@@ -163,23 +201,23 @@ def test_mac_sweep_separates_the_modes_where_they_can_differ():
 
 
 def test_golden_tile_formula():
-    assert study.golden_tile(64) == (64, 384)  # M = 98304: Bc = ceil(M / 256), Br = min(Bc, d)
-    assert study.golden_tile(128) == (128, 192)
-    assert study.golden_tile(64, memory=1000) == (4, 4)
-    assert study.parse_block_config("golden", 32) == (32, 768)
-    assert study.parse_block_config("16x64", 32) == (16, 64)
+    assert experiments.golden_tile(64) == (64, 384)  # M = 98304: Bc = ceil(M / 256), Br = min(Bc, d)
+    assert experiments.golden_tile(128) == (128, 192)
+    assert experiments.golden_tile(64, memory=1000) == (4, 4)
+    assert experiments.parse_block_config("golden", 32) == (32, 768)
+    assert experiments.parse_block_config("16x64", 32) == (16, 64)
     with pytest.raises(ValueError, match="golden"):
-        study.parse_block_config("big", 32)
-    ds = study.block_sweep(128, ["32x32", "golden"], ["q_outer"], ["bf16"], [0], head_dim=16, progress=False)
-    assert int(ds["tile_k"].sel(block_config="golden")) == study.golden_tile(16)[1]
+        experiments.parse_block_config("big", 32)
+    ds = experiments.block_sweep(128, ["32x32", "golden"], ["q_outer"], ["bf16"], [0], head_dim=16, progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024)
+    assert int(ds["tile_k"].sel(block_config="golden")) == experiments.golden_tile(16)[1]
 
 
 def test_fp32_inside_reference_is_the_fp32_reference_rounded_once():
     q, k, v = _qkv(80, 16, "bf16")
-    inside = kernels.reference(study.fp32_inside_policy("bf16")).forward(q, k, v)[0]
+    inside = kernels.reference(experiments.fp32_inside_policy("bf16")).forward(q, k, v)[0]
     fp32 = kernels.reference("fp32").forward(q, k, v)[0]
     assert torch.equal(inside, round_to(fp32, "bf16"))
-    ds = study.length_sweep([64, 128, 256], ["bf16"], [0], head_dim=16, block_q=32, block_k=32, progress=False)
+    ds = experiments.length_sweep([64, 128, 256], ["bf16"], [0], head_dim=16, block_q=32, block_k=32, progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024, reference_chunk=0)
     assert (ds["fp32_inside_rel_l2_err"] > 0).all()
     # the production flash kernel rounds P; the fp32-inside reference does not, so it errs less
     assert (ds["rel_l2_err"].sel(kernel="flash", policy="fa2") > ds["fp32_inside_rel_l2_err"]).all()
@@ -189,37 +227,40 @@ def test_fp32_inside_reference_is_the_fp32_reference_rounded_once():
 def test_staged_fp32_reference_equals_the_reference_and_each_stage_can_be_promoted():
     q, k, v = _qkv(300, 16, "fp32", rows=24)
     ref = kernels.reference("fp32").forward(q, k, v)[0]
-    assert torch.equal(study.staged_fp32_attention(q, k, v), ref)
+    assert torch.equal(experiments.staged_fp32_attention(q, k, v), ref)
     gold = kernels.get("golden").forward(q, k, v)[0]
     err = lambda o: float((o.double() - gold).norm() / gold.norm())  # noqa: E731
-    for stage in study.FP32_STAGES:
-        out = study.staged_fp32_attention(q, k, v, fp64_stage=stage)
+    for stage in experiments.FP32_STAGES:
+        out = experiments.staged_fp32_attention(q, k, v, fp64_stage=stage)
         assert out.dtype == torch.float32 and err(out) < 1e-6
-    assert err(study.staged_fp32_attention(q, k, v, fp64_stage="pv")) != err(ref)
-    assert not torch.equal(study.staged_fp32_attention(q, k, v, split="pv", chunk=64), ref)
+    assert err(experiments.staged_fp32_attention(q, k, v, fp64_stage="pv")) != err(ref)
+    assert not torch.equal(experiments.staged_fp32_attention(q, k, v, split="pv", chunk=64), ref)
     with pytest.raises(ValueError):
-        study.staged_fp32_attention(q, k, v, fp64_stage="softmax")
-    ds = study.fp32_reference_stages([128, 256], [0], query_rows=8, head_dim=16, progress=False)
+        experiments.staged_fp32_attention(q, k, v, fp64_stage="softmax")
+    ds = experiments.fp32_reference_stages([128, 256], [0], query_rows=8, head_dim=16, progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024)
     e = ds["fp32_stage_rel_l2_err"]
-    assert list(e["fp32_stage_variant"].values) == list(study.FP32_STAGE_VARIANTS)
+    assert list(e["fp32_stage_variant"].values) == list(experiments.FP32_STAGE_VARIANTS)
     assert (e.sel(fp32_stage_variant="reference") == e.sel(fp32_stage_variant="all_fp32")).all()
     assert ((e > 0) & (e < 1e-5)).all()
     assert "float32_matmul_precision" in str(ds["fp32_stage_matmul_precision"].values)
-    assert "grows" in study.fp32_stage_sentence(ds)
+    values = readings.fp32_stage_values(ds)
+    t = readings.fp32_stage_table(ds)
+    assert values["reference_growth"] == pytest.approx(float(t.loc["reference", "longest / shortest N"]))
+    assert (values["n_first"], values["n_last"]) == (128, 256) and values["sqrt_growth"] == pytest.approx(2 ** 0.5)
 
 
 def test_row_sum_window_rounds_only_inside_its_window():
     # N = 100, block 10: keys 90..99 are the last 10%, i.e. block 9 alone
     l = torch.full((1, 1), 1.0 + 2.0 ** -12)  # not a bf16 number
     for window, rounded in (("every_block", set(range(10))), ("last_10pct", {9}), ("first_90pct", set(range(9)))):
-        hooks = study._row_sum_rounder("bf16", 100, 10, window)
+        hooks = experiments._row_sum_rounder("bf16", 100, 10, window)
         got = {b for b in range(10) if not torch.equal(hooks.store_row_sum(l.clone()), l)}
         assert got == rounded, window
 
 
 def test_denominator_tail_measures_the_row_sum_only():
-    ds = study.denominator_tail([128, 512], ["bf16", "fp32"], [0], query_rows=8, head_dim=16, block_q=32,
-                                block_k=32, progress=False)
+    ds = experiments.denominator_tail([128, 512], ["bf16", "fp32"], [0], query_rows=8, head_dim=16, block_q=32,
+                                block_k=32, progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024)
     err = ds["denominator_rel_l2_err"]
     fp32 = err.sel(denominator_dtype="fp32")  # rounding an fp32 row sum to fp32 changes nothing
     assert (fp32 == fp32.sel(denominator_window="every_block")).all()
@@ -227,40 +268,64 @@ def test_denominator_tail_measures_the_row_sum_only():
     assert (bf16.sel(denominator_window="every_block") > 10 * fp32.sel(denominator_window="every_block")).all()
     share = ds["denominator_tail_share"].sel(denominator_dtype="bf16")
     assert ((share > 0) & (share < 2)).all()
-    assert "62%" in study.denominator_sentence(ds)
+    values = readings.denominator_values(ds, n=512)
+    med = ds["denominator_tail_share"].median("denominator_seed")
+    assert values["bf16_at_n"] == pytest.approx(float(med.sel(denominator_dtype="bf16", denominator_seq_len=512)))
+    assert values["fp16_at_n"] is None  # not measured here
+    assert readings.denominator_values(ds)["bf16_at_n"] is None  # N = 4096 (seed 000's) was not measured
+    assert (values["min"], values["max"]) == (pytest.approx(float(med.min())), pytest.approx(float(med.max())))
+    # seed 000's own number, stated as the source's (papers.md section 1)
+    assert readings.seed000_values(None)["seed000_tail_share"] == 0.62
 
 
 def test_unmasked_strata_and_the_statement_helpers():
-    lengths = study.summarize_lengths(study.length_sweep([64, 128, 256], ["bf16", "fp32"], [0, 1], head_dim=16,
-                                                         block_q=32, block_k=32, progress=False))
-    nomask = study.causal_strata(128, ["bf16"], [0], head_dim=16, block_q=32, block_k=32, causal=False,
-                                 progress=False)
+    lengths = experiments.summarize_lengths(experiments.length_sweep([64, 128, 256], ["bf16", "fp32"], [0, 1], head_dim=16,
+                                                         block_q=32, block_k=32, progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024, reference_chunk=0))
+    nomask = experiments.causal_strata(128, ["bf16"], [0], head_dim=16, block_q=32, block_k=32, causal=False,
+                                 progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024, reference_chunk=0)
     assert {"nomask_strata_rel_l2_err", "nomask_seq_len"} <= set(nomask) and "strata_rel_l2_err" not in nomask
-    table = study.strata_table(nomask, "nomask_")
+    table = readings.strata_table(nomask, "nomask_")
     assert (table["last / first"] > 0).all()
-    assert study.strata_table(nomask) == study.missing(nomask, "strata_rel_l2_err")
-    assert "no strata_rel_l2_err" in study.missing(nomask, "strata_rel_l2_err")
-    growth = study.growth_table(lengths)
+    assert readings.strata_table(nomask) is None
+    assert readings.lacking(nomask, "strata_rel_l2_err", "nomask_strata_rel_l2_err") == ["strata_rel_l2_err"]
+    strata = readings.strata_values(nomask)
+    assert strata["causal_last_over_first_max"] is None
+    assert strata["nomask_last_over_first_max"] == pytest.approx(float(table["last / first"].max()))
+    growth = readings.growth_table(lengths)
     row = growth.loc[("flash", "all_bf16")]
     med = lengths["rel_l2_err"].median("seed").sel(kernel="flash", policy="all", dtype="bf16")
     assert row["last/first"] == pytest.approx(float(med.sel(seq_len=256) / med.sel(seq_len=64)))
-    assert any("all_bf16" in s for s in study.growth_sentences(lengths))
-    rate, count = study.false_alarm_rate(lengths, "fixed_0.1pct", "flash", "fa2", "bf16", min_len=128)
+    values = readings.growth_values(lengths)
+    assert values["flash_all_bf16_growth"] == pytest.approx(row["last/first"])
+    assert values["flash_all_bf16_exponent"] == pytest.approx(row["power-law exponent"])
+    assert values["flash_all_bf16_rise"] == ("rises at every step" if row["monotone rise"] else "does not rise at every step")
+    r2 = {w: row[f"R2 {m}"] for w, m in (("a power law", "power_law"), ("√N", "sqrt_n"), ("log2 N", "log2_n"))}
+    assert values["flash_all_bf16_best_model"] == max(r2, key=r2.get)
+    assert values["flash_all_fp16_growth"] is None and set(values) == set(readings.growth_values(None))
+    rate, count = readings.false_alarm_rate(lengths, "fixed_0.1pct", "flash", "fa2", "bf16", min_len=128)
     assert count == 4 and rate == 1.0  # bf16's unit roundoff is above 0.1%: every output rejected
-    comparison = study.reference_comparison(lengths)
+    comparison = readings.reference_comparison(lengths)
     assert (comparison["flash / fp32 inside"].xs("bf16") > 1).all()
-    seed000 = study.seed000_metric_table(lengths)
+    compared = readings.reference_comparison_values(lengths)
+    assert compared["bf16_over_inside_min"] == pytest.approx(float(comparison["flash / fp32 inside"].xs("bf16").min()))
+    assert compared["versus_inside"] == "larger" and compared["fp16_over_inside_min"] is None
+    seed000 = readings.seed000_metric_table(lengths)
     assert seed000.loc[("fa2_bf16", 128), "seed 000, MI210 port"] != seed000.loc[("fa2_bf16", 128), "seed 000, MI210 port"]
     assert seed000["mean rel. error (seed 000's metric)"].gt(0).all()
 
 
 def test_real_kernel_statements_record_what_could_not_run():
-    ds = study.real_kernel_sweep(["sdpa:math", "sdpa:cudnn"], [64, 128], ["bf16"], [16], [False], [0],
-                                 block_ks=(32,), progress=False)
-    lines = study.real_kernel_sentences(ds)
-    assert any(line.startswith("`sdpa:cudnn`: no output") for line in lines)
-    assert any(line.startswith("`sdpa:math`: best emulator configuration") for line in lines)
-    alarms = study.real_false_alarms(ds, min_len=128)
+    ds = real_kernels.real_kernel_sweep(["sdpa:math", "sdpa:cudnn"], [64, 128], ["bf16"], [16], [False], [0],
+                                 block_ks=(32,), progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024, reference_chunk=4096)
+    summary = real_kernels.real_kernel_table(ds)
+    assert summary.loc["sdpa:cudnn", "no output"] == "unavailable" and pd.isna(summary.loc["sdpa:cudnn", "best configs"])
+    assert pd.isna(summary.loc["sdpa:math", "no output"]) and summary.loc["sdpa:math", "best configs"] == "bk32"
+    values = real_kernels.real_kernel_values(ds)
+    assert values["sdpa_cudnn_no_output"] == "unavailable" and values["sdpa_cudnn_bits_min"] is None
+    assert values["sdpa_math_no_output"] == "none" and values["sdpa_flash_no_output"] is None  # not in this run
+    assert values["sdpa_math_bits_min"] == pytest.approx(float(summary.loc["sdpa:math", "bitwise min"]))
+    assert set(values) == set(real_kernels.real_kernel_values(None))
+    alarms = real_kernels.real_false_alarms(ds, min_len=128)
     assert set(alarms.index.get_level_values("kernel")) == {"sdpa:math"}
     assert (alarms["outputs"] == 1).all()
     assert float(alarms.loc[("sdpa:math", "fixed_0.1pct"), "false alarms"]) == 1.0
@@ -268,16 +333,16 @@ def test_real_kernel_statements_record_what_could_not_run():
 
 @pytest.mark.gpu
 def test_fp32_reference_stages_on_cuda():
-    ds = study.fp32_reference_stages([256, 1024], [0], query_rows=64, head_dim=32, device="cuda", progress=False)
+    ds = experiments.fp32_reference_stages([256, 1024], [0], query_rows=64, head_dim=32, device="cuda", progress=False, batch=1, heads=1, golden_chunk=1024)
     e = ds["fp32_stage_rel_l2_err"]
     assert ((e > 0) & (e < 1e-5)).all()
     assert (e.sel(fp32_stage_variant="fp64_pv") <= 2 * e.sel(fp32_stage_variant="all_fp32")).all()
 
 
 def test_attribution_table_shares():
-    ds = study.stage_attribution([256, 1024], ["bf16"], [0], query_rows=8, head_dim=16, block_q=32, block_k=32,
-                                 progress=False)
-    t = study.attribution_table(ds)
+    ds = experiments.stage_attribution([256, 1024], ["bf16"], [0], query_rows=8, head_dim=16, block_q=32, block_k=32,
+                                 progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024)
+    t = readings.attribution_table(ds)
     a = ds["attribution_rel_l2_err"].sel(kernel="flash", attribution_dtype="bf16", attribution_seed=0)
     n = 1024
     assert t.loc[n, "removed by promote_stats"] == pytest.approx(
@@ -286,12 +351,17 @@ def test_attribution_table_shares():
     kept = float(a.sel(variant="promote_stats", attribution_seq_len=n) - a.sel(variant="promote_stats", attribution_seq_len=256))
     assert t.loc[n, "growth removed by promote_stats"] == pytest.approx(1 - kept / growth)
     assert np.isnan(t.loc[256, "growth removed by promote_stats"])
-    assert "N = 1024" in study.attribution_sentence(ds)
+    values = readings.attribution_values(ds)
+    assert (values["n_first"], values["n_last"]) == (256, 1024)
+    assert values["removed_last"] == pytest.approx(t.loc[n, "removed by promote_stats"])
+    assert values["growth_removed_last"] == pytest.approx(1 - kept / growth)
+    dominant = [int(m) for m in t.index if t.loc[m, "only_stats / only_out_acc"] >= 2]
+    assert values["stats_dominant_from"] == (dominant[0] if dominant else None)
 
 
 def _fp32_stage_dataset(flat: tuple[str, ...], growth=(1.0, 2.0, 4.0)):
     """A made-up fp32-stage dataset: every variant grows by ``growth`` except those in ``flat``."""
-    variants = list(study.FP32_STAGE_VARIANTS)
+    variants = list(experiments.FP32_STAGE_VARIANTS)
     err = np.array([[[1e-7 * (1.0 if v in flat else g)] for g in growth] for v in variants])
     coords = {"fp32_stage_variant": variants, "fp32_stage_seq_len": [1024, 4096, 16384], "fp32_stage_seed": [0]}
     ds = xr.Dataset({"fp32_stage_rel_l2_err": (tuple(coords), err)}, coords=coords)
@@ -300,27 +370,31 @@ def _fp32_stage_dataset(flat: tuple[str, ...], growth=(1.0, 2.0, 4.0)):
     return ds
 
 
-def test_fp32_stage_cause_sentence_names_the_variants_that_remove_the_growth():
-    pv = study.fp32_stage_cause_sentence(_fp32_stage_dataset(("fp64_pv", "pv_split")))
-    assert "`fp64_pv`" in pv and "`pv_split`" in pv and "`fp64_sum`" not in pv
-    assert "grows x4.00 from N = 1024 to 16384" in pv and "the P·V product" in pv and "x4.0 over this range" in pv
-    row_sum = study.fp32_stage_cause_sentence(_fp32_stage_dataset(("fp64_sum", "sum_split")))
-    assert "the row sum" in row_sum and "P·V" not in row_sum
-    assert "not in one stage" in study.fp32_stage_cause_sentence(_fp32_stage_dataset(()))
-    flat = study.fp32_stage_cause_sentence(_fp32_stage_dataset((), growth=(1.0, 1.05, 1.1)))
-    assert "no growth to attribute" in flat
+def test_fp32_stage_values_name_the_variants_that_remove_the_growth():
+    pv = readings.fp32_stage_values(_fp32_stage_dataset(("fp64_pv", "pv_split")))
+    assert pv["causes"] == "fp64_pv, pv_split" and pv["cause_stages"] == "P·V product"
+    assert pv["reference_growth"] == pytest.approx(4.0) and (pv["n_first"], pv["n_last"]) == (1024, 16384)
+    assert pv["sqrt_growth"] == pytest.approx(4.0) and pv["causes_growth_max"] == pytest.approx(1.0)
+    assert pv["has_growth"] and pv["growth_verdict"] == "a growth to attribute"
+    assert pv["others_growth_min"] == pytest.approx(4.0) and pv["others_growth_max"] == pytest.approx(4.0)
+    row_sum = readings.fp32_stage_values(_fp32_stage_dataset(("fp64_sum", "sum_split")))
+    assert row_sum["causes"] == "fp64_sum, sum_split" and row_sum["cause_stages"] == "row sum"
+    none = readings.fp32_stage_values(_fp32_stage_dataset(()))
+    assert none["causes"] == "none" and none["has_growth"]  # growth, but not in one stage
+    flat = readings.fp32_stage_values(_fp32_stage_dataset((), growth=(1.0, 1.05, 1.1)))
+    assert not flat["has_growth"] and flat["growth_verdict"] == "no growth to attribute" and flat["causes"] == "none"
     lacking = _fp32_stage_dataset(()).drop_vars("fp32_stage_rel_l2_err")
-    assert "no fp32_stage_rel_l2_err" in study.fp32_stage_cause_sentence(lacking)
+    assert set(readings.fp32_stage_values(lacking).values()) == {None}
 
 
-def test_real_kernel_fidelity_growth_and_alarm_sentences():
+def test_real_kernel_fidelity_growth_and_alarm_readings():
     import json
 
-    real = study.real_kernel_sweep(["sdpa:math", "sdpa:cudnn"], [64, 128], ["bf16"], [16], [False, True], [0],
-                                   block_ks=(32,), progress=False)
-    by_n = study.fidelity_by_length(real)
+    real = real_kernels.real_kernel_sweep(["sdpa:math", "sdpa:cudnn"], [64, 128], ["bf16"], [16], [False, True], [0],
+                                   block_ks=(32,), progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024, reference_chunk=4096)
+    by_n = real_kernels.fidelity_by_length(real)
     assert set(by_n.index.get_level_values("kernel")) == {"sdpa:math"}  # cudnn cannot run on a CPU
-    best = study.best_fidelity(real)
+    best = real_kernels.best_fidelity(real)
     cfg = best[(best["kernel"] == "sdpa:math") & ~best["causal"]]["best emulator config"].iloc[0]
     cfg_causal = best[(best["kernel"] == "sdpa:math") & best["causal"]]["best emulator config"].iloc[0]
     bits = real["real_bitwise_equal"].sel(real_kernel="sdpa:math", real_dtype="bf16", real_head_dim=16,
@@ -328,25 +402,33 @@ def test_real_kernel_fidelity_growth_and_alarm_sentences():
     expected = (float(bits.sel(real_causal=0, fidelity_config=cfg))
                 + float(bits.sel(real_causal=1, fidelity_config=cfg_causal))) / 2
     assert by_n.loc[("sdpa:math", "bf16", 128), "bitwise equal"] == pytest.approx(expected)
-    lines = study.fidelity_length_sentences(real)
-    assert len(lines) == 1 and lines[0].startswith("`sdpa:math`") and "at N = 128" in lines[0]
-    growth = study.real_growth_sentences(real, 0)
-    assert len(growth) == 1 and "from N = 64 to 128" in growth[0] and "emulator `fa2_bf16`" in growth[0]
+    lengths_table = real_kernels.fidelity_length_table(real)
+    assert list(lengths_table.index) == [("sdpa:math", "bf16")]
+    row = lengths_table.loc[("sdpa:math", "bf16")]
+    assert (row["N short"], row["N long"]) == (64, 128)
+    assert row["bitwise long"] == pytest.approx(expected)
+    growth = real_kernels.real_growth_table(real)
+    assert set(growth.index) == {("sdpa:math", "none", "bf16"), ("sdpa:math", "causal", "bf16")}
     e = real["real_rel_l2_err"].sel(real_kernel="sdpa:math", real_causal=0, real_dtype="bf16", real_head_dim=16,
                                     real_seed=0)
-    assert f"x{float(e.sel(real_seq_len=128) / e.sel(real_seq_len=64)):.2f}" in growth[0]
-    alarms = study.real_false_alarm_sentences(real, min_len=128)
-    fixed = next(s for s in alarms if s.startswith("fixed_0.1pct"))
-    assert "`sdpa:math` 100% of 2" in fixed and "`sdpa:cudnn`" not in fixed
-    assert study.real_false_alarm_sentences(real, min_len=10**6) == ["no real-kernel output at N >= 1000000"]
+    factor = float(e.sel(real_seq_len=128) / e.sel(real_seq_len=64))
+    assert growth.loc[("sdpa:math", "none", "bf16"), "growth max"] == pytest.approx(factor)
+    values = real_kernels.real_kernel_values(real, min_len=128)
+    assert values["sdpa_math_growth_bf16_nomask_max"] == pytest.approx(factor)
+    assert values["sdpa_math_bits_bf16_long"] == pytest.approx(expected)
+    assert values["alarms_fixed_bf16"] == 1.0  # bf16's unit roundoff is above the fixed tolerance
+    by_dtype = real_kernels.real_false_alarms_by_dtype(real, min_len=128)
+    assert by_dtype.loc["fixed_0.1pct", "bf16"] == 1.0  # sdpa:cudnn gave no output: only sdpa:math counts
+    assert np.isnan(real_kernels.real_false_alarms_by_dtype(real, min_len=10**6).loc["fixed_0.1pct", "bf16"])
     # the math backend against the emulated fp32-inside reference on the same inputs
-    lengths = study.summarize_lengths(study.length_sweep([64, 128], ["bf16"], [0], heads=2, head_dim=16, block_q=32,
-                                                         block_k=32, progress=False))
+    lengths = experiments.summarize_lengths(experiments.length_sweep([64, 128], ["bf16"], [0], heads=2, head_dim=16, block_q=32,
+                                                         block_k=32, progress=False, batch=1, device="cpu", golden_chunk=1024, reference_chunk=0))
     run = xr.merge([lengths, real], join="outer", compat="no_conflicts")
     run.attrs["parameters"] = json.dumps({"head_dim": 16})
-    sentence = study.math_backend_sentence(run)
-    assert "over 2 cases" in sentence
-    lo, hi = (float(x) for x in sentence.split(": ")[-1].split(" over")[0].split("-"))
-    assert 0.5 < lo <= hi < 2
-    assert "did not measure" in study.math_backend_sentence(run, kernel="sdpa:flash")
-    assert "no fp32_inside_rel_l2_err" in study.math_backend_sentence(real)
+    math_backend = real_kernels.math_backend_values(run)
+    assert math_backend["cases"] == 2 and math_backend["head_dim"] == 16
+    assert 0.5 < math_backend["ratio_min"] <= math_backend["ratio_max"] < 2
+    inside = lengths["fp32_inside_rel_l2_err"].median("seed").sel(dtype="bf16", seq_len=64)
+    assert math_backend["ratio_min"] <= float(e.sel(real_seq_len=64) / inside) <= math_backend["ratio_max"]
+    assert real_kernels.math_backend_values(run, kernel="sdpa:flash")["cases"] == 0
+    assert real_kernels.math_backend_values(real)["ratio_min"] is None  # no fp32_inside_rel_l2_err

@@ -10,7 +10,7 @@ def plot_stage_attribution(ds: xr.Dataset):
     """Heatmaps of log10 error per rounding variant (rows) and kernel x N (columns), one per dtype."""
     import seaborn as sns
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     da = ds["attribution_rel_l2_err"]
     dtypes = list(da["attribution_dtype"].values)
@@ -31,7 +31,7 @@ CURVES = (("reference", "all", "-"), ("flash", "all", "-"), ("reference", "fa2",
 
 def plot_error_vs_length(ds: xr.Dataset, var: str = "rel_l2_err"):
     """One panel per dtype: median error over seeds vs N (band: min-max), with growth slopes."""
-    from ..plots import add_growth_lines, errorbar_over_seeds, loglog_axes, subplots
+    from ...plots import add_growth_lines, errorbar_over_seeds, loglog_axes, subplots
 
     da = ds[var]
     dtypes = list(da["dtype"].values)
@@ -55,7 +55,7 @@ def plot_block_effects(ds: xr.Dataset):
     """Flash-emulator error by block configuration and loop order (Golden et al. Fig 6)."""
     import seaborn as sns
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     df = ds["block_rel_l2_err"].to_dataframe().reset_index()
     dtypes = list(ds["block_dtype"].values)
@@ -77,7 +77,7 @@ def plot_block_effects(ds: xr.Dataset):
 
 def plot_causal_profile(ds: xr.Dataset, dtype: str = "bf16"):
     """Per-row error along the query position under causal masking, strata boundaries marked."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 1, figsize=(7, 3.6))
     ax = axes[0][0]
@@ -100,7 +100,7 @@ def plot_pass_rates(ds: xr.Dataset):
     """Pass rate of each acceptance rule on correct kernels, by (kernel, policy, dtype) and N."""
     import seaborn as sns
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     rules = list(ds["rule"].values)
     fig, axes = subplots(1, len(rules), figsize=(4.4 * len(rules), 4.2))
@@ -119,7 +119,7 @@ def plot_pass_rates(ds: xr.Dataset):
 def plot_real_kernels(ds: xr.Dataset):
     """Median relative L2 error of each real kernel against N, one panel per (mask, dtype); line
     style by head dim; the emulator's first fidelity configuration in grey for reference."""
-    from ..plots import loglog_axes, subplots
+    from ...plots import loglog_axes, subplots
 
     causal, dtypes = list(ds["real_causal"].values), list(ds["real_dtype"].values)
     fig, axes = subplots(len(causal), len(dtypes), sharex=True, sharey=True)
@@ -145,7 +145,7 @@ def plot_real_kernels(ds: xr.Dataset):
 def plot_fp32_stages(ds: xr.Dataset):
     """The fp32 reference's relative error against N with one stage in fp64 (or a reduction split),
     median over seeds: the variant whose line is flat names the step that makes the error grow."""
-    from ..plots import loglog_axes, subplots
+    from ...plots import loglog_axes, subplots
 
     da = ds["fp32_stage_rel_l2_err"].median("fp32_stage_seed")
     fig, axes = subplots(1, 1, figsize=(6.4, 4.0))
