@@ -130,3 +130,22 @@ def read_glued(executed: dict) -> dict[str, object]:
 def dumps(values: Mapping[str, object]) -> str:
     """The glued values as JSON (a test's or a summary's view)."""
     return json.dumps({k: plain(v) for k, v in values.items()}, sort_keys=True)
+
+
+def unformat_missing(notebook: dict) -> dict:
+    """``notebook`` with the format spec dropped from every markdown reference to a value glued as
+    ``MISSING`` (``{glue:text}`k:.2f``` -> ``{glue:text}`k```): a number format cannot format the word,
+    and MyST-NB would drop the reference with a warning. The site renders this copy."""
+    missing = {k for k, v in read_glued(notebook).items() if v == MISSING}
+    if not missing:
+        return notebook
+
+    def strip(match):
+        return match.group(0) if match.group(2) not in missing else f"{match.group(1)}`{match.group(2)}`"
+
+    pattern = re.compile(r"(\{glue(?::[a-z]+)?\})`([^`:]+)(?::[^`]*)?`")
+    for cell in notebook.get("cells", []):
+        if cell.get("cell_type") == "markdown":
+            source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+            cell["source"] = pattern.sub(strip, source)
+    return notebook

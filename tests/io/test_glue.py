@@ -65,3 +65,12 @@ def test_committed_run_respects_outputs_root(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="run name"):
         ncio.committed_run("length_scaling", "../x")
     assert math.isfinite(float(ds["x"][0]))
+
+
+def test_missing_values_lose_their_number_format():
+    nb = {"cells": [
+        {"cell_type": "markdown", "source": "a {glue:text}`gone:.2f` b {glue:text}`here:.1%`"},
+        {"cell_type": "code", "source": "", "outputs": [_output("gone", "'n/a'"), _output("here", "0.25")]},
+    ]}
+    glue.unformat_missing(nb)
+    assert nb["cells"][0]["source"] == "a {glue:text}`gone` b {glue:text}`here:.1%`"
