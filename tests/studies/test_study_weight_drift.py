@@ -203,3 +203,27 @@ def test_the_package_imports_without_torch():
             "assert 'torch' not in sys.modules, 'torch imported'; print(s.STUDY)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+# -- values for the prose ------------------------------------------------------------------------
+
+def _model_drift(values, steps=(0, 10, 20)):
+    ds = xr.Dataset(coords={"pair": list(values), "seed": [0, 1], "step": list(steps)})
+    for metric in study.DRIFT_METRICS:
+        ds[f"model_{metric}"] = (("pair", "seed", "step"), np.array(list(values.values()), dtype=float))
+    return xr.merge([ds, aggregates.drift_ratios(ds, confidence=0.95)])
+
+
+def test_noise_floor_exceedances_and_ratio_extremes_are_read_from_the_drift():
+    ds = _model_drift({"repeat": [[0, 0, 0], [0, 0, 0]], "flash": [[0, 1, 2], [0, 1, 2]],
+                       "init_seed": [[1, 4, 8], [1, 4, 3]], "bf16_training": [[0, 2, 8], [0, 2, 6]]})
+    ex = readings.noise_floor_exceedances(ds, "wasserstein")
+    assert ex[["pair", "seed", "step"]].values.tolist() == [["bf16_training", 0, 20], ["bf16_training", 1, 20]]
+    ext = readings.ratio_extremes(ds, "bf16_training/flash", "wasserstein")
+    assert ext["min"] == pytest.approx(2.0) and ext["max"] == pytest.approx(math.sqrt(4 * 3)) and ext["max_step"] == 20
+    assert math.isnan(readings.ratio_extremes(ds, "fp16_training/flash", "wasserstein")["max"])
+    values = readings.prose_values(ds)
+    assert values["floor_largest_wasserstein"] == "no" and values["floor_exceeded_n_wasserstein"] == 2
+    assert values["floor_exceeded_first_wasserstein"] == 20 and values["floor_exceeded_seeds_wasserstein"] == "0, 1"
+    assert values["bf16_training_over_flash_wasserstein_max"] == pytest.approx(math.sqrt(12))
+    assert math.isnan(readings.prose_values(None)["floor_exceeded_n_rel_l2"])

@@ -364,3 +364,17 @@ def test_pair_records_are_classified_by_their_members():
     with pytest.raises(ValueError, match="one member"):
         aggregates.gpu_comparison(pair(["sdpa:flash@bf16"] * 2).isel(member=[0]))
 
+
+
+def test_study03_ratio_by_every_metric_at_the_last_shared_snapshot(records):
+    ds = _gathered(records)
+    values = readings_gpu.gpu_prose_values(ds)
+    assert values["bf16_training_step"] == 10  # the last snapshot both pairs have (the low-precision pair stops at 15)
+    assert math.isnan(values["fp16_training_step"]) and values["fp16_training_ratio_max_abs_place"] == "n/a"
+    r = readings_gpu.gpu_metric_ratios(ds, "bf16_training", 10)
+    flash = ["lm_s03_flash_vs_fp32_s0_s0_d0", "lm_s03_flash_vs_fp32_s1_s1_d1"]
+    for metric in ("wasserstein", "rel_l2", "max_abs"):
+        low = float(ds[f"gpu_model_{metric}"].sel(run="lm_s03_lowprec_s0_s0_d0", snapshot=10))
+        den = math.sqrt(np.prod(ds[f"gpu_model_{metric}"].sel(run=flash, snapshot=10).values))
+        assert r[metric] == pytest.approx(low / den)
+    assert all(math.isnan(v) for k, v in readings_gpu.gpu_prose_values(None).items() if not k.endswith("place"))

@@ -306,3 +306,64 @@ def precision_contrast(ds: xr.Dataset, base: str = "flash") -> list[str]:
     return out
 
 
+
+
+# -- values for the notebook's prose (glued; no sentences) -----------------------------------------
+
+def noise_floor_exceedances(ds: xr.Dataset, metric: str) -> pd.DataFrame:
+    """Every (pair, seed, step > 0) at which a pair other than ``repeat`` and ``init_seed`` drifts at least as
+    far as the noise floor (``init_seed``) of the same seed, by model-level ``metric``."""
+    cols = ["pair", "seed", "step", "drift", "noise floor"]
+    if "init_seed" not in ds["pair"].values:
+        return pd.DataFrame(columns=cols)
+    d = ds[f"model_{metric}"].isel(step=ds["step"].values > 0)
+    floor = d.sel(pair="init_seed")
+    rows = []
+    for pair in (p for p in map(str, ds["pair"].values) if p not in ("repeat", "init_seed")):
+        above = (d.sel(pair=pair) >= floor).transpose("seed", "step")
+        for i, j in zip(*np.nonzero(above.values)):
+            seed, step = int(above["seed"][i]), int(above["step"][j])
+            rows.append([pair, seed, step, float(d.sel(pair=pair, seed=seed, step=step)),
+                         float(floor.sel(seed=seed, step=step))])
+    return pd.DataFrame(rows, columns=cols)
+
+
+def ratio_extremes(ds: xr.Dataset, comparison: str, metric: str) -> dict:
+    """Smallest and largest geometric mean over seeds of a drift ratio over the checkpoints > 0, and the
+    step of the largest (NaN when the comparison is absent)."""
+    if comparison not in ds["comparison"].values:
+        return {"min": math.nan, "max": math.nan, "max_step": math.nan}
+    r = ds["drift_ratio"].sel(comparison=comparison, metric=metric).isel(step=ds["step"].values > 0)
+    vals = r.values
+    if not np.isfinite(vals).any():
+        return {"min": math.nan, "max": math.nan, "max_step": math.nan}
+    return {"min": float(np.nanmin(vals)), "max": float(np.nanmax(vals)),
+            "max_step": int(r["step"].values[int(np.nanargmax(vals))])}
+
+
+def prose_values(ds: xr.Dataset | None) -> dict:
+    """The numbers and verdicts the CPU sections' markdown states (unprefixed keys; NaN on a run without
+    the CPU tiers' drift): whether the noise floor is the largest drift at every checkpoint and seed per
+    metric, how many (pair, seed, step) exceed it and where; the range of the low-precision/flash ratios
+    over the checkpoints, per metric, over ``flash`` and over the precision-matched flash pair."""
+    out = {}
+    cpu = ds is not None and "drift_ratio" in ds
+    for metric in DRIFT_METRICS:
+        ex = noise_floor_exceedances(ds, metric) if cpu else pd.DataFrame(columns=["pair", "seed", "step"])
+        out[f"floor_largest_{metric}"] = ("yes" if ex.empty else "no") if cpu else math.nan
+        out[f"floor_exceeded_n_{metric}"] = len(ex) if cpu else math.nan
+        out[f"floor_exceeded_pairs_{metric}"] = ", ".join(sorted(set(ex["pair"]))) if len(ex) else "none"
+        out[f"floor_exceeded_seeds_{metric}"] = ", ".join(map(str, sorted(set(ex["seed"])))) if len(ex) else "none"
+        out[f"floor_exceeded_first_{metric}"] = int(ex["step"].min()) if len(ex) else math.nan
+        out[f"floor_exceeded_last_{metric}"] = int(ex["step"].max()) if len(ex) else math.nan
+        for comp in ("fp16_training/flash", "bf16_training/flash", "fp16_training/flash_fp16",
+                     "bf16_training/flash_fp32", "fp16_training/flash_fp32"):
+            key = comp.replace("/", "_over_")
+            ext = ratio_extremes(ds, comp, metric) if cpu else {"min": math.nan, "max": math.nan, "max_step": math.nan}
+            out[f"{key}_{metric}_min"], out[f"{key}_{metric}_max"] = ext["min"], ext["max"]
+            out[f"{key}_{metric}_max_step"] = ext["max_step"]
+    for comp in ("fp16_training/flash", "fp16_training/flash_fp16"):
+        key = comp.replace("/", "_over_")
+        maxima = np.array([out[f"{key}_{m}_max"] for m in DRIFT_METRICS], dtype=float)
+        out[f"{key}_max"] = float(np.nanmax(maxima)) if np.isfinite(maxima).any() else math.nan
+    return out

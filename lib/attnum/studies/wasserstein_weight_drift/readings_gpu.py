@@ -437,3 +437,45 @@ def _paired_ratio_sentence(ds: xr.Dataset, sub: xr.Dataset, comp: str, conf: flo
             f"so the interval carries the flash pairs' spread as well): {float(paired[k]):.3g} at step "
             f"{int(ds['snapshot'][k])}, {spread}.")
 
+
+
+# -- values for the notebook's prose (glued; no sentences) -----------------------------------------
+
+GPU_PROSE_METRICS = ("wasserstein", "rel_l2", "max_abs")
+
+
+def gpu_metric_ratios(ds: xr.Dataset, comp: str, step: int) -> dict:
+    """``comp``'s model-level drift over the flash_vs_fp32 pair's at ``step``, by every metric the records
+    hold (W1, relative L2, max |dw|): geometric mean over each comparison's records with a drift there (NaN
+    where either has none)."""
+    out = {}
+    for metric in GPU_PROSE_METRICS:
+        vals = []
+        for c in (comp, "flash_vs_fp32"):
+            runs = _runs_of(ds, c)
+            v = ds[f"gpu_model_{metric}"].sel(run=runs, snapshot=step).values if len(runs) else np.array([])
+            v = v[np.isfinite(v) & (v > 0)]
+            vals.append(float(np.exp(np.log(v).mean())) if v.size else math.nan)
+        out[metric] = vals[0] / vals[1] if vals[1] > 0 else math.nan
+    return out
+
+
+def gpu_prose_values(ds: xr.Dataset | None) -> dict:
+    """The numbers section 7's markdown states (unprefixed keys; NaN without the GPU records): for each
+    low-precision pair, its last snapshot shared with the flash pair, and the ratio over the flash pair there
+    by W1, relative L2 and max |dw|, with where each lies against Golden et al.'s 2-5x; the records'
+    commit (the last record's)."""
+    out = {}
+    gpu = ds is not None and "gpu_drift" in ds
+    for comp in GPU_LOW_PRECISION:
+        present = gpu and comp in ds["gpu_comparison"].values and "flash_vs_fp32" in ds["gpu_comparison"].values
+        steps = gpu_common_steps(ds, [comp, "flash_vs_fp32"]) if present else []
+        step = int(steps[-1]) if len(steps) else None
+        out[f"{comp}_step"] = step if step is not None else math.nan
+        ratios = gpu_metric_ratios(ds, comp, step) if step is not None else {m: math.nan for m in GPU_PROSE_METRICS}
+        for metric, r in ratios.items():
+            out[f"{comp}_ratio_{metric}"] = r
+            lo, hi = GOLDEN_RATIO_RANGE
+            out[f"{comp}_ratio_{metric}_place"] = ("n/a" if not np.isfinite(r) else "inside" if lo <= r <= hi
+                                                   else "below" if r < lo else "above")
+    return out
