@@ -226,4 +226,7 @@ def test_noise_floor_exceedances_and_ratio_extremes_are_read_from_the_drift():
     assert values["floor_largest_wasserstein"] == "no" and values["floor_exceeded_n_wasserstein"] == 2
     assert values["floor_exceeded_first_wasserstein"] == 20 and values["floor_exceeded_seeds_wasserstein"] == "0, 1"
     assert values["bf16_training_over_flash_wasserstein_max"] == pytest.approx(math.sqrt(12))
+    assert values["flash_over_init_seed_max"] == pytest.approx(math.sqrt(0.25 * 2 / 3))
+    assert values["flash_over_init_seed_first_max"] == pytest.approx(0.25)
+    assert math.isnan(values["flash_over_init_perturbation_last_min"])  # no chaos-baseline pair
     assert math.isnan(readings.prose_values(None)["floor_exceeded_n_rel_l2"])

@@ -362,6 +362,17 @@ def prose_values(ds: xr.Dataset | None) -> dict:
             ext = ratio_extremes(ds, comp, metric) if cpu else {"min": math.nan, "max": math.nan, "max_step": math.nan}
             out[f"{key}_{metric}_min"], out[f"{key}_{metric}_max"] = ext["min"], ext["max"]
             out[f"{key}_{metric}_max_step"] = ext["max_step"]
+    for base in ("init_seed", "init_perturbation"):
+        comp = f"flash/{base}"
+        here = cpu and comp in ds["comparison"].values
+        r = ds["drift_ratio"].sel(comparison=comp) if here else None
+        first = [float(r.sel(metric=m).isel(step=1)) for m in DRIFT_METRICS] if here and ds.sizes["step"] > 1 else []
+        last = [float(r.sel(metric=m).isel(step=-1)) for m in DRIFT_METRICS] if here else []
+        out[f"flash_over_{base}_max"] = float(np.nanmax(r.isel(step=ds["step"].values > 0).values)) if here else math.nan
+        out[f"flash_over_{base}_first_min"] = min(first) if first else math.nan
+        out[f"flash_over_{base}_first_max"] = max(first) if first else math.nan
+        out[f"flash_over_{base}_last_min"] = min(last) if last else math.nan
+        out[f"flash_over_{base}_last_max"] = max(last) if last else math.nan
     for comp in ("fp16_training/flash", "fp16_training/flash_fp16"):
         key = comp.replace("/", "_over_")
         maxima = np.array([out[f"{key}_{m}_max"] for m in DRIFT_METRICS], dtype=float)
