@@ -10,9 +10,11 @@ from scipy import stats as sps
 from attnum import drift, ncio, runner
 from attnum.model import GPT, GPTConfig
 from attnum.studies import wasserstein_weight_drift as study
+from attnum.studies.wasserstein_weight_drift import aggregates, experiments, readings
 from attnum.tasks import Task
 
 STUDY = "wasserstein_weight_drift"
+POLICY = dict(kernel_policy="fa2_bf16", perturbation=1e-6, noise_seed_offset=1000)  # the parameters cell's
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +65,7 @@ def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
     # fp32 kernels differ far less per call than bf16 ones; fp16 (10 significand bits) less than bf16 (7)
     assert float(calls.sel(call_pair="flash_fp32").max()) < 1e-3 * float(calls.sel(call_pair="flash").min())
     assert float(calls.sel(call_pair="flash_fp16").median()) < float(calls.sel(call_pair="flash").median())
-    assert len(study.call_statements(ds)) == 4 and len(study.matched_statements(ds)) == 2
+    assert len(readings.call_statements(ds)) == 4 and len(readings.matched_statements(ds)) == 2
     assert "per_call.png" in {p.name for p in path.glob("*.png")}
     assert ds.attrs["headline_figure"] == "drift_over_training.png" and ds.attrs["study"] == STUDY
     for name, var in ds.data_vars.items():
@@ -86,37 +88,37 @@ def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
 # -- helpers --------------------------------------------------------------------------------------
 
 def test_runs_are_shared_between_pairs():
-    assert len(study.runs_needed(list(study.PAIRS))) == 11
-    assert study.runs_needed(["flash", "flash_bf16"]) == ["reference_fa2_bf16", "flash_fa2_bf16"]
-    assert study.runs_needed(["flash_fp16"]) == ["reference_fa2_fp16", "flash_fa2_fp16"]
-    assert ("fp16_training", "flash_fp16") in study.comparisons(["flash", "flash_fp16", "fp16_training"])
-    assert ("fp16_training", "flash_fp16") not in study.comparisons(["flash", "fp16_training"])
-    assert study.runs_needed(["flash"]) == ["reference_fa2_bf16", "flash_fa2_bf16"]
-    assert study.runs_needed(["init_seed", "bf16_training", "repeat"]) == [
+    assert len(experiments.runs_needed(list(study.PAIRS), **POLICY)) == 11
+    assert experiments.runs_needed(["flash", "flash_bf16"], **POLICY) == ["reference_fa2_bf16", "flash_fa2_bf16"]
+    assert experiments.runs_needed(["flash_fp16"], **POLICY) == ["reference_fa2_fp16", "flash_fa2_fp16"]
+    assert ("fp16_training", "flash_fp16") in aggregates.comparisons(["flash", "flash_fp16", "fp16_training"])
+    assert ("fp16_training", "flash_fp16") not in aggregates.comparisons(["flash", "fp16_training"])
+    assert experiments.runs_needed(["flash"], **POLICY) == ["reference_fa2_bf16", "flash_fa2_bf16"]
+    assert experiments.runs_needed(["init_seed", "bf16_training", "repeat"], **POLICY) == [
         "reference_fp32", "reference_fp32_other_seed", "bf16_training", "reference_fp32_repeat"]
-    specs = study.run_specs()
-    assert set(study.runs_needed(list(study.PAIRS))) <= set(specs)
+    specs = experiments.run_specs(**POLICY)
+    assert set(experiments.runs_needed(list(study.PAIRS), **POLICY)) <= set(specs)
     assert specs["reference_fp32_repeat"] != specs["reference_fp32"]  # trained again, not reused
     assert specs["fp16_training"].autocast == "fp16" and specs["reference_fp32_perturbed"].perturbation == 1e-6
     with pytest.raises(ValueError, match="unknown pair"):
-        study.runs_needed(["flash", "fp8_training"])
+        experiments.runs_needed(["flash", "fp8_training"], **POLICY)
 
 
 def test_ratio_interval_is_a_t_interval_on_log_ratios():
-    centre, low, high = study.ratio_interval([2.0, 8.0], confidence=0.95)
+    centre, low, high = aggregates.ratio_interval([2.0, 8.0], confidence=0.95)
     assert centre == pytest.approx(4.0)
     half = sps.t.ppf(0.975, 1) * np.std(np.log([2.0, 8.0]), ddof=1) / math.sqrt(2)
     assert low == pytest.approx(4.0 * math.exp(-half)) and high == pytest.approx(4.0 * math.exp(half))
-    assert study.ratio_interval([3.0, 3.0, 3.0]) == pytest.approx((3.0, 3.0, 3.0))
-    centre, low, high = study.ratio_interval([5.0, np.nan, 0.0])  # one usable ratio: no interval
+    assert aggregates.ratio_interval([3.0, 3.0, 3.0], 0.95) == pytest.approx((3.0, 3.0, 3.0))
+    centre, low, high = aggregates.ratio_interval([5.0, np.nan, 0.0], 0.95)  # one usable ratio: no interval
     assert centre == pytest.approx(5.0) and math.isnan(low) and math.isnan(high)
-    assert all(math.isnan(v) for v in study.ratio_interval([np.nan, np.nan]))
+    assert all(math.isnan(v) for v in aggregates.ratio_interval([np.nan, np.nan], 0.95))
 
 
 def _ratios(per_seed, steps=(0, 10, 20, 30)):
     """A drift_ratios-like dataset for one comparison and metric from per-seed ratios (seed, step)."""
     per_seed = np.asarray(per_seed, dtype=float)
-    summary = np.array([study.ratio_interval(per_seed[:, j]) for j in range(per_seed.shape[1])]).T
+    summary = np.array([aggregates.ratio_interval(per_seed[:, j], 0.95) for j in range(per_seed.shape[1])]).T
     coords = {"comparison": ["flash/init_seed"], "metric": ["wasserstein"], "step": list(steps),
               "seed": list(range(per_seed.shape[0]))}
     dims = ("comparison", "metric", "step")
@@ -128,31 +130,31 @@ def _ratios(per_seed, steps=(0, 10, 20, 30)):
 
 def test_first_step_above_needs_the_ratio_to_stay_above_one():
     ds = _ratios([[np.nan, 0.5, 2.0, 3.0], [np.nan, 0.6, 2.2, 3.3], [np.nan, 0.4, 1.9, 2.8]])
-    assert study.first_step_above(ds, "flash/init_seed", rule="all_seeds") == 20
-    assert study.first_step_above(ds, "flash/init_seed", rule="ci") == 20
+    assert readings.first_step_above(ds, "flash/init_seed", rule="all_seeds") == 20
+    assert readings.first_step_above(ds, "flash/init_seed", rule="ci") == 20
     ds = _ratios([[np.nan, 2.0, 0.5, 3.0], [np.nan, 2.0, 0.5, 3.0], [np.nan, 2.0, 0.5, 3.0]])
-    assert study.first_step_above(ds, "flash/init_seed", rule="all_seeds") == 30  # dipped below at 20
+    assert readings.first_step_above(ds, "flash/init_seed", rule="all_seeds") == 30  # dipped below at 20
     ds = _ratios([[np.nan, 2.0, 3.0, 0.9], [np.nan, 2.0, 3.0, 3.0], [np.nan, 2.0, 3.0, 3.0]])
-    assert math.isnan(study.first_step_above(ds, "flash/init_seed", rule="all_seeds"))
+    assert math.isnan(readings.first_step_above(ds, "flash/init_seed", rule="all_seeds"))
     with pytest.raises(ValueError, match="rule"):
-        study.first_step_above(ds, "flash/init_seed", rule="median")
+        readings.first_step_above(ds, "flash/init_seed", rule="median")
 
 
 def test_verdict_places_an_interval_against_the_claim():
-    assert study.verdict(2.5, 4.0).startswith("inside")
-    assert study.verdict(1.0, 3.0).startswith("overlaps")
-    assert study.verdict(0.5, 1.5).startswith("below")
-    assert study.verdict(6.0, 9.0).startswith("above")
-    assert study.verdict(math.nan, math.nan).startswith("undetermined")
+    assert readings.verdict(2.5, 4.0).startswith("inside")
+    assert readings.verdict(1.0, 3.0).startswith("overlaps")
+    assert readings.verdict(0.5, 1.5).startswith("below")
+    assert readings.verdict(6.0, 9.0).startswith("above")
+    assert readings.verdict(math.nan, math.nan).startswith("undetermined")
 
 
 def test_drift_rate_and_rank_correlation():
     da = xr.DataArray([0.0, 1.0, 4.0, 3.0], coords={"step": [0, 10, 20, 40]}, dims="step")
-    rate = study.drift_rate(da)
+    rate = aggregates.drift_rate(da)
     assert np.isnan(rate.values[0]) and rate.values[1:].tolist() == pytest.approx([0.1, 0.3, -0.05])
-    assert study._spearman([1.0, 2.0], [5.0, 3.0]) == pytest.approx(-1.0)  # two layers: sign agreement
-    assert study._spearman([1.0, 2.0, 3.0, 4.0], [1.0, 4.0, 9.0, 16.0]) == pytest.approx(1.0)
-    assert math.isnan(study._spearman([1.0, 1.0], [2.0, 3.0]))
+    assert aggregates._spearman([1.0, 2.0], [5.0, 3.0]) == pytest.approx(-1.0)  # two layers: sign agreement
+    assert aggregates._spearman([1.0, 2.0, 3.0, 4.0], [1.0, 4.0, 9.0, 16.0]) == pytest.approx(1.0)
+    assert math.isnan(aggregates._spearman([1.0, 1.0], [2.0, 3.0]))
 
 
 def test_drift_ratios_pair_seeds_and_skip_zero_denominators():
@@ -162,9 +164,69 @@ def test_drift_ratios_pair_seeds_and_skip_zero_denominators():
     ds = xr.Dataset(coords={"pair": list(values), "seed": seeds, "step": steps})
     for metric in study.DRIFT_METRICS:
         ds[f"model_{metric}"] = (("pair", "seed", "step"), np.array(list(values.values())))
-    out = study.drift_ratios(ds)
+    out = aggregates.drift_ratios(ds, confidence=0.95)
     assert out["comparison"].values.tolist() == ["bf16_training/flash", "flash/init_seed"]
     per_seed = out["drift_ratio_per_seed"].sel(comparison="bf16_training/flash", metric="wasserstein")
     assert np.isnan(per_seed.sel(step=0)).all() and per_seed.sel(step=10).values.tolist() == [4.0, 1.0]
     assert float(out["drift_ratio"].sel(comparison="bf16_training/flash", metric="rel_l2", step=10)) == pytest.approx(2.0)
     assert float(out["drift_ratio"].sel(comparison="flash/init_seed", metric="max_abs", step=10)) == pytest.approx(0.25)
+
+
+# -- the package's parameter rules and memory estimate -------------------------------------------
+
+def _param_sets():
+    defaults = runner.notebook_defaults(STUDY)
+    sets = {"defaults": defaults}
+    for name in ("smoke", "full", "gpu_training"):
+        sets[name] = {**defaults, **runner.load_param_set(STUDY, name)}
+    sets["bad heads"] = {**defaults, "n_head": 3}
+    sets["wide"] = {**defaults, "d_model": 96, "n_head": 4, "seeds": [0, 1, 2, 3, 4], "steps": 1000}
+    return sets
+
+
+@pytest.mark.parametrize("name", list(_param_sets()))
+def test_rules_and_memory_estimate_agree_with_the_schema(name):
+    params = _param_sets()[name]
+    checks = runner.study_checks(STUDY)
+    expected = [rule["message"] for rule in checks["rules"] if not runner.evaluate(rule["expr"], params)]
+    got = study.rules(params)
+    assert len(got) == len(expected) and all(g.startswith(e) for g, e in zip(got, expected))
+    assert (name == "bad heads") == bool(got)
+    assert study.memory_estimate(params) == runner.memory_estimate(STUDY, params)
+
+
+def test_the_package_imports_without_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; import attnum.studies.wasserstein_weight_drift as s; "
+            "assert 'torch' not in sys.modules, 'torch imported'; print(s.STUDY)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+# -- values for the prose ------------------------------------------------------------------------
+
+def _model_drift(values, steps=(0, 10, 20)):
+    ds = xr.Dataset(coords={"pair": list(values), "seed": [0, 1], "step": list(steps)})
+    for metric in study.DRIFT_METRICS:
+        ds[f"model_{metric}"] = (("pair", "seed", "step"), np.array(list(values.values()), dtype=float))
+    return xr.merge([ds, aggregates.drift_ratios(ds, confidence=0.95)])
+
+
+def test_noise_floor_exceedances_and_ratio_extremes_are_read_from_the_drift():
+    ds = _model_drift({"repeat": [[0, 0, 0], [0, 0, 0]], "flash": [[0, 1, 2], [0, 1, 2]],
+                       "init_seed": [[1, 4, 8], [1, 4, 3]], "bf16_training": [[0, 2, 8], [0, 2, 6]]})
+    ex = readings.noise_floor_exceedances(ds, "wasserstein")
+    assert ex[["pair", "seed", "step"]].values.tolist() == [["bf16_training", 0, 20], ["bf16_training", 1, 20]]
+    ext = readings.ratio_extremes(ds, "bf16_training/flash", "wasserstein")
+    assert ext["min"] == pytest.approx(2.0) and ext["max"] == pytest.approx(math.sqrt(4 * 3)) and ext["max_step"] == 20
+    assert math.isnan(readings.ratio_extremes(ds, "fp16_training/flash", "wasserstein")["max"])
+    values = readings.prose_values(ds)
+    assert values["floor_largest_wasserstein"] == "no" and values["floor_exceeded_n_wasserstein"] == 2
+    assert values["floor_exceeded_first_wasserstein"] == 20 and values["floor_exceeded_seeds_wasserstein"] == "0, 1"
+    assert values["bf16_training_over_flash_wasserstein_max"] == pytest.approx(math.sqrt(12))
+    assert values["flash_over_init_seed_max"] == pytest.approx(math.sqrt(0.25 * 2 / 3))
+    assert values["flash_over_init_seed_first_max"] == pytest.approx(0.25)
+    assert math.isnan(values["flash_over_init_perturbation_last_min"])  # no chaos-baseline pair
+    assert math.isnan(readings.prose_values(None)["floor_exceeded_n_rel_l2"])

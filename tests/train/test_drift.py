@@ -142,12 +142,12 @@ def test_drift_between_different_runs_is_positive_and_its_distance_symmetric():
 # -- Golden et al.'s comparison at each attention call (study 03, section 3b) -----------------------
 
 def test_per_call_deviation_compares_the_models_own_attention_calls():
-    from attnum.studies.wasserstein_weight_drift import per_call_deviation
+    from attnum.studies.wasserstein_weight_drift.experiments import per_call_deviation
 
     task, cfg = _tiny("emulator:fa2_bf16")
     tc = TrainConfig(steps=4, batch_size=4, warmup_steps=1, checkpoint_steps=(0, 4))
     run = train(cfg, task, tc, progress=False)
-    kw = dict(model_block=8)
+    kw = dict(model_block=8, device="cpu")
     # the kernel against itself: the captured output is the kernel's output, bit for bit
     same = per_call_deviation(cfg, run.checkpoints, "emulator:fa2_bf16", "emulator:fa2_bf16", task, 4, **kw)
     assert same["call_max_abs"].dims == ("step", "layer") and same["step"].values.tolist() == [0, 4]

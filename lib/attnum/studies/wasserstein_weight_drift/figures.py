@@ -1,4 +1,4 @@
-"""Figures of study wasserstein_weight_drift (notebook ``notebooks/*_wasserstein_weight_drift.ipynb``): each ``plot_*`` reads the
+"""Figures of study 03 (notebook ``notebooks/03_wasserstein_weight_drift.ipynb``): each ``plot_*`` reads the
 study's results dataset (as written to ``results.nc``) and returns a matplotlib figure."""
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ import textwrap
 
 import numpy as np
 import xarray as xr
-from ..studies.wasserstein_weight_drift import (GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS, gpu_common_step, gpu_kind_table,
-                                                gpu_lowprec_absence, group_table, layer_statistic)
+from . import GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS
+from .aggregates import layer_statistic
+from .readings import group_table
+from .readings_gpu import gpu_common_step, gpu_kind_table, gpu_lowprec_absence
 
 
 PAIR_STYLE = {"repeat": ("#7f8c8d", ":"), "flash": ("#c0392b", "-"), "flash_fp32": ("#f1948a", "--"),
@@ -41,7 +43,7 @@ def _band(ax, x, values, pair, label=None):
 def plot_drift_over_training(ds: xr.Dataset, metrics=("wasserstein", "max_abs", "rel_l2")):
     """Model-level drift of every pair over training (Golden et al.'s Fig 7), one panel per metric:
     median over seeds, band from the smallest to the largest seed. Zero drift is not drawn."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     import warnings
 
@@ -63,7 +65,7 @@ def plot_drift_rates(ds: xr.Dataset, metric: str = "wasserstein"):
     """Left: rate of change of model-level drift per step since the previous checkpoint (Golden et
     al.'s Fig 8; negative rates are not drawn on the log axis). Right: its relative growth rate
     d log(drift) / d step (a chaos baseline grows at a steady positive rate)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     import warnings
 
@@ -97,7 +99,7 @@ def plot_drift_ratios(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE):
     """Top: low-precision training drift over flash drift, per metric, geometric mean over seeds with
     its confidence interval (dotted: over the flash pair of the same format); Golden et al.'s 2-5x shaded. Bottom: flash drift over the noise floor
     (different seeds) and over the chaos baseline; above 1 means above that baseline."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     metrics = list(ds["metric"].values)
     fig, axes = subplots(2, len(metrics), figsize=(4.6 * len(metrics) + 2.2, 7.0), sharex=True)
@@ -147,7 +149,7 @@ def plot_drift_by_group(ds: xr.Dataset, metric: str = "wasserstein_rel", step: i
     and per transformer block, one row per pair (log colour scale; blank: exactly zero)."""
     import matplotlib.colors as mcolors
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     step = int(ds["step"][-1]) if step is None else step
     kind = group_table(ds, "kind", metric, step)
@@ -178,7 +180,7 @@ def plot_drift_vs_attention(ds: xr.Dataset, pairs=("flash", "init_perturbation")
                             metric: str = "rel_l2"):
     """Per-layer drift of a pair against the attention statistic its reference run recorded at the
     same step: one panel per (pair, statistic), colour = layer, later steps darker."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     pairs = [p for p in pairs if p in ds["pair"].values]
     fig, axes = subplots(len(pairs), len(statistics), figsize=(4.4 * len(statistics) + 1.4, 3.4 * len(pairs)))
@@ -208,7 +210,7 @@ def plot_drift_vs_attention(ds: xr.Dataset, pairs=("flash", "init_perturbation")
 
 def plot_training_loss(ds: xr.Dataset):
     """Training loss of every run (median over seeds): the pairs' runs learn alike."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 1, figsize=(7.5, 3.6))
     ax = axes[0][0]
@@ -227,7 +229,7 @@ def plot_per_call(ds: xr.Dataset):
     """Left: max |O_flash - O_reference| of each layer's attention call in the flash-trained model at
     every checkpoint (median over seeds; one line style per layer, one colour per flash pair). Right:
     the same pairs' model-level weight drift max |w_a - w_b| (median over seeds, band over seeds)."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     import warnings
 
@@ -268,7 +270,7 @@ def plot_gpu_drift(ds: xr.Dataset):
     the geometric mean over seeds (thick); the relative W1 per kind of tensor at the last snapshot every
     pair record shares (``gpu_common_step``); the low-precision/flash ratio over training beside Golden
     et al.'s 2-5x (their claim), or, without a low-precision pair, a note saying so."""
-    from ..plots import subplots
+    from ...plots import subplots
 
     fig, axes = subplots(1, 3, figsize=(15, 4.2))
     snaps = ds["snapshot"].values
@@ -349,7 +351,7 @@ def plot_gpu_drift_by_layer(ds: xr.Dataset):
     """Relative W1 drift per transformer block over training, one panel per comparison (median over seeds)."""
     import matplotlib.pyplot as plt
 
-    from ..plots import subplots
+    from ...plots import subplots
 
     comps = [str(c) for c in ds["gpu_comparison"].values]
     fig, axes = subplots(1, len(comps), figsize=(3.6 * len(comps) + 0.6, 3.2), sharey=True)
