@@ -98,7 +98,7 @@ def fingerprints() -> dict:
     return runs
 
 
-IGNORED_ATTRS = ("git_commit", "git_dirty", "history", "created")
+IGNORED_ATTRS = ("git_commit", "git_dirty", "history", "created", "title")  # title: prose, reworded
 
 
 def digest(value):
