@@ -127,6 +127,8 @@ def compare(runs: dict, golden: dict) -> list[str]:
             bad.append(f"{name}: keys differ: {sorted(set(got) ^ set(ref))[:10]}")
         for key in set(got) & set(ref):
             a, b = ref[key], got[key]
+            if isinstance(a, dict):
+                a = {k: v for k, v in a.items() if k not in IGNORED_ATTRS}
             if a != b:
                 if isinstance(a, dict):
                     keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
