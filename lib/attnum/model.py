@@ -1,15 +1,29 @@
-"""A small GPT-style decoder whose attention implementation is chosen per layer.
+"""One GPT-style decoder for every scale, its attention a registry kernel chosen per layer.
 
 Pre-LN blocks (Radford et al. 2019, GPT-2; layout as in Karpathy's minGPT):
 x + Attn(LN(x)), then x + MLP(LN(x)); learned token and position embeddings, a
-final LayerNorm and an untied output head. Attention is ``attnum.kernels.Attention``
-around one registry kernel per layer (reference, flash emulator under a policy, or
-torch's SDPA), always causal. The query/key/value projection has a bias, so a
-common key offset mu (seed 004) is a change of one bias vector
-(``add_key_offset``): it leaves the forward unchanged in exact arithmetic.
+final LayerNorm and an untied output head; no dropout, no weight tying, no fused or
+compiled ops. Attention is ``attnum.kernels.Attention`` around one registry kernel per
+layer (reference, flash emulator under a policy, torch's SDPA, our Triton kernel),
+always causal. The query/key/value projection has a bias, so a common key offset mu
+(seed 004) is a change of one bias vector (``add_key_offset``): it leaves the forward
+unchanged in exact arithmetic.
 
-Weights are initialised from an explicit seed (``init_weights``), so identical
-seeds give bitwise-identical models; ``perturb_weights`` adds a seeded tiny
+Two settings of ``GPTConfig`` choose the numerics; their defaults are the tiny CPU models of
+studies 03-05 (everything as the caller's autocast leaves it):
+
+* ``amp``: the forward runs under ``torch.autocast`` in this dtype ("off": not by the model;
+  ``GPTConfig.byte_lm`` sets "bf16", the GPU language model's setting): weights and optimiser
+  state stay fp32, the linear layers compute in bf16;
+* ``attention_dtype``: when set, attention is called *outside* autocast on operands cast to
+  this dtype (``AttentionChoice``): ``sdpa:flash`` reads the bf16 q, k, v the projections
+  produced, ``sdpa:math`` reads them upcast to fp32, so "FP32 attention" is attention computed
+  in fp32 on the same bf16-computed projections, not a different model. Per layer a ``capture``
+  dict then keeps the operands the kernel read and the upstream gradient ``dO`` it was given (a
+  tensor hook), for the FP32-recompute diagnostic (``attnum.train.diag``).
+
+Weights are initialised from an explicit seed on the CPU (``init_weights``), so identical
+seeds give bitwise-identical models on every device; ``perturb_weights`` adds a seeded tiny
 perturbation (the chaos baseline of a weight-drift study).
 """
 from __future__ import annotations
@@ -21,8 +35,50 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import kernels
 from .kernels import Attention, AttentionImpl, Kernel, as_kernel
-from .tasks import IGNORE
+
+IGNORE = -100
+"""Target id of a position that is not scored (``F.cross_entropy``'s default ``ignore_index``)."""
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+AMPS = ("off", "bf16", "fp16", "fp32")  # "fp32" is autocast off, as "off"
+# registry families whose attention is fp32 unless the choice names another dtype
+_FP32_BY_DEFAULT = ("sdpa:math", "reference:fp32", "golden")
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionChoice:
+    """A model's attention: a registry kernel name and the dtype of the operands it reads.
+
+    Written ``<registry name>[@<dtype>]``, e.g. ``sdpa:flash`` (bf16), ``sdpa:math@fp32``,
+    ``triton:fa2:gproj_dq``. Without ``@``: fp32 for ``sdpa:math``, ``reference:fp32`` and
+    ``golden`` (the fp32 baseline), else ``default_dtype`` (the autocast dtype).
+    """
+
+    kernel_name: str
+    dtype: str
+
+    @classmethod
+    def parse(cls, text: str, default_dtype: str = "bf16") -> "AttentionChoice":
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"an attention choice is '<kernel>[@<dtype>]', got {text!r}")
+        name, _, dtype = text.strip().partition("@")
+        if not dtype:
+            dtype = "fp32" if name in _FP32_BY_DEFAULT else default_dtype
+        if dtype not in DTYPES:
+            raise ValueError(f"attention dtype of {text!r} must be one of {list(DTYPES)}, got {dtype!r}")
+        kernels.get(name)  # a clear error for an unknown kernel, before any work
+        return cls(name, dtype)
+
+    @property
+    def label(self) -> str:
+        return f"{self.kernel_name}@{self.dtype}"
+
+    def kernel(self) -> kernels.Kernel:
+        return kernels.get(self.kernel_name)
+
+    def unavailable_reason(self, device) -> str | None:
+        return self.kernel().unavailable_reason(device)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,10 +90,19 @@ class GPTConfig:
     d_model: int = 64
     mlp_ratio: int = 4
     attention: tuple = (AttentionImpl(),)  # one kernel (a registry name, Kernel or AttentionImpl) per layer, or one for all
+    amp: str = "off"  # autocast dtype of the forward (see the module docstring)
+    attention_dtype: str | None = None  # None: attention reads the operands as they come; else cast, autocast off
 
     def __post_init__(self) -> None:
+        for key in ("vocab_size", "context", "n_layer", "n_head", "d_model", "mlp_ratio"):
+            if int(getattr(self, key)) < 1:
+                raise ValueError(f"{key} must be a positive integer, got {getattr(self, key)!r}")
         if self.d_model % self.n_head:
             raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+        if self.amp not in AMPS:
+            raise ValueError(f"amp must be one of {list(AMPS)}, got {self.amp!r}")
+        if self.attention_dtype is not None and self.attention_dtype not in DTYPES:
+            raise ValueError(f"attention_dtype must be None or one of {list(DTYPES)}, got {self.attention_dtype!r}")
         impls = self.attention if isinstance(self.attention, (tuple, list)) else (self.attention,)
         impls = tuple(as_kernel(i) for i in impls)
         if len(impls) == 1:
@@ -46,9 +111,24 @@ class GPTConfig:
             raise ValueError(f"attention names {len(impls)} implementations for {self.n_layer} layers")
         object.__setattr__(self, "attention", impls)
 
+    @classmethod
+    def byte_lm(cls, choice: AttentionChoice | str = "sdpa:flash", *, n_layer: int = 12, n_head: int = 12,
+                d_model: int = 768, context: int = 1024, amp: str = "bf16") -> "GPTConfig":
+        """The GPU language model: GPT-2 small's geometry (Qiu & Yao's model, arXiv 2510.04212) on bytes
+        (vocabulary 256), the matmuls under ``amp`` autocast, attention in the choice's dtype."""
+        choice = AttentionChoice.parse(choice) if isinstance(choice, str) else choice
+        return cls(vocab_size=256, context=context, n_layer=n_layer, n_head=n_head, d_model=d_model,
+                   attention=(choice.kernel_name,), amp=amp, attention_dtype=choice.dtype)
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    def n_params(self, blocks_only: bool = False) -> int:
+        d, f = self.d_model, self.mlp_ratio * self.d_model
+        block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+        extra = 0 if blocks_only else self.vocab_size * d + self.context * d + 2 * d + d * self.vocab_size
+        return self.n_layer * block + extra
 
 
 class CausalSelfAttention(nn.Module):
@@ -58,8 +138,26 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=True)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=True)
         self.attention = Attention(kernel)
+        self.dtype = None if cfg.attention_dtype is None else DTYPES[cfg.attention_dtype]
         self.record_stats = False
         self.stats: dict[str, float] = {}
+        self.capture: dict | None = None  # a dict: keep q, k, v as read and dO of the next call (attention_dtype set)
+
+    @property
+    def kernel(self) -> Kernel:
+        return self.attention.kernel
+
+    def attend(self, q, k, v):
+        """The kernel on operands in ``self.dtype``, autocast off (the kernel's own numerics)."""
+        with torch.autocast(q.device.type, enabled=False):
+            q, k, v = (t.to(self.dtype) for t in (q, k, v))
+            if self.capture is not None:
+                self.capture.update(q=q.detach(), k=k.detach(), v=v.detach())
+            out = self.kernel(q, k, v, is_causal=True)
+            if self.capture is not None and out.requires_grad:
+                cap = self.capture
+                out.register_hook(lambda g: cap.__setitem__("grad_out", g.detach()))
+        return out
 
     def forward(self, x):
         b, t, c = x.shape
@@ -67,7 +165,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         if self.record_stats:
             self.stats = attention_statistics(q.detach(), k.detach())
-        y = self.attention(q, k, v, is_causal=True)
+        y = self.attention(q, k, v, is_causal=True) if self.dtype is None else self.attend(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, t, c))
 
 
@@ -100,13 +198,12 @@ def attention_statistics(q, k, scale: float | None = None, extended: bool = Fals
 
 
 class Block(nn.Module):
-    """Pre-LN block; ``attn``: an attention module of another model (``attnum.lm``) in place of this
-    module's ``CausalSelfAttention(cfg, kernel)``."""
+    """Pre-LN block: x + Attn(LN(x)), then x + MLP(LN(x))."""
 
-    def __init__(self, cfg: GPTConfig, kernel: Kernel | None = None, attn: nn.Module | None = None):
+    def __init__(self, cfg: GPTConfig, kernel: Kernel):
         super().__init__()
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = CausalSelfAttention(cfg, kernel) if attn is None else attn
+        self.attn = CausalSelfAttention(cfg, kernel)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model), nn.GELU(),
                                  nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model))
@@ -114,18 +211,6 @@ class Block(nn.Module):
     def forward(self, x):
         x = x + self.attn(self.ln1(x))
         return x + self.mlp(self.ln2(x))
-
-
-def lm_logits(model: nn.Module, idx):
-    """Token and position embeddings, the blocks, the final LayerNorm and the head: the forward pass up to
-    the logits of ``GPT`` and of ``attnum.lm``'s LM (any module with those parts and ``cfg.context``)."""
-    t = idx.shape[1]
-    if t > model.cfg.context:
-        raise ValueError(f"sequence length {t} exceeds the context {model.cfg.context}")
-    x = model.tok_emb(idx) + model.pos_emb(torch.arange(t, device=idx.device))
-    for block in model.blocks:
-        x = block(x)
-    return model.head(model.ln_f(x))
 
 
 class GPT(nn.Module):
@@ -137,10 +222,27 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, kernel) for kernel in cfg.attention)
         self.ln_f = nn.LayerNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        init_weights(self, seed)
+        init_weights(self, seed)  # on the CPU from one seeded generator: the same on every device
+
+    @property
+    def amp(self) -> str:
+        return self.cfg.amp
+
+    def logits(self, idx):
+        t = idx.shape[1]
+        if t > self.cfg.context:
+            raise ValueError(f"sequence length {t} exceeds the context {self.cfg.context}")
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.ln_f(x))
 
     def forward(self, idx, targets=None):
-        logits = lm_logits(self, idx)
+        if self.cfg.amp in ("off", "fp32"):
+            logits = self.logits(idx)
+        else:
+            with torch.autocast(idx.device.type, dtype=DTYPES[self.cfg.amp]):
+                logits = self.logits(idx)
         if targets is None:
             return logits, None
         loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),

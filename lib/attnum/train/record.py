@@ -45,6 +45,53 @@ from .. import ncio
 from ..drift import tensor_kind, tensor_layer
 from . import diag
 
+# -- a synthetic-task run's records (attnum.train.train): the train_* variables of a study's results --
+
+LAYER_RECORDS = ("grad_norm", "grad_norm_qk", "max_logit", "entropy", "key_mean_norm", "key_norm",
+                 "key_mean_ratio")
+STEP_RECORDS = ("loss", "accuracy", "lr", "grad_norm_total")
+
+ATTRS = {
+    "loss": ("nat", "training cross-entropy on the scored positions"),
+    "accuracy": ("1", "fraction of scored positions predicted correctly (argmax)"),
+    "lr": ("1", "learning rate of the step"),
+    "grad_norm_total": ("1", "global gradient norm before clipping"),
+    "grad_norm": ("1", "gradient norm of every parameter of the block"),
+    "grad_norm_qk": ("1", "gradient norm of the block's query and key projections (weights and biases)"),
+    "max_logit": ("1", "largest scaled attention logit q.k/sqrt(d) over batch, heads and rows"),
+    "entropy": ("nat", "mean attention entropy per row"),
+    "key_mean_norm": ("1", "norm of the mean key ||mean_j k_j|| (mean over batch and heads)"),
+    "key_norm": ("1", "mean key norm mean_j ||k_j|| (mean over batch and heads)"),
+    "key_mean_ratio": ("1", "||mean_j k_j|| / mean_j ||k_j||"),
+}
+
+
+def records_dataset(steps, step_rec: dict, layer_rec: dict, n_layer: int) -> xr.Dataset:
+    ds = xr.Dataset({name: ("step", values) for name, values in step_rec.items()},
+                    coords={"step": np.asarray(steps), "layer": np.arange(n_layer)})
+    for name, values in layer_rec.items():
+        ds[name] = (("step", "layer"), values)
+    for name in ds.data_vars:
+        units, long_name = ATTRS[name]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    ds["step"].attrs.update(long_name="optimizer updates before this step's forward and backward")
+    return ds
+
+
+def record_variables() -> dict[str, tuple[str, str]]:
+    """CF units and long_name of training records (``train_*``) and of the FP32-recompute
+    diagnostic's records (``diag_*`` at checkpoints, ``live_*`` during training), for the writer."""
+    table = {f"diag_{k}": v for k, v in diag.ATTRS.items()}
+    table.update({f"live_{k}": (u, f"{name} (training batch, during training)") for k, (u, name) in diag.ATTRS.items()})
+    table["live_grad_norm_total"] = ("1", "global gradient norm of the training step the diagnostic ran on")
+    table["live_spike"] = ("1", "1 if the diagnostic ran because the gradient norm spiked, else 0 (periodic)")
+    table.update({f"train_{k}": v for k, v in ATTRS.items()})
+    table["run_attention"] = ("1", "attention kernel of every layer (registry name)")
+    return table
+
+
+# -- a corpus run's record (attnum.train.train_corpus) --
+
 STUDY = "lm_training"
 
 VARIABLES = {
@@ -187,7 +234,7 @@ def to_dataset(state: RunState) -> xr.Dataset:
 def write(state: RunState, path) -> Path:
     device = str(state.cfg.device)
     return ncio.write_results(to_dataset(state), path, study=STUDY, params=state.cfg.params(), device=device,
-                              title="attnum byte-level LM training run (issue 13)", variables=VARIABLES)
+                              title="attnum byte-level LM training run", variables=VARIABLES)
 
 
 def open_record(path) -> xr.Dataset:
@@ -369,7 +416,7 @@ def require_records(folder, pattern: str, expected=(), what: str = "") -> Path:
         path = project_root() / path
     expected = list(expected)
     runs = f"; the campaign's runs for it: {', '.join(expected)}" if expected else ""
-    hint = (" (train them with `python -m attnum.lm train --plan NAME --out DIR` and commit the records "
+    hint = (" (train them with `python -m attnum.train train --plan NAME --out DIR` and commit the records "
             "there)")
     if not path.is_dir():
         raise FileNotFoundError(f"GPU training records folder {str(folder)!r} ({path}) does not exist: "

@@ -1,4 +1,4 @@
-"""``python -m attnum.lm train|bench|gather|corpus``: see ``attnum.lm``'s docstring."""
+"""``python -m attnum.train train|bench|gather|corpus|plan``: see ``attnum.train``'s docstring."""
 from __future__ import annotations
 
 import time
@@ -33,7 +33,7 @@ def load_plan(name: str, path: str | None = None) -> dict:
     folder), with ``tag`` set to its name; a clear error for an unknown name or field."""
     import yaml
 
-    from .train import TrainConfig
+    from .loop import CorpusConfig as TrainConfig
 
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [path] if path else [os.path.join(here, "..", "..", "..", CAMPAIGN), CAMPAIGN]
@@ -54,7 +54,7 @@ def load_plan(name: str, path: str | None = None) -> dict:
 
 
 def _train_parser(sub):
-    from .train import TrainConfig
+    from .loop import CorpusConfig as TrainConfig
 
     p = sub.add_parser("train", help="one training run (or a lockstep pair) within a wall-clock budget")
     p.add_argument("--out", required=True, help="folder for the record")
@@ -74,10 +74,10 @@ def _train_parser(sub):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnum.lm", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m attnum.train", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _train_parser(sub)
-    b = sub.add_parser("bench", help="issue 15: training-step cost of each attention choice")
+    b = sub.add_parser("bench", help="training-step cost of each attention choice")
     b.add_argument("--kernels", default=None, help="comma-separated attention choices (default: bench.DEFAULT_KERNELS)")
     b.add_argument("--n-layer", type=int, default=12)
     b.add_argument("--n-head", type=int, default=12)
@@ -107,7 +107,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "train":
-        from .train import TrainConfig, train
+        from .loop import CorpusConfig as TrainConfig
+        from .loop import train_corpus as train
 
         fields = {f.name for f in dataclasses.fields(TrainConfig)}
         cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
@@ -149,7 +150,7 @@ def main(argv=None) -> int:
             print(f"{name}: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in settings.items()))
         return 0
     if args.command == "corpus":
-        from .corpus import Corpus
+        from .data import Corpus
 
         print(json.dumps(Corpus.build(tuple(args.parts.split(","))).facts, indent=1))
         return 0

@@ -30,7 +30,7 @@ import torch
 from .. import ncio
 from ..timing import Timer
 from . import diag
-from .gpt import LM, AttentionChoice, LMConfig
+from ..model import GPT, AttentionChoice, GPTConfig
 
 DEFAULT_KERNELS = ("sdpa:flash", "sdpa:cudnn", "sdpa:math", "triton:fa2", "triton:fa2:gproj_dq",
                    "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd")
@@ -78,7 +78,6 @@ def bench(kernels=DEFAULT_KERNELS, *, n_layer=12, n_head=12, d_model=768, contex
     results = []
     for n in contexts:
         batch = tokens_per_step // n
-        cfg = LMConfig(n_layer, n_head, d_model, n)
         gen = torch.Generator(device="cpu").manual_seed(seed)
         x = torch.randint(0, 256, (batch, n + 1), generator=gen).to(device)
         x, y = x[:, :-1], x[:, 1:]
@@ -91,7 +90,8 @@ def bench(kernels=DEFAULT_KERNELS, *, n_layer=12, n_head=12, d_model=768, contex
                 rec["status"] = f"unavailable: {reason}"
                 runs.append((rec, None, None))
                 continue
-            model = LM(cfg, choice, seed=seed).to(device)
+            model = GPT(GPTConfig.byte_lm(choice, n_layer=n_layer, n_head=n_head, d_model=d_model, context=n),
+                        seed=seed).to(device)
             opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0,
                                     fused=device.type == "cuda")
             rec["attention_alone"] = diag.time_attention(choice, (batch, n_head, n, d_model // n_head), device)
@@ -152,7 +152,7 @@ def bench(kernels=DEFAULT_KERNELS, *, n_layer=12, n_head=12, d_model=768, contex
                 rec[f"overhead_vs_{base.split('@')[0].replace(':', '_')}"] = \
                     rec["step_s_median"] / ref["step_s_median"] - 1
     versions = {"python": platform.python_version(), **ncio.accelerator_versions(str(device))}
-    return {"what": "issue 15: training-step cost of each attention choice (attnum.lm.bench)",
+    return {"what": "training-step cost of each attention choice (attnum.train.bench)",
             "config": config, "results": results, "versions": versions,
             "device": ncio.device_description(str(device)), "clocks": gpu_clocks(device),
             **ncio.git_state(), "wall_s": time.monotonic() - t0,

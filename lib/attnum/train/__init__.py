@@ -1,28 +1,36 @@
-"""GPU-scale training on real text (issue 13) and the training-step cost of each attention (issue 15).
+"""One trainer for every scale: ``attnum.model.GPT`` on a synthetic task (CPU) or on the byte corpus (GPU).
 
 A byte-level GPT-2-style language model on the Python standard library's own source, trained on
 one GPU in one command, attention chosen per run from the kernel registry; every run writes one
 compact NetCDF record that the studies' ``gpu_training`` tiers gather.
 
 Modules
-    corpus   the stdlib corpus (fixed order, hash-based train/validation split by file, facts and
-             sha256 recorded) and the device-side batch sampler (data order fixed by ``data_seed``)
-    gpt      the model (``attnum.model.GPT``'s architecture and tensor names, bf16 autocast for the
-             matmuls, attention ``AttentionChoice`` = registry name [@dtype] called outside autocast)
-    diag     per-layer statistics (common key offset, sharpness), the FP32-recompute diagnostic's
-             dQ/dK/dV errors, gradient norms, attention timing, weight sketches and exact pair drift
-    train    ``TrainConfig`` and ``train``: one run or a lockstep pair within a wall-clock budget
-    record   the record's layout, ``gather`` (a folder of records -> one Dataset), ``pair_drift`` and
-             ``sketch_drift`` (for ``attnum.drift.aggregate``), ``summary`` (what each run reached)
-    bench    issue 15's step-time benchmark of every attention choice
+    loop     ``TrainConfig`` and ``train`` (a synthetic task, bitwise reproducible on the CPU; the tiny
+             models of studies 03-05), ``train_runs`` (several kernels from one start), ``LiveDiagnostic``;
+             ``CorpusConfig`` and ``train_corpus`` (the byte LM: one run or a lockstep pair within a
+             wall-clock budget, one record per command)
+    data     ``Task`` (synthetic tasks) and the stdlib corpus (``Corpus``: fixed order, hash-based
+             train/validation split by file, facts and sha256 recorded) with its device-side sampler
+             (``BatchSampler``, data order fixed by ``data_seed``)
+    diag     the FP32-recompute diagnostic (``recompute_backward_fp32``, ``backward_errors``), per-layer
+             statistics (common key offset, sharpness), gradient norms, attention timing, weight
+             sketches and exact pair drift
+    record   the records: ``records_dataset``/``ATTRS`` of a synthetic run (the ``train_*`` variables of a
+             study's results) and the corpus run's NetCDF record, ``gather`` (a folder of records -> one
+             Dataset), ``pair_drift`` and ``sketch_drift`` (for ``attnum.drift.aggregate``), ``summary``
+    bench    the step-time benchmark of every attention choice
 
-Command line (``PYTHONPATH=lib``; every ``TrainConfig`` field is a flag)::
+The model is ``attnum.model.GPT`` at both scales; ``GPTConfig.byte_lm`` is the corpus runs' setting
+(bf16 autocast for the matmuls, attention ``AttentionChoice`` = registry name [@dtype] called outside
+autocast).
 
-    python -m attnum.lm train --kernel sdpa:flash --lr 1e-3 --budget-s 540 --out DIR
-    python -m attnum.lm train --kernel sdpa:flash --pair --pair-kernel sdpa:math --out DIR   # study 03 pair
-    python -m attnum.lm bench --out DIR/bench.json
-    python -m attnum.lm gather DIR --out gathered.nc
-    python -m attnum.lm corpus            # this machine's corpus facts (size, files, sha256)
+Command line (``PYTHONPATH=lib``; every ``CorpusConfig`` field is a flag)::
+
+    python -m attnum.train train --kernel sdpa:flash --lr 1e-3 --budget-s 540 --out DIR
+    python -m attnum.train train --kernel sdpa:flash --pair --pair-kernel sdpa:math --out DIR   # study 03 pair
+    python -m attnum.train bench --out DIR/bench.json
+    python -m attnum.train gather DIR --out gathered.nc
+    python -m attnum.train corpus            # this machine's corpus facts (size, files, sha256)
 
 Attention choices: ``sdpa:flash`` (bf16, PyTorch's FlashAttention-2), ``sdpa:math`` (fp32 by
 default: the baseline, attention computed in fp32 from the bf16-computed projections, TF32 off),
@@ -56,8 +64,8 @@ and the dQ error reached, to set against the mechanism grid of study 04. Harsher
 reach the sharp regime sooner are parameters (higher ``--lr``, ``--clip 0``, ``--warmup 0``, a
 smaller model with more steps), and each is a departure from the sources' setting to be stated.
 
-Campaign: ``params/lm/campaign.yaml`` names every planned run (``python -m attnum.lm plan``
-lists them); ``python -m attnum.lm train --plan NAME --out $OUT`` runs one, flags overriding the
+Campaign: ``params/lm/campaign.yaml`` names every planned run (``python -m attnum.train plan``
+lists them); ``python -m attnum.train train --plan NAME --out $OUT`` runs one, flags overriding the
 plan. Each run leaves ``lm_<NAME>_s<seed>_d<data seed>.nc`` (a few MiB at most) in ``--out``;
 commit the records together under ``outputs/lm/records/`` (the folder the studies' ``gpu_training`` tiers read) and ``gather`` them.
 
@@ -67,19 +75,31 @@ since the copy there has no git history)::
     set -o pipefail; export PYTHONUNBUFFERED=1 PYTHONPATH=lib ATTNUM_GIT_COMMIT=<sha> ATTNUM_GIT_DIRTY=false
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl && export PYTHONPATH=$PYTHONPATH:/tmp/site
-    python3 -m attnum.lm corpus | tee $OUT/lm_corpus.json                              # that Python's corpus
-    python3 -m pytest -q -p no:cacheprovider -m gpu tests/train/test_lm.py 2>&1 | tee $OUT/lm_gpu_tests.log
-    python3 -m attnum.lm bench --out $OUT/lm_step_cost.json 2>&1 | tee $OUT/lm_bench.log  # issue 15
-    python3 -m attnum.lm train --plan pilot --out $OUT 2>&1 | tee $OUT/lm_pilot.log      # one run
+    python3 -m attnum.train corpus | tee $OUT/lm_corpus.json                              # that Python's corpus
+    python3 -m pytest -q -p no:cacheprovider -m gpu tests/train/test_corpus.py 2>&1 | tee $OUT/lm_gpu_tests.log
+    python3 -m attnum.train bench --out $OUT/lm_step_cost.json 2>&1 | tee $OUT/lm_bench.log
+    python3 -m attnum.train train --plan pilot --out $OUT 2>&1 | tee $OUT/lm_pilot.log      # one run
 
 The training budget (``--budget-s``, 540 s by default, 480 in ``pilot``) counts from the Python
 process' start; pip's few seconds come before it, so one run fits a 600 s command.
 
-Bench (issue 15): the same model at contexts 1024 and 4096 with 8192 tokens a step; attention's
+Bench: the same model at contexts 1024 and 4096 with 8192 tokens a step; attention's
 FLOPs relative to the linear layers' are ~N / (12 d_model): 0.11 at 1024, 0.44 at 4096, so at 4096
 attention is a real share of the step. Estimated run time on one H200: about 1-2 minutes
 (seven choices x two contexts x 27 steps, plus Triton compilation; fp32 attention is the slowest).
 """
 from __future__ import annotations
 
-__all__ = ["bench", "corpus", "diag", "gpt", "record", "train"]
+from . import data, diag, loop, record
+from .data import IGNORE, PARTS, TASKS, BatchSampler, Corpus, Task
+from .diag import recompute_backward_fp32
+from .record import ATTRS, LAYER_RECORDS, STEP_RECORDS, record_variables, records_dataset
+from .loop import (AUTOCAST, CorpusConfig, LiveDiagnostic, TrainConfig, TrainResult, build_model, learning_rate,
+                   load_checkpoint, preserve_gradients,
+                   torch_threads, train, train_corpus, train_runs, validation_loss)
+
+__all__ = ["ATTRS", "AUTOCAST", "BatchSampler", "Corpus", "CorpusConfig", "IGNORE", "LAYER_RECORDS", "LiveDiagnostic",
+           "PARTS", "STEP_RECORDS", "TASKS", "Task", "TrainConfig", "TrainResult", "build_model", "data", "diag",
+           "learning_rate", "load_checkpoint", "loop", "preserve_gradients", "recompute_backward_fp32", "record",
+           "record_variables", "records_dataset", "torch_threads", "train", "train_corpus", "train_runs",
+           "validation_loss"]
