@@ -1,5 +1,5 @@
 """Timing on either device: CUDA events on a GPU (no synchronisation until a time is read), the wall
-clock (``time.perf_counter``) on a CPU. One place for the studies, the kernel benchmark and attnum.lm."""
+clock (``time.perf_counter``) on a CPU. One place for the studies, the kernel benchmark and attnum.train."""
 from __future__ import annotations
 
 import time

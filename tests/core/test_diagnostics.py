@@ -2,11 +2,11 @@
 import numpy as np
 import torch
 
-from attnum import diagnostics
+from attnum.train import diag as diagnostics
 from attnum.kernels import FP32_BACKWARD, AttentionImpl, as_kernel
 from attnum.model import GPT, GPTConfig, add_key_offset
 from attnum.precision import get_policy, round_to
-from attnum.tasks import Task
+from attnum.train import Task
 
 # a kernel whose only rounding is of its operands: its backward is the exact FP32 backward of the
 # rounded q, k, v, dO, so a recompute on the operands it read must find no difference at all

@@ -10,8 +10,8 @@ from attnum.kernels import (Attention, AttentionImpl, as_kernel, flash_attention
 from attnum.metrics import row_rel_l2
 from attnum.model import GPTConfig
 from attnum.precision import BACKWARD_STAGES, PRESETS, PrecisionPolicy, get_policy
-from attnum.tasks import Task
-from attnum.training import TrainConfig, train
+from attnum.train import Task
+from attnum.train import TrainConfig, train
 
 
 def _grad_out(q, seed=11):

@@ -1,4 +1,4 @@
-"""attnum.timing: one timer for the studies, the kernel benchmark and attnum.lm (what it calls, not how fast)."""
+"""attnum.timing: one timer for the studies, the kernel benchmark and attnum.train (what it calls, not how fast)."""
 import math
 
 from attnum.timing import Timer, median_ms

@@ -12,8 +12,8 @@ from attnum.kernels import FIXES
 from attnum.model import GPTConfig
 from attnum.studies import gproj_fix
 from attnum.studies.gproj_fix import experiments, prose, readings, real_kernels
-from attnum.tasks import Task
-from attnum.training import TrainConfig
+from attnum.train import Task
+from attnum.train import TrainConfig
 
 STUDY = "gproj_fix"
 

@@ -190,7 +190,7 @@ def small_checkpoint():
 
     from attnum import kernels
     from attnum.model import GPT, GPTConfig
-    from attnum.tasks import Task
+    from attnum.train import Task
 
     task = Task("induction", context=16, n_symbols=8, data_seed=0, lm_loss=True)
     cfg = GPTConfig(vocab_size=task.vocab_size, context=16, n_layer=2, n_head=2, d_model=16,
@@ -226,7 +226,7 @@ def test_in_format_feeds_the_kernel_bf16_and_the_recompute_what_it_read():
     import torch
 
     from attnum import kernels
-    from attnum.diagnostics import backward_errors
+    from attnum.train.diag import backward_errors
 
     gen = torch.Generator().manual_seed(0)
     q, k, v, do = (torch.randn(1, 2, 24, 16, generator=gen) for _ in range(4))
@@ -426,7 +426,7 @@ def test_trained_model_and_same_training_sentences():
 # -- the gpu_training tier's computed text (section 10) ----------------------------------------------------
 
 def _gathered_series(dq_rel_err):
-    """A gathered dataset of two single-member runs with the series ``attnum.lm.record.summary`` reads."""
+    """A gathered dataset of two single-member runs with the series ``attnum.train.record.summary`` reads."""
     dq = np.asarray(dq_rel_err, dtype=float)  # (run, step)
     runs, steps, layers = ["r0", "r1"], np.arange(dq.shape[1]) * 10, [0, 1]
     per_layer = np.repeat(dq[:, None, :, None], len(layers), axis=3)
@@ -447,7 +447,7 @@ def _gathered_series(dq_rel_err):
 def test_record_summary_growth_of_an_all_zero_error_is_nan_without_a_warning():
     import warnings
 
-    from attnum.lm import record
+    from attnum.train import record
 
     rising = np.linspace(0.01, 0.05, 8)
     ds = _gathered_series([rising, np.zeros(8)])
@@ -468,7 +468,7 @@ def test_record_summary_growth_of_an_all_zero_error_is_nan_without_a_warning():
 def s04_records(tmp_path_factory):
     """Two tiny CPU records of the s04 campaign, same setting, stopped at different steps: flash at 30
     (logged every 5) and FP32 attention at 23 (logged at 5, ..., 20 and 23); evaluated every 15 steps."""
-    from attnum.lm.train import TrainConfig, train
+    from attnum.train import CorpusConfig as TrainConfig, train_corpus as train
 
     folder = tmp_path_factory.mktemp("records")
     base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, log_every=5, eval_every=15,

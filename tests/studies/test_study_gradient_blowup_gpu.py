@@ -1,4 +1,4 @@
-"""Study 04's gpu_training tier on tiny CPU records made with attnum.lm's trainer: the gathered dataset,
+"""Study 04's gpu_training tier on tiny CPU records made with attnum.train.train_corpus: the gathered dataset,
 the computed readings, the early error for a folder without records, and one runner (papermill) run of
 the notebook on those records (a record of another study's campaign in the folder is left out)."""
 import json
@@ -9,8 +9,8 @@ import pytest
 import xarray as xr
 
 from attnum import ncio
-from attnum.lm import record
-from attnum.lm.train import TrainConfig, train
+from attnum.train import record
+from attnum.train import CorpusConfig as TrainConfig, train_corpus as train
 from attnum.studies.late_training_gradient_blowup import figures, gpu_training, prose_gpu, readings, readings_gpu
 
 RUNS = {

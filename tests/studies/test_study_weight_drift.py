@@ -11,7 +11,7 @@ from attnum import drift, ncio, runner
 from attnum.model import GPT, GPTConfig
 from attnum.studies import wasserstein_weight_drift as study
 from attnum.studies.wasserstein_weight_drift import aggregates, experiments, readings
-from attnum.tasks import Task
+from attnum.train import Task
 
 STUDY = "wasserstein_weight_drift"
 POLICY = dict(kernel_policy="fa2_bf16", perturbation=1e-6, noise_seed_offset=1000)  # the parameters cell's

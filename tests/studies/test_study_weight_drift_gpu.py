@@ -1,4 +1,4 @@
-"""Study 03's gpu_training tier on tiny CPU records made with attnum.lm's trainer: the gathered dataset,
+"""Study 03's gpu_training tier on tiny CPU records made with attnum.train.train_corpus: the gathered dataset,
 the values read from it, the early error for a folder without records, and one runner (papermill) run of
 the notebook on those records."""
 import json
@@ -9,8 +9,8 @@ import pytest
 import xarray as xr
 
 from attnum import ncio
-from attnum.lm import record
-from attnum.lm.train import TrainConfig, train
+from attnum.train import record
+from attnum.train import CorpusConfig as TrainConfig, train_corpus as train
 from attnum.studies.wasserstein_weight_drift import aggregates, experiments, figures, readings_gpu
 
 RUNS = {

@@ -7,8 +7,8 @@ from scipy.stats import wasserstein_distance as scipy_w1
 from attnum import drift
 from attnum.kernels import AttentionImpl
 from attnum.model import GPT, GPTConfig
-from attnum.tasks import Task
-from attnum.training import TrainConfig, train
+from attnum.train import Task
+from attnum.train import TrainConfig, train
 
 
 def _tiny(attention="reference:fp32"):

@@ -1,4 +1,4 @@
-"""attnum.lm: the stdlib corpus, the GPU-scale LM and trainer at tiny size on the CPU, records,
+"""attnum.train (corpus runs): the stdlib corpus, the GPU-scale LM and trainer at tiny size on the CPU, records,
 gather, the step-cost bench; a GPU test for the real kernels (skipped without CUDA)."""
 import hashlib
 import json
@@ -11,10 +11,10 @@ import pytest
 from conftest import without_triton_interpreter
 import torch
 
-from attnum.lm import corpus, diag, record
-from attnum.lm.__main__ import main
-from attnum.lm.gpt import LM, AttentionChoice, LMConfig
-from attnum.lm.train import TrainConfig, learning_rate, train
+from attnum.train import data as corpus, diag, record
+from attnum.train.__main__ import main
+from attnum.model import GPT, AttentionChoice, GPTConfig
+from attnum.train import CorpusConfig as TrainConfig, learning_rate, train_corpus as train
 
 MAX_BYTES = 2_000_000  # a truncated corpus keeps the tests small
 
@@ -84,8 +84,8 @@ def test_attention_choice_names_and_dtypes():
 
 
 def test_model_is_seeded_on_the_cpu_and_feeds_the_kernel_its_dtype():
-    cfg = LMConfig(n_layer=2, n_head=2, d_model=16, context=8)
-    a, b = (LM(cfg, AttentionChoice.parse("sdpa:math"), seed=3) for _ in range(2))
+    cfg = GPTConfig.byte_lm(AttentionChoice.parse("sdpa:math"), n_layer=2, n_head=2, d_model=16, context=8)
+    a, b = (GPT(cfg, seed=3) for _ in range(2))
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
     assert sum(p.numel() for p in a.parameters()) == cfg.n_params()
     attn = a.attention_modules()[0]
@@ -94,9 +94,11 @@ def test_model_is_seeded_on_the_cpu_and_feeds_the_kernel_its_dtype():
     _, loss = a(x, x)
     loss.backward()
     assert attn.capture["q"].dtype == torch.float32 and attn.capture["grad_out"].shape == attn.capture["q"].shape
-    a.set_attention(AttentionChoice.parse("sdpa:flash"))
+    # the attention dtype is the model's setting (GPTConfig.attention_dtype): a bf16 flash model reads bf16 operands
+    flash = GPT(GPTConfig.byte_lm(AttentionChoice.parse("sdpa:flash"), n_layer=2, n_head=2, d_model=16, context=8), seed=3)
+    attn = flash.attention_modules()[0]
     attn.capture = {}
-    a(x, x)[1].backward()
+    flash(x, x)[1].backward()
     assert attn.capture["q"].dtype == torch.bfloat16
 
 
@@ -125,9 +127,9 @@ def test_key_offset_shows_in_the_statistics():
 
 
 def test_sketch_bounds_the_exact_wasserstein_from_below():
-    cfg = LMConfig(n_layer=1, n_head=2, d_model=16, context=8)
-    a = LM(cfg, AttentionChoice.parse("sdpa:math"), seed=0)
-    b = LM(cfg, AttentionChoice.parse("sdpa:math"), seed=1)
+    cfg = GPTConfig.byte_lm(AttentionChoice.parse("sdpa:math"), n_layer=1, n_head=2, d_model=16, context=8)
+    a = GPT(cfg, seed=0)
+    b = GPT(cfg, seed=1)
     exact = diag.exact_drift(a, b)["w1"]
     bound = diag.sketch_wasserstein(diag.weight_sketches(a, 8), diag.weight_sketches(b, 8))
     assert np.all(bound <= exact + 1e-7) and bound.max() > 0.3 * exact.max()
@@ -274,7 +276,7 @@ def test_cli_train_and_bench_on_cpu(tmp_path, capsys):
 def test_every_campaign_run_is_a_valid_configuration():
     import yaml
 
-    from attnum.lm.__main__ import load_plan
+    from attnum.train.__main__ import load_plan
 
     plans = yaml.safe_load(open(Path(__file__).parents[2] / "params" / "lm" / "campaign.yaml"))
     assert {"pilot", "s04_flash_lr1e-3", "s04_fp32_lr1e-3", "s04_gproj_lr1e-3", "s03_flash_vs_fp32_s0",
@@ -318,7 +320,7 @@ def test_triton_kernels_train_in_the_cpu_interpreter(tmp_path):
         pytest.skip("on a GPU the gpu-marked test runs the compiled kernels")
     env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(Path(__file__).parents[2] / "lib")}
-    args = [sys.executable, "-m", "attnum.lm", "train", "--device", "cpu", "--out", str(tmp_path), "--n-layer", "1",
+    args = [sys.executable, "-m", "attnum.train", "train", "--device", "cpu", "--out", str(tmp_path), "--n-layer", "1",
             "--n-head", "2", "--d-model", "32", "--context", "32", "--batch-size", "2", "--steps", "4",
             "--log-every", "2", "--eval-every", "2", "--snapshot-every", "2", "--val-windows", "2",
             "--diag-batch", "1", "--corpus-max-bytes", str(MAX_BYTES), "--amp", "fp16", "--no-time-attention",

@@ -5,11 +5,11 @@ import torch
 
 from attnum import ncio
 from attnum.kernels import AttentionImpl
-from attnum.diagnostics import backward_errors, recompute_backward_fp32
+from attnum.train.diag import backward_errors, recompute_backward_fp32
 from attnum.inputs import normal_qkv
 from attnum.model import GPT, GPTConfig, add_key_offset, perturb_weights
-from attnum.tasks import IGNORE, Task
-from attnum.training import TrainConfig, load_checkpoint, train
+from attnum.train import IGNORE, Task
+from attnum.train import TrainConfig, load_checkpoint, train
 
 
 def _tiny(attention=("emulator:fa2_bf16",), task=None, **kw):
@@ -111,7 +111,7 @@ def test_trainer_is_bitwise_deterministic_for_a_fixed_seed(tmp_path):
 
 
 def test_a_diagnostic_callback_leaves_the_run_bitwise_unchanged():
-    from attnum.training import LiveDiagnostic
+    from attnum.train import LiveDiagnostic
 
     task, cfg = _tiny(attention=("emulator:fa2_bf16:fused", "emulator:fa2_bf16"))
     tc = TrainConfig(steps=8, batch_size=4, warmup_steps=2, checkpoint_steps=(8,))

@@ -16,7 +16,7 @@ backward is a policy. ``attnum.kernels.fixes.FIXES`` names each one as a change 
 ``Attention`` is a module with the signature of ``scaled_dot_product_attention`` around any
 registry kernel. Setting its ``backward_kernel`` keeps the forward exactly as the module's own
 kernel computes it and replaces only the backward by a recomputation under another kernel: the
-FP32 backward-recompute diagnostic of seed 004 (``attnum.diagnostics``).
+FP32 backward-recompute diagnostic of seed 004 (``attnum.train.diag``).
 """
 from __future__ import annotations
 

@@ -43,7 +43,7 @@ layer's kernel read and the dO it was given (``CausalSelfAttention.capture``):
                     (softmax ignores it exactly; the rounded backward does not, seed 004 cause 2)
     max_logit       the largest scaled causal score
     entropy         mean over rows of -sum_j P_ij log P_ij (nats); max_prob the mean row maximum of P
-    dq_rel_err ...  the FP32-recompute diagnostic (``attnum.diagnostics.backward_errors``): the layer's
+    dq_rel_err ...  the FP32-recompute diagnostic (``attnum.train.diag.backward_errors``): the layer's
                     kernel backward on the operands it read against the same backward computed by
                     ``sdpa:math`` in fp32 on those operands upcast exactly (TF32 off); global relative
                     L2 error (``*_rel_err``) and median row error (``*_row_rel_err``) of dQ, dK, dV

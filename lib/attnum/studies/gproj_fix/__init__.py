@@ -35,7 +35,7 @@ Every fix is one change of a base kernel, the emulated BF16 FlashAttention-3 of 
 
 ``fix_training``
     the small GPT trained from the same initialisation and data order with FP32 attention, the
-    BF16 flash emulator and each fix (``attnum.training.train_runs``).
+    BF16 flash emulator and each fix (``attnum.train.train_runs``).
 
 Modules: ``experiments`` (the emulated measurements), ``real_kernels`` (registry kernels on the grid,
 their measured times and a training step's), ``readings`` (numbers and tables the notebook states),

@@ -17,7 +17,7 @@ from ...kernels import FIXES, AttentionImpl, with_fix
 from ...metrics import ds_row_sums, gradient_errors, output_errors
 from ...operands import REGIMES, golden_values, mechanism_operands, regime_operands
 from ...progress import tqdm
-from ...training import record_variables, torch_threads, train_runs
+from ...train import record_variables, torch_threads, train_runs
 from .real_kernels import _failure, emulator_equivalent, real_point
 
 GRAD_ERROR_METRICS = ("dq_err", "dk_err", "dv_err", "dq_err_p99", "dk_err_p99", "dv_err_p99", "dq_err_exact_delta",

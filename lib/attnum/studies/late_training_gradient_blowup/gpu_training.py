@@ -1,4 +1,4 @@
-"""Study 04's ``gpu_training`` tier: gathers ``attnum.lm``'s GPU training records (``lm_s04_*.nc``, the
+"""Study 04's ``gpu_training`` tier: gathers ``attnum.train``'s GPU training records (``lm_s04_*.nc``, the
 ``s04_*`` runs of params/lm/campaign.yaml), their per-layer series and ``record.summary``, the loss rise, the
 records' provenance and GPU time, and where a mechanism grid run puts the blowup regime (``grid_regime``);
 and the selectors of runs, settings and layers that the readings of those records share.
@@ -15,7 +15,7 @@ from .trainer import lm_record
 
 GPU_PREFIX = "s04_"  # campaign runs of this study (params/lm/campaign.yaml); records lm_s04_*_s<seed>_d<seed>.nc
 GPU_PATTERN = f"lm_{GPU_PREFIX}*.nc"
-GPU_DQ_METRIC = "dq_rel_err"  # the main dQ metric of the records (attnum.lm.record.VARIABLES says what it is)
+GPU_DQ_METRIC = "dq_rel_err"  # the main dQ metric of the records (attnum.train.record.VARIABLES says what it is)
 GPU_SERIES = ("loss", "val_loss", "grad_norm", "grad_norm_layer", "grad_norm_qk", "key_mean_norm", "key_norm",
               "key_mean_ratio", "offset_logit", "max_logit", "entropy", "max_prob", "dq_rel_err", "dq_row_rel_err",
               "dk_rel_err", "dv_rel_err", "grad_norm_ratio", "lr", "step_time_s", "tokens_per_s", "elapsed_s",
@@ -87,7 +87,7 @@ def grid_regime(mech: xr.Dataset | None, level: float, *, context: int = 1024) -
 
 
 def gpu_training_dataset(folder, mech: xr.Dataset | None, level: float) -> xr.Dataset:
-    """This study's GPU training records under ``folder`` gathered (``attnum.lm.record.gather``: one
+    """This study's GPU training records under ``folder`` gathered (``attnum.train.record.gather``: one
     ``run`` per record, outer join on steps), the per-layer series kept (no weight sketches),
     ``record.summary``'s numbers as ``sum_*`` per run and member, the loss rise and blowup flag, the
     records' own provenance as ``prov_*`` coordinates, the campaign's GPU time and, from ``mech``

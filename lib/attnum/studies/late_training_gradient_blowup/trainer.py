@@ -2,19 +2,19 @@
 here and nowhere else in the study, so that a change of the training code is a change of this file."""
 from __future__ import annotations
 
-from ...diagnostics import ATTRS as DIAG_ATTRS
-from ...diagnostics import recompute_backward_fp32
+from ...train.diag import ATTRS as DIAG_ATTRS
+from ...train.diag import recompute_backward_fp32
 from ...model import GPTConfig, add_key_offset
-from ...tasks import Task
-from ...training import LiveDiagnostic, TrainConfig, load_checkpoint, record_variables, torch_threads, train_runs
+from ...train import Task
+from ...train import LiveDiagnostic, TrainConfig, load_checkpoint, record_variables, torch_threads, train_runs
 
 __all__ = ["DIAG_ATTRS", "GPTConfig", "LiveDiagnostic", "Task", "TrainConfig", "add_key_offset", "lm_record",
            "load_checkpoint", "record_variables", "recompute_backward_fp32", "torch_threads", "train_runs"]
 
 
 def lm_record():
-    """``attnum.lm.record``, the GPU trainer's record format (imported on use: only the gpu_training tier
+    """``attnum.train.record``, the GPU trainer's record format (imported on use: only the gpu_training tier
     reads records)."""
-    from ...lm import record
+    from ...train import record
 
     return record

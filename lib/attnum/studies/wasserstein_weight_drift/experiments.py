@@ -4,7 +4,7 @@ on the CPU (``drift_experiment``), Golden et al.'s per-attention-call comparison
 (``gpu_training_dataset``).
 
 This is the one module of the study that imports the trainer, the model and the GPU record format
-(``attnum.model``, ``attnum.tasks``, ``attnum.training``, ``attnum.lm.record``).
+(``attnum.model``, ``attnum.train``, ``attnum.train.record``).
 
 The pairs (``pair_runs``):
 
@@ -36,12 +36,12 @@ import xarray as xr
 from ... import drift
 from ...kernels import get as get_kernel
 from ...kernels import model_kernel
-from ...lm import record
+from ...train import record
 from ...model import GPTConfig
 from ...progress import tqdm
-from ...tasks import Task
-from ...training import ATTRS as TRAIN_ATTRS
-from ...training import TrainConfig, load_checkpoint, train
+from ...train import Task
+from ...train import ATTRS as TRAIN_ATTRS
+from ...train import TrainConfig, load_checkpoint, train
 from . import (FLASH_PAIRS, GPU_COMPARISONS, GPU_DESCRIPTIONS, GPU_LOW_PRECISION, GPU_METRICS, GPU_PATTERN,
                GPU_PREFIX, PAIRS)
 from .aggregates import (_interpolated_within, _interval, _paired_ratio, attention_correlations, drift_ratios,
@@ -296,7 +296,7 @@ def check_gpu_records(folder):
 
 
 def gpu_training_dataset(folder, *, confidence: float) -> xr.Dataset:
-    """This study's GPU pair records under ``folder`` gathered (``attnum.lm.record.gather``), each
+    """This study's GPU pair records under ``folder`` gathered (``attnum.train.record.gather``), each
     pair's exact drift per tensor (``pair_w1``...), per kind, per layer and over the model at its
     snapshots (``record.pair_drift`` and ``attnum.drift.aggregate``); per comparison the drift's
     geometric mean over seeds with a t interval (``gpu_drift*``); the low-precision/flash ratio
