@@ -58,16 +58,16 @@ bench: $(STAMP)
 	$(PY) -m attnum bench
 
 # Removes caches, the rendered site and leftovers of interrupted runs; never results, never a live run
-# (attnum.runner.clean: a run is live while it holds its lock or its owner process is alive).
+# (attnum.runs.clean: a run is live while it holds its lock or its owner process is alive).
 clean:
-	@if [ -x $(PY) ]; then $(PY) -m attnum.runner clean; else echo "no $(PY): outputs/ left as it is (make setup)"; fi
+	@if [ -x $(PY) ]; then $(PY) -m attnum clean; else echo "no $(PY): outputs/ left as it is (make setup)"; fi
 	rm -rf .pytest_cache build lib/*.egg-info
 	find . -name __pycache__ -type d -not -path './$(VENV)/*' -prune -exec rm -rf {} +
 
 # Deletes every study result not tracked by git: only when asked explicitly, and not while a run is live.
 clean-results:
 	@test "$(CONFIRM)" = yes || { echo "refusing: run 'make clean-results CONFIRM=yes' to delete outputs/*"; exit 2; }
-	$(PY) -m attnum.runner idle
+	$(PY) -m attnum idle
 	git clean -fdqX -- outputs/
 
 distclean: clean

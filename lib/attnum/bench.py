@@ -91,7 +91,7 @@ def _study_tier(study: str, tier: str, outputs: Path) -> dict:
 def main(quick: bool = False, outputs=None) -> int:
     from .ncio import device_description, git_state, package_versions
     from .paths import outputs_root
-    from .runner import studies
+    from .runs import studies
 
     n, golden_n, repeats = (2048, 4096, 1) if quick else (16384, 65536, 3)
     report = {"machine": device_description("cpu"), "versions": package_versions(), **git_state(),

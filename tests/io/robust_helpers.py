@@ -50,13 +50,13 @@ def main(argv):
     """``python robust_helpers.py OUTPUTS NAME_OVERRIDES_JSON``: one run with the fake papermill."""
     import papermill
 
-    from attnum import runner
+    from attnum import runs
 
     papermill.execute_notebook = fake_execute
     outputs, overrides = argv[0], json.loads(argv[1])
     try:
-        print(runner.run("length_scaling", "smoke", overrides, outputs=outputs, progress=False))
-    except runner.RunLocked as exc:
+        print(runs.run("length_scaling", "smoke", overrides, outputs=outputs, progress=False))
+    except runs.RunLocked as exc:
         print(f"LOCKED: {exc}", file=sys.stderr)
         return 3
     return 0

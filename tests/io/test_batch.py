@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import xarray as xr
 
-from attnum import batch, ncio, runner
-from attnum.__main__ import main
+from attnum import ncio, runs
+from attnum.runs import batch
+from attnum.cli import main
 
 STUDY = "length_scaling"
 # the smoke set made smaller still: each run takes seconds (mostly the kernel starting)
@@ -47,7 +48,7 @@ def _summary_rows(text: str) -> dict[str, tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def serial(tmp_path_factory):
-    """The sweep run the plain way: one runner.run after another in this process."""
+    """The sweep run the plain way: one runs.run after another in this process."""
     root = tmp_path_factory.mktemp("serial") / "outputs"
     tasks = batch.plan_sweep(STUDY, GRID, "smoke", TINY)
     results = batch.run_batch(tasks, outputs=root, workers=1, progress=False)
@@ -61,7 +62,7 @@ def test_the_plan_checks_every_point_and_names_resources():
     assert len(tasks) == 2 and len({t.label for t in tasks}) == 2
     assert [t.overrides["head_dim"] for t in tasks] == [16, 32]
     assert all(t.sweep_dims == ("head_dim",) and t.resources == {} for t in tasks)
-    cuda = batch.Task(STUDY, "smoke", {"device": "cuda"}, "x", device="cuda")
+    cuda = batch.PlannedRun(STUDY, "smoke", {"device": "cuda"}, "x", device="cuda")
     assert cuda.resources == {"GPU": 1}
     (one,) = batch.plan_run_all("smoke", {"head_dim": 16}, studies=[STUDY])
     assert (one.label, one.sweep_dims) == (f"{STUDY}/smoke__head_dim=16", ())
@@ -231,7 +232,7 @@ def test_gpu_workers_are_pinned_one_gpu_each_and_gpu_runs_need_one():
     cpu_only = batch.start_local_cluster(1)
     try:
         with Client(cpu_only) as client:
-            gpu_task = batch.Task(STUDY, "smoke", {"device": "cuda"}, "smoke__device=cuda", device="cuda")
+            gpu_task = batch.PlannedRun(STUDY, "smoke", {"device": "cuda"}, "smoke__device=cuda", device="cuda")
             with pytest.raises(batch.BatchError, match="ask for a GPU.*--gpus"):
                 batch.run_batch([gpu_task], client=client, progress=False)
             assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) == 0  # nothing submitted
@@ -242,10 +243,10 @@ def test_gpu_workers_are_pinned_one_gpu_each_and_gpu_runs_need_one():
 def test_longest_runs_are_submitted_first(tmp_path):
     """A fresh clone has no earlier RUN.json: the typical seconds of each study's default run order the
     batch; an earlier run of the same folder wins; overridden runs have no typical time."""
-    tasks = batch.plan_run_all("default", studies=list(runner.studies()))
+    tasks = batch.plan_run_all("default", studies=list(runs.studies()))
     order = [tasks[i].study for i in batch.submission_order(tasks, tmp_path)]
     typical = {study: s for (study, pset), s in batch.TYPICAL_SECONDS.items() if pset == "default"}
-    assert set(typical) == set(runner.studies()), "every study needs a typical time"
+    assert set(typical) == set(runs.studies()), "every study needs a typical time"
     assert [typical[s] for s in order] == sorted(typical.values(), reverse=True)
     last = tasks[[t.study for t in tasks].index(order[-1])]
     folder = tmp_path / last.study / last.name
@@ -253,13 +254,13 @@ def test_longest_runs_are_submitted_first(tmp_path):
     (folder / "RUN.json").write_text(json.dumps({"started": "2026-01-01T00:00:00+00:00",
                                                  "finished": "2026-01-01T01:00:00+00:00"}))
     assert tasks[batch.submission_order(tasks, tmp_path)[0]].study == last.study  # an hour: now first
-    small = batch.Task(STUDY, "default", {"head_dim": 16}, "default__head_dim=16")
+    small = batch.PlannedRun(STUDY, "default", {"head_dim": 16}, "default__head_dim=16")
     assert batch._priorities([small], tmp_path) == [0.0]
 
 
 def test_the_summary_says_whether_two_gpu_runs_shared_a_gpu():
     def result(name, gpu, start, stop, host="h"):
-        task = batch.Task(STUDY, "gpu", {"head_dim": name}, f"gpu@head_dim={name}", ("head_dim",), "cuda")
+        task = batch.PlannedRun(STUDY, "gpu", {"head_dim": name}, f"gpu@head_dim={name}", ("head_dim",), "cuda")
         return batch.Result(task, state="ok", seconds=stop - start, worker=f"gpu{gpu}", host=host, gpu=str(gpu),
                             started=start, finished=stop)
 
@@ -270,7 +271,7 @@ def test_the_summary_says_whether_two_gpu_runs_shared_a_gpu():
     shared = apart + [result(4, 1, 11, 13)]
     assert "1 overlap(s): length_scaling/gpu@head_dim=2 and length_scaling/gpu@head_dim=4 on gpu 1@h" \
         in batch.gpu_sharing(shared)
-    cpu = batch.Result(batch.Task(STUDY, "smoke", {}, "smoke"), state="ok", gpu="0", started=0, finished=1)
+    cpu = batch.Result(batch.PlannedRun(STUDY, "smoke", {}, "smoke"), state="ok", gpu="0", started=0, finished=1)
     assert batch.gpu_sharing([cpu]) is None  # a CPU run on a GPU worker uses no GPU
 
 
@@ -289,8 +290,8 @@ def test_gpu_pinned_workers_run_a_sweep_with_a_relative_pythonpath(outputs, seri
     try:
         with Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)
-            paths = client.run(runner.kernel_pythonpath)
-            assert all(p.split(os.pathsep)[:2] == [str(runner.Path(runner.__file__).resolve().parents[1]), str(site)]
+            paths = client.run(runs.kernel_pythonpath)
+            assert all(p.split(os.pathsep)[:2] == [str(Path(runs.__file__).resolve().parents[2]), str(site)]
                        for p in paths.values()), paths
             tasks = batch.plan_sweep(STUDY, GRID, "smoke", TINY)
             results = batch.run_batch(tasks, outputs=outputs, client=client, progress=False)
@@ -347,14 +348,14 @@ def test_the_kernel_does_not_inherit_the_nannys_malloc_setting(monkeypatch, tmp_
         seen["env"] = os.environ.get("MALLOC_TRIM_THRESHOLD_")
         return tmp_path
 
-    monkeypatch.setattr(runner, "run", fake_run)
+    monkeypatch.setattr(runs.execute, "run", fake_run)
     for var in (*batch.THREAD_VARS, batch.WORKER_ENV):  # execute sets them: restored after the test
         monkeypatch.delenv(var, raising=False)
-    task = batch.Task(STUDY, "smoke", {}, "smoke")
+    task = batch.PlannedRun(STUDY, "smoke", {}, "smoke")
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")  # as in a worker
-    out = batch.execute(task, str(tmp_path), launcher={"MALLOC_TRIM_THRESHOLD_": None})
+    out = batch.run_planned(task, str(tmp_path), launcher={"MALLOC_TRIM_THRESHOLD_": None})
     assert out["state"] == "ok" and seen["env"] is None
-    batch.execute(task, str(tmp_path), launcher={"MALLOC_TRIM_THRESHOLD_": "1048576"})
+    batch.run_planned(task, str(tmp_path), launcher={"MALLOC_TRIM_THRESHOLD_": "1048576"})
     assert seen["env"] == "1048576"  # a value the launcher set on purpose is kept
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_")
     assert batch.launcher_env() == {"MALLOC_TRIM_THRESHOLD_": None}
@@ -388,6 +389,6 @@ def test_the_launchers_malloc_value_is_read_before_a_local_cluster_starts(monkey
     monkeypatch.setattr(batch, "launcher_env", recording_launcher_env)
     monkeypatch.setattr(batch, "start_local_cluster", fake_cluster)
     with pytest.raises(Started):
-        batch._run_on_dask([batch.Task(STUDY, "smoke", {}, "smoke")], {}, ".", None, None, 2, 0, 1, None,
+        batch._run_on_dask([batch.PlannedRun(STUDY, "smoke", {}, "smoke")], {}, ".", None, None, 2, 0, 1, None,
                            False, print)
     assert read == [None]

@@ -136,7 +136,7 @@ def test_commit_can_be_given_where_there_is_no_git_history(tmp_path, monkeypatch
 
 
 def test_compare_results_names_what_differs_over_the_shared_coordinates(tmp_path, capsys):
-    from attnum.__main__ import main
+    from attnum.cli import main
 
     a = _dataset(0.25)
     a["status"] = (("seq_len",), np.array(["ok", "ok", "refused"], dtype=object))

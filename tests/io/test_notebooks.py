@@ -16,7 +16,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attnum import runner
+from attnum import runs
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def _in_git() -> bool:
 def committed_notebooks():
     """(label, notebook) for every study notebook as git has it (HEAD and the index), else the working file."""
     out = []
-    for path in runner.studies().values():
+    for path in runs.studies().values():
         rel = path.relative_to(ROOT).as_posix()
         versions = []
         if _in_git():
@@ -85,7 +85,7 @@ def test_the_git_filter_strips_a_notebook_saved_with_outputs_and_keeps_everythin
             assert _git("check-attr", "filter", "--", rel).stdout.strip().endswith(f"filter: {want}"), rel
     nbstripout = Path(sys.executable).with_name("nbstripout")
     assert nbstripout.exists(), "nbstripout is not installed (pip install -r requirements.txt)"
-    path = runner.notebook_path("extreme_inputs")
+    path = runs.notebook_path("extreme_inputs")
     committed = path.read_text() if not _in_git() else _git("show", f"HEAD:{path.relative_to(ROOT).as_posix()}").stdout
     nb = nbformat.reads(committed, as_version=4)
     for i, cell in enumerate(c for c in nb.cells if c.cell_type == "code"):  # as JupyterLab saves a Run All
@@ -100,12 +100,12 @@ def test_the_git_filter_strips_a_notebook_saved_with_outputs_and_keeps_everythin
 
 
 def test_raw_papermill_with_a_misspelled_parameter_fails_at_once_with_the_runners_message(tmp_path):
-    """papermill only warns about an unknown name and injects it; runner.start refuses it before any work."""
+    """papermill only warns about an unknown name and injects it; runs.start refuses it before any work."""
     papermill = Path(sys.executable).with_name("papermill")
     study = "wasserstein_weight_drift"
     env = {**os.environ, "ATTNUM_OUTPUTS": str(tmp_path / "outputs")}
     t0 = time.monotonic()
-    proc = subprocess.run([str(papermill), str(runner.notebook_path(study)), str(tmp_path / "out.ipynb"),
+    proc = subprocess.run([str(papermill), str(runs.notebook_path(study)), str(tmp_path / "out.ipynb"),
                            "-f", str(ROOT / "params" / study / "smoke.yaml"), "-p", "n_sed", "3",
                            "--cwd", str(ROOT / "notebooks")], capture_output=True, text=True, env=env, timeout=300)
     elapsed = time.monotonic() - t0
@@ -121,9 +121,9 @@ def test_raw_papermill_with_a_misspelled_parameter_fails_at_once_with_the_runner
 
 @pytest.mark.parametrize("name", ["n_sed"])
 def test_runner_start_names_injected_undeclared_parameters(name):
-    namespace = {n: None for n in runner.parameter_names("gproj_fix")}
+    namespace = {n: None for n in runs.parameter_names("gproj_fix")}
     namespace["In"] = ["", "x: int = 1  # a parameter", f"# Parameters\n{name} = 3\nseeds = [0]\n"]
-    with pytest.raises(runner.ParameterError, match=f"unknown parameter '{name}'.*allowed parameters"):
-        runner.start("gproj_fix", namespace)
-    assert runner.injected_parameter_names(namespace) == [name, "seeds"]
-    assert runner.injected_parameter_names({"In": ["", "a = 1"]}) == []
+    with pytest.raises(runs.ParameterError, match=f"unknown parameter '{name}'.*allowed parameters"):
+        runs.start("gproj_fix", namespace)
+    assert runs.injected_parameter_names(namespace) == [name, "seeds"]
+    assert runs.injected_parameter_names({"In": ["", "a = 1"]}) == []

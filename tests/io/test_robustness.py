@@ -21,7 +21,8 @@ import papermill
 import pytest
 import xarray as xr
 
-from attnum import ncio, publish, runner
+import attnum.site
+from attnum import ncio, runs
 from attnum.paths import notebooks_dir, params_dir
 
 import robust_helpers as rh
@@ -33,7 +34,7 @@ HELPER = Path(rh.__file__)
 @pytest.fixture
 def fake(monkeypatch):
     monkeypatch.setattr(papermill, "execute_notebook", rh.fake_execute)
-    monkeypatch.setattr(runner, "_SWAP_HOOK", None)
+    monkeypatch.setattr(runs.store, "_SWAP_HOOK", None)
     return rh.fake_execute
 
 
@@ -87,14 +88,14 @@ BAD_INPUTS = [
 
 @pytest.fixture
 def small_machine(monkeypatch):
-    monkeypatch.setattr(runner, "machine_memory", lambda device="cpu": 8 * 2**30)
-    monkeypatch.delenv(runner.ALLOW_LARGE_ENV, raising=False)
+    monkeypatch.setattr(runs.params, "machine_memory", lambda device="cpu": 8 * 2**30)
+    monkeypatch.delenv(runs.params.ALLOW_LARGE_ENV, raising=False)
 
 
 @pytest.mark.parametrize("kind,study,overrides,message", BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_input_is_refused_before_any_folder(outputs, fake, small_machine, kind, study, overrides, message):
-    with pytest.raises(runner.ParameterError, match=message):
-        runner.run(study, "smoke", overrides, progress=False)
+    with pytest.raises(runs.ParameterError, match=message):
+        runs.run(study, "smoke", overrides, progress=False)
     assert not outputs.exists()
 
 
@@ -107,81 +108,81 @@ def test_nan_from_the_command_line_is_refused(outputs):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
 def test_a_device_that_is_not_there_is_refused(outputs, fake):
-    with pytest.raises(runner.ParameterError, match=r"'device': 'cuda' .*no CUDA device"):
-        runner.run(STUDY, "smoke", {"device": "cuda"}, progress=False)
+    with pytest.raises(runs.ParameterError, match=r"'device': 'cuda' .*no CUDA device"):
+        runs.run(STUDY, "smoke", {"device": "cuda"}, progress=False)
     assert not outputs.exists()
 
 
 def test_allow_large_passes_the_memory_check(outputs, fake, small_machine):
-    assert runner.run(STUDY, "smoke", {"seq_lens": BIG_N}, progress=False, allow_large=True).exists()
+    assert runs.run(STUDY, "smoke", {"seq_lens": BIG_N}, progress=False, allow_large=True).exists()
 
 
 def test_a_sweep_with_one_bad_point_runs_nothing(outputs, fake, small_machine):
-    with pytest.raises(runner.ParameterError, match="estimated peak memory"):
-        runner.sweep(STUDY, {"causal_seq_len": [64, 65536]}, "smoke")
+    with pytest.raises(runs.ParameterError, match="estimated peak memory"):
+        runs.sweep(STUDY, {"causal_seq_len": [64, 65536]}, "smoke")
     assert not outputs.exists()
 
 
 def test_yaml_errors_name_the_file_and_line(project, outputs, tmp_path):
     bad = project / "params" / STUDY / "broken.yaml"
     bad.write_text("heads: 1\nseeds: [0, 1\nbatch: 1\n")
-    with pytest.raises(runner.ParameterError, match=r"broken.yaml, line \d+"):
-        runner.run(STUDY, "broken")
+    with pytest.raises(runs.ParameterError, match=r"broken.yaml, line \d+"):
+        runs.run(STUDY, "broken")
     dup = project / "params" / STUDY / "dup.yaml"
     dup.write_text("heads: 1\nbatch: 1\nheads: 2\n")
-    with pytest.raises(runner.ParameterError, match=r"dup.yaml, line 3.*'heads' appears twice \(first on line 1\)"):
-        runner.run(STUDY, "dup")
+    with pytest.raises(runs.ParameterError, match=r"dup.yaml, line 3.*'heads' appears twice \(first on line 1\)"):
+        runs.run(STUDY, "dup")
     grid = tmp_path / "grid.yaml"
     grid.write_text("head_dim: [32, 64]\nhead_dim: [16]\n")
-    with pytest.raises(runner.ParameterError, match=r"grid.yaml, line 2.*appears twice"):
-        runner.parse_grid(str(grid))
+    with pytest.raises(runs.ParameterError, match=r"grid.yaml, line 2.*appears twice"):
+        runs.parse_grid(str(grid))
     grid.write_text("head_dim: [32, 64\n")
-    with pytest.raises(runner.ParameterError, match=r"grid.yaml, line \d+"):
-        runner.parse_grid(str(grid))
-    with pytest.raises(runner.ParameterError, match="repeats the value 32"):
-        runner.parse_grid("head_dim=32,32")
-    with pytest.raises(runner.ParameterError, match="appears twice"):
-        runner.parse_value("{a: 1, a: 2}")
+    with pytest.raises(runs.ParameterError, match=r"grid.yaml, line \d+"):
+        runs.parse_grid(str(grid))
+    with pytest.raises(runs.ParameterError, match="repeats the value 32"):
+        runs.parse_grid("head_dim=32,32")
+    with pytest.raises(runs.ParameterError, match="appears twice"):
+        runs.parse_value("{a: 1, a: 2}")
     assert not outputs.exists()
 
 
 def test_the_safe_evaluator_refuses_anything_but_arithmetic():
-    assert runner.evaluate("max(a) <= b and 'x' in c", {"a": [1, 2], "b": 2, "c": ["x"]}) is True
+    assert runs.expressions.evaluate("max(a) <= b and 'x' in c", {"a": [1, 2], "b": 2, "c": ["x"]}) is True
     for expr in ("__import__('os')", "a.__class__", "[x for x in a]", "open('f')", "2 ** 10000"):
         with pytest.raises((ValueError, KeyError)):
-            runner.evaluate(expr, {"a": [1]})
+            runs.expressions.evaluate(expr, {"a": [1]})
 
 
 # -- names: short, unique, and a single run never takes a sweep point's folder --
 
 def test_long_overrides_get_a_short_unique_name(outputs, fake):
     seeds = list(range(100))
-    name = runner.run_name("smoke", {"seeds": seeds})
-    assert len(name) <= runner.MAX_NAME and name != runner.run_name("smoke", {"seeds": seeds[:-1]})
-    assert runner.run(STUDY, "smoke", {"seeds": seeds}, progress=False).name == name
+    name = runs.run_name("smoke", {"seeds": seeds})
+    assert len(name) <= runs.plan.MAX_NAME and name != runs.run_name("smoke", {"seeds": seeds[:-1]})
+    assert runs.run(STUDY, "smoke", {"seeds": seeds}, progress=False).name == name
 
 
 def test_names_that_clean_to_the_same_text_stay_apart():
-    a = runner.run_name("smoke", {"train_attention": "flash:fa2_bf16:fused"})
-    b = runner.run_name("smoke", {"train_attention": "flash:fa2_bf16fused"})
-    c = runner.run_name("smoke", {"train_attention": "flashfa2_bf16:fused"})
+    a = runs.run_name("smoke", {"train_attention": "flash:fa2_bf16:fused"})
+    b = runs.run_name("smoke", {"train_attention": "flash:fa2_bf16fused"})
+    c = runs.run_name("smoke", {"train_attention": "flashfa2_bf16:fused"})
     assert len({a, b, c}) == 3
-    assert runner.run_name("smoke", {"x": ["a,b"]}) != runner.run_name("smoke", {"x": ["a", "b"]})
+    assert runs.run_name("smoke", {"x": ["a,b"]}) != runs.run_name("smoke", {"x": ["a", "b"]})
 
 
 def test_a_single_run_never_replaces_a_sweep_point(outputs, fake):
-    point = runner.run(STUDY, "smoke", {"head_dim": 32}, sweep_dims=["head_dim"], progress=False)
-    single = runner.run(STUDY, "smoke", {"head_dim": 32}, progress=False)
+    point = runs.run(STUDY, "smoke", {"head_dim": 32}, sweep_dims=["head_dim"], progress=False)
+    single = runs.run(STUDY, "smoke", {"head_dim": 32}, progress=False)
     assert point != single and "@" in point.name and "@" not in single.name
     assert point.exists() and single.exists()
-    with pytest.raises(runner.ParameterError, match="marks sweep points"):
-        runner.run(STUDY, "smoke", {"head_dim": 32}, name=point.name, progress=False)
+    with pytest.raises(runs.ParameterError, match="marks sweep points"):
+        runs.run(STUDY, "smoke", {"head_dim": 32}, name=point.name, progress=False)
 
 
 # -- the swap: at every step the run folder is the old complete run or the new one --
 
 @pytest.mark.parametrize("plain", [False, True], ids=["versioned", "plain-folder"])
-@pytest.mark.parametrize("step", runner.SWAP_STEPS)
+@pytest.mark.parametrize("step", runs.store.SWAP_STEPS)
 def test_interruption_at_each_step_of_the_swap(outputs, fake, monkeypatch, step, plain):
     final = outputs / STUDY / "smoke"
     if plain:  # like the committed outputs/length_scaling/gpu/: a plain folder in git
@@ -189,7 +190,7 @@ def test_interruption_at_each_step_of_the_swap(outputs, fake, monkeypatch, step,
         ncio.write_results(rh.dataset(0.001), final / "results.nc", study=STUDY, params={}, variables=rh.TABLE)
     else:
         monkeypatch.setenv("FAKE_VALUE", "0.001")
-        runner.run(STUDY, "smoke", progress=False)
+        runs.run(STUDY, "smoke", progress=False)
     assert _value(final) == 0.001
     monkeypatch.setenv("FAKE_VALUE", "0.002")
 
@@ -197,23 +198,23 @@ def test_interruption_at_each_step_of_the_swap(outputs, fake, monkeypatch, step,
         if at == step:
             raise KeyboardInterrupt(f"killed at {step}")
 
-    monkeypatch.setattr(runner, "_SWAP_HOOK", hook)
+    monkeypatch.setattr(runs.store, "_SWAP_HOOK", hook)
     with pytest.raises(KeyboardInterrupt):
-        runner.run(STUDY, "smoke", progress=False)
+        runs.run(STUDY, "smoke", progress=False)
     # the folder holds one complete run: the old before the pointer moved, the new after
     assert _value(final) == (0.001 if step in ("before-link", "link-created") else 0.002)
     if not plain or step not in ("before-link", "link-created"):
         ncio.verify_run(final, require_record=not plain or _value(final) == 0.002)
     # clean keeps what the pointer names, removes the rest; the next run goes through
-    monkeypatch.setattr(runner, "_SWAP_HOOK", None)
+    monkeypatch.setattr(runs.store, "_SWAP_HOOK", None)
     before = _value(final)
-    runner.clean()
+    runs.clean()
     assert _value(final) == before
     assert not list((outputs / STUDY).glob(".*.link-*"))
     monkeypatch.setenv("FAKE_VALUE", "0.003")
-    runner.run(STUDY, "smoke", progress=False)
+    runs.run(STUDY, "smoke", progress=False)
     assert _value(final) == 0.003
-    assert len(list((outputs / STUDY / runner.VERSIONS / "smoke").iterdir())) == 1
+    assert len(list((outputs / STUDY / runs.store.VERSIONS / "smoke").iterdir())) == 1
 
 
 def test_concurrent_runs_of_one_name_fail_clearly(outputs, tmp_path):
@@ -234,13 +235,13 @@ def test_concurrent_runs_of_one_name_fail_clearly(outputs, tmp_path):
             first.kill()
     assert first.returncode == 0, err
     ncio.verify_run(outputs / STUDY / "smoke")
-    with runner.run_lock(outputs / STUDY, "smoke"):  # released again
+    with runs.store.run_lock(outputs / STUDY, "smoke"):  # released again
         pass
 
 
 def test_sigterm_leaves_a_failure_record_and_the_earlier_results(outputs, tmp_path, monkeypatch, fake):
     monkeypatch.setenv("FAKE_VALUE", "0.001")
-    runner.run(STUDY, "smoke", progress=False)
+    runs.run(STUDY, "smoke", progress=False)
     started, never = tmp_path / "started", tmp_path / "never"
     env = dict(os.environ, FAKE_STARTED=str(started), FAKE_RELEASE=str(never), FAKE_VALUE="0.002")
     proc = subprocess.Popen([sys.executable, str(HELPER), str(outputs), "{}"], env=env,
@@ -271,8 +272,8 @@ def test_a_full_disk_still_leaves_the_first_record(outputs, fake, monkeypatch):
         return real(folder, record)
 
     monkeypatch.setattr(ncio, "write_record", full_disk)
-    with pytest.raises(runner.RunError, match="No space left"):
-        runner.run(STUDY, "smoke", progress=False)
+    with pytest.raises(runs.RunError, match="No space left"):
+        runs.run(STUDY, "smoke", progress=False)
     failed = outputs / STUDY / "smoke.failed"
     assert json.loads((failed / "RUN.json").read_text())["status"] == "running"  # written first, at start
     assert not (outputs / STUDY / "smoke").exists()
@@ -281,19 +282,19 @@ def test_a_full_disk_still_leaves_the_first_record(outputs, fake, monkeypatch):
 # -- clean never touches a live run --
 
 def test_clean_keeps_live_runs_and_removes_dead_leftovers(outputs, fake, monkeypatch):
-    final = runner.run(STUDY, "smoke", progress=False)
-    versions = outputs / STUDY / runner.VERSIONS / "smoke"
+    final = runs.run(STUDY, "smoke", progress=False)
+    versions = outputs / STUDY / runs.store.VERSIONS / "smoke"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    live_dir, dead_dir, locked_dir = versions / "live", versions / "dead", outputs / STUDY / runner.VERSIONS / "other"
+    live_dir, dead_dir, locked_dir = versions / "live", versions / "dead", outputs / STUDY / runs.store.VERSIONS / "other"
     for folder, pid in ((live_dir, os.getpid()), (dead_dir, int(dead))):
         folder.mkdir()
         ncio.write_record(folder, {"status": "running", "pid": pid, "host": os.uname().nodename})
     (locked_dir / "v1").mkdir(parents=True)
     legacy = outputs / STUDY / f".smoke.running-{dead}-1"
     legacy.mkdir()
-    with runner.run_lock(outputs / STUDY, "other"):
-        removed = runner.clean()
+    with runs.store.run_lock(outputs / STUDY, "other"):
+        removed = runs.clean()
         assert (locked_dir / "v1").exists()  # its name is locked: a run is in progress
     assert live_dir.exists() and not dead_dir.exists() and not legacy.exists()
     assert str(dead_dir) in removed and final.exists()
@@ -307,20 +308,20 @@ def test_clean_recovers_a_run_the_old_swap_left_without_a_folder(outputs):
     for folder, value in ((new, 0.002), (old, 0.001)):
         ncio.write_results(rh.dataset(value), folder / "results.nc", study=STUDY, params={}, variables=rh.TABLE)
     (new / "RUN.json").write_text(json.dumps({"status": "ok"}))
-    runner.clean()
+    runs.clean()
     assert _value(study / "smoke") == 0.002 and not new.exists() and not old.exists()
 
 
 def test_make_clean_runs_the_python_clean(outputs):
     text = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     clean = text.split("\nclean:", 1)[1].split("\n\n", 1)[0]
-    assert "-m attnum.runner clean" in clean
+    assert "-m attnum clean" in clean
     assert not [line for line in clean.splitlines() if "rm " in line and "outputs" in line]
-    proc = subprocess.run([sys.executable, "-m", "attnum.runner", "clean", "--outputs", str(outputs)],
+    proc = subprocess.run([sys.executable, "-m", "attnum", "clean", "--outputs", str(outputs)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    with runner.run_lock(outputs / STUDY, "smoke"):
-        proc = subprocess.run([sys.executable, "-m", "attnum.runner", "idle", "--outputs", str(outputs)],
+    with runs.store.run_lock(outputs / STUDY, "smoke"):
+        proc = subprocess.run([sys.executable, "-m", "attnum", "idle", "--outputs", str(outputs)],
                               capture_output=True, text=True)
         assert proc.returncode == 1 and f"{STUDY}/smoke" in proc.stderr
 
@@ -329,7 +330,7 @@ def test_make_clean_runs_the_python_clean(outputs):
 
 def _runs(outputs, monkeypatch, *head_dims):
     monkeypatch.delenv("FAKE_VALUE", raising=False)
-    return [runner.run(STUDY, "smoke", {"head_dim": d}, sweep_dims=["head_dim"], progress=False) for d in head_dims]
+    return [runs.run(STUDY, "smoke", {"head_dim": d}, sweep_dims=["head_dim"], progress=False) for d in head_dims]
 
 
 def test_every_variable_has_a_fletcher32_checksum_and_the_record_hashes(outputs, fake, monkeypatch):
@@ -373,8 +374,8 @@ def test_damaged_runs_are_named_and_skipped(outputs, fake, monkeypatch, damage):
     else:
         assert merged["head_dim"].values.tolist() == [32] and bad.name in json.loads(merged.attrs["skipped_runs"])
     # publish goes on with the rest, names the damaged run, and fails at the end
-    with pytest.raises(publish.PublishError, match=bad.name):
-        publish.publish()
+    with pytest.raises(attnum.site.PublishError, match=bad.name):
+        attnum.site.publish()
     index = (outputs / "site" / "index.html").read_text()
     assert good.name in index and "DAMAGED" in index
     assert (outputs / "site" / STUDY / good.name / "results.nc").exists()
@@ -404,38 +405,38 @@ def test_single_bit_flips_never_change_values_silently(outputs, fake, monkeypatc
 
 
 def test_publish_refuses_a_missing_outputs_folder_and_runs_one_at_a_time(tmp_path, outputs, fake, monkeypatch):
-    with pytest.raises(publish.PublishError, match="does not exist"):
-        publish.publish(tmp_path / "typo")
+    with pytest.raises(attnum.site.PublishError, match="does not exist"):
+        attnum.site.publish(tmp_path / "typo")
     assert not (tmp_path / "typo").exists()
     proc = subprocess.run([sys.executable, "-m", "attnum", "publish", "--outputs", str(tmp_path / "typo")],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and "does not exist" in proc.stderr
     _runs(outputs, monkeypatch, 32)
-    with open(outputs / publish.LOCK, "a+") as fh:  # a publish in progress holds the lock
+    with open(outputs / attnum.site.LOCK, "a+") as fh:  # a publish in progress holds the lock
         import fcntl
 
         fcntl.flock(fh, fcntl.LOCK_EX)
-        assert publish.publish_lock_held(outputs)
-        runner.clean()
-        assert publish.publish_lock_held(outputs)
-    index = publish.publish()
+        assert attnum.site.publish_lock_held(outputs)
+        runs.clean()
+        assert attnum.site.publish_lock_held(outputs)
+    index = attnum.site.publish()
     assert index.exists() and not list(outputs.glob(".site.building*"))
 
 
 # -- what the files say --
 
 def test_parameters_record_the_run_folder_not_the_staging_path(outputs, fake, monkeypatch):
-    a = runner.run(STUDY, "smoke", progress=False)
+    a = runs.run(STUDY, "smoke", progress=False)
     params_a = json.loads(ncio.open_results(a / "results.nc").attrs["parameters"])
-    monkeypatch.setattr(runner, "_SWAP_HOOK", None)
-    runner.run(STUDY, "smoke", progress=False)
+    monkeypatch.setattr(runs.store, "_SWAP_HOOK", None)
+    runs.run(STUDY, "smoke", progress=False)
     params_b = json.loads(ncio.open_results(a / "results.nc").attrs["parameters"])
     assert params_a["output_dir"] == f"{STUDY}/smoke" and params_a == params_b
     assert ".versions" not in json.dumps(params_a)
 
 
 def test_open_study_groups_runs_and_keeps_each_runs_parameters(outputs, fake, monkeypatch):
-    default = runner.run(STUDY, "smoke", name="default", progress=False)
+    default = runs.run(STUDY, "smoke", name="default", progress=False)
     gpu = outputs / STUDY / "gpu"  # a plain folder, like the committed GPU run: other coordinates
     ds = rh.dataset(0.5).assign_coords(seq_len=[1024, 2048, 4096])
     ncio.write_results(ds, gpu / "results.nc", study=STUDY, params={"device": "cuda"}, variables=rh.TABLE)
@@ -456,17 +457,17 @@ def test_open_study_groups_runs_and_keeps_each_runs_parameters(outputs, fake, mo
 
 
 def test_a_lab_run_gets_its_own_new_folder(outputs):
-    namespace = dict(runner.notebook_defaults("length_scaling"), output_dir="", sweep_dims=[])
-    params, out = runner.start(STUDY, namespace)
-    params2, out2 = runner.start(STUDY, namespace)
+    namespace = dict(runs.notebook_defaults("length_scaling"), output_dir="", sweep_dims=[])
+    params, out = runs.start(STUDY, namespace)
+    params2, out2 = runs.start(STUDY, namespace)
     assert out != out2 and out.name.startswith("lab-") and out.parent == outputs / STUDY
     assert params["output_dir"] == f"{STUDY}/{out.name}"
     assert json.loads((out / "RUN.json").read_text())["status"] == "lab"
     ncio.write_results(rh.dataset(1.0), out / "results.nc", study=STUDY, params=params, variables=rh.TABLE)
     assert ncio.verify_run(out)["verified"]
     assert ncio.study_groups(STUDY) == {out.name: [out.name]}
-    with pytest.raises(runner.ParameterError, match="appears twice"):
-        runner.start(STUDY, dict(namespace, seeds=[0, 0]))
+    with pytest.raises(runs.ParameterError, match="appears twice"):
+        runs.start(STUDY, dict(namespace, seeds=[0, 0]))
     assert len(list((outputs / STUDY).glob("lab-*"))) == 2
 
 
@@ -500,7 +501,7 @@ def test_the_writer_makes_cf_compliant_files(tmp_path):
 @pytest.mark.slow
 def test_a_smoke_run_passes_the_cf_checker(outputs):
     pytest.importorskip("compliance_checker")
-    run = runner.run(STUDY, "smoke", {"seq_lens": [32, 64, 128], "attribution_seq_lens": [64],
+    run = runs.run(STUDY, "smoke", {"seq_lens": [32, 64, 128], "attribution_seq_lens": [64],
                                       "block_configs": ["16x16"], "dtypes": ["bf16"], "loop_orders": ["q_outer"]},
                      progress=False)
     assert _cf_problems(run / "results.nc") == []

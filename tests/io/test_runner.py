@@ -7,39 +7,39 @@ import papermill
 import pytest
 import yaml
 
-from attnum import runner
+from attnum import runs
 from attnum.paths import params_dir
 
 STUDY = "length_scaling"
 
 
 def test_every_study_has_schema_sets_and_typed_documented_parameters():
-    assert STUDY in runner.studies()
-    for study in runner.studies():
-        declared = runner.declared_parameters(study)
-        assert set(runner.schema(study)) == set(declared), f"{study}: schema.yaml and notebook disagree"
-        for common in runner.COMMON_PARAMETERS:
+    assert STUDY in runs.studies()
+    for study in runs.studies():
+        declared = runs.declared_parameters(study)
+        assert set(runs.schema(study)) == set(declared), f"{study}: schema.yaml and notebook disagree"
+        for common in runs.COMMON_PARAMETERS:
             assert common in declared, f"{study} must declare {common}"
         for name, info in declared.items():
-            assert info["type"] in runner.TYPES, f"{study}.{name} lacks a checkable type annotation"
+            assert info["type"] in runs.TYPES, f"{study}.{name} lacks a checkable type annotation"
             assert info["help"], f"{study}.{name} lacks a trailing comment"
-        assert {"smoke", "default", "full"} <= set(runner.param_sets(study))
-        for name in runner.param_sets(study):
-            values = runner.resolve_parameters(study, name, machine=False)  # every committed set is valid
-            estimate = runner.memory_estimate(study, values)
+        assert {"smoke", "default", "full"} <= set(runs.param_sets(study))
+        for name in runs.param_sets(study):
+            values = runs.resolve_parameters(study, name, machine=False)  # every committed set is valid
+            estimate = runs.memory_estimate(study, values)
             assert estimate is not None and estimate[0] > 0, f"{study} declares no memory estimate"
 
 
 def test_default_set_is_the_notebook_parameters_cell():
     """Run All in JupyterLab must give what `make reproduce` gives: one statement of the default tier."""
-    for study in runner.studies():
+    for study in runs.studies():
         assert not (params_dir() / study / "default.yaml").exists(), "the notebook holds the default tier"
-        declared = runner.declared_parameters(study)
-        default = runner.load_param_set(study, "default")
+        declared = runs.declared_parameters(study)
+        default = runs.load_param_set(study, "default")
         for key, value in default.items():
             assert yaml.safe_load(declared[key]["default"]) == value, f"{study}.{key}"
-        assert set(declared) - set(default) == set(runner.RUNNER_SET)
-        assert "default" in runner.param_sets(study)
+        assert set(declared) - set(default) == set(runs.RUNNER_SET)
+        assert "default" in runs.param_sets(study)
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -54,16 +54,16 @@ def test_default_set_is_the_notebook_parameters_cell():
     ({"output_dir": "/tmp/x"}, "set by the runner"),
 ])
 def test_bad_parameters_are_named_and_nothing_is_written(outputs, overrides, message):
-    with pytest.raises(runner.ParameterError, match=message):
-        runner.run(STUDY, "smoke", overrides)
+    with pytest.raises(runs.ParameterError, match=message):
+        runs.run(STUDY, "smoke", overrides)
     assert not outputs.exists()
 
 
 def test_unknown_study_and_set_are_named(outputs):
-    with pytest.raises(runner.ParameterError, match="unknown study 'lengths'.*length_scaling"):
-        runner.run("lengths", "smoke")
-    with pytest.raises(runner.ParameterError, match="no parameter set 'tiny'.*smoke"):
-        runner.run(STUDY, "tiny")
+    with pytest.raises(runs.ParameterError, match="unknown study 'lengths'.*length_scaling"):
+        runs.run("lengths", "smoke")
+    with pytest.raises(runs.ParameterError, match="no parameter set 'tiny'.*smoke"):
+        runs.run(STUDY, "tiny")
     assert not outputs.exists()
 
 
@@ -85,8 +85,8 @@ def test_failed_run_keeps_earlier_results_and_marks_itself(outputs, monkeypatch)
         raise RuntimeError("kernel died in cell 5")
 
     monkeypatch.setattr(papermill, "execute_notebook", crash)
-    with pytest.raises(runner.RunError, match="kernel died in cell 5"):
-        runner.run(STUDY, "smoke", progress=False)
+    with pytest.raises(runs.RunError, match="kernel died in cell 5"):
+        runs.run(STUDY, "smoke", progress=False)
     assert (final / "results.nc").read_text() == "earlier results"
     failed = outputs / STUDY / "smoke.failed"
     assert "kernel died in cell 5" in (failed / "FAILED").read_text()
@@ -104,38 +104,38 @@ def test_interrupted_run_keeps_earlier_results(outputs, monkeypatch):
 
     monkeypatch.setattr(papermill, "execute_notebook", interrupt)
     with pytest.raises(KeyboardInterrupt):
-        runner.run(STUDY, "smoke", progress=False)
+        runs.run(STUDY, "smoke", progress=False)
     assert (final / "results.nc").read_text() == "earlier results"
     assert (outputs / STUDY / "smoke.failed" / "FAILED").exists()
 
 
 def test_a_run_that_writes_no_results_fails(outputs, monkeypatch):
     monkeypatch.setattr(papermill, "execute_notebook", lambda *a, **k: None)
-    with pytest.raises(runner.RunError, match="without writing results.nc"):
-        runner.run(STUDY, "smoke", progress=False)
+    with pytest.raises(runs.RunError, match="without writing results.nc"):
+        runs.run(STUDY, "smoke", progress=False)
     assert not (outputs / STUDY / "smoke").exists()
 
 
 def test_run_names_grids_and_sweep_checks():
-    assert runner.run_name("default") == "default"
-    assert runner.run_name("smoke", {"head_dim": 32, "dtypes": ["bf16"]}) == "smoke__dtypes=bf16__head_dim=32"
-    assert runner.sweep_point_name("smoke", {"head_dim": 32, "heads": 2}, {"head_dim": 32}) == "smoke__heads=2@head_dim=32"
-    grid = runner.parse_grid("head_dim=32,64; block_k=16")
+    assert runs.run_name("default") == "default"
+    assert runs.run_name("smoke", {"head_dim": 32, "dtypes": ["bf16"]}) == "smoke__dtypes=bf16__head_dim=32"
+    assert runs.sweep_point_name("smoke", {"head_dim": 32, "heads": 2}, {"head_dim": 32}) == "smoke__heads=2@head_dim=32"
+    grid = runs.parse_grid("head_dim=32,64; block_k=16")
     assert grid == {"head_dim": [32, 64], "block_k": [16]}
-    assert runner.grid_points(grid) == [{"block_k": 16, "head_dim": 32}, {"block_k": 16, "head_dim": 64}]
-    with pytest.raises(runner.ParameterError, match="key=value"):
-        runner.parse_grid("head_dim")
-    with pytest.raises(runner.ParameterError, match="'seeds' is a list"):
-        runner.sweep(STUDY, {"seeds": [[0], [1]]}, "smoke")
-    with pytest.raises(runner.ParameterError, match="parameter 'head_dim'.*out of range"):
-        runner.sweep(STUDY, {"head_dim": [32, 100000]}, "smoke")
+    assert runs.grid_points(grid) == [{"block_k": 16, "head_dim": 32}, {"block_k": 16, "head_dim": 64}]
+    with pytest.raises(runs.ParameterError, match="key=value"):
+        runs.parse_grid("head_dim")
+    with pytest.raises(runs.ParameterError, match="'seeds' is a list"):
+        runs.sweep(STUDY, {"seeds": [[0], [1]]}, "smoke")
+    with pytest.raises(runs.ParameterError, match="parameter 'head_dim'.*out of range"):
+        runs.sweep(STUDY, {"head_dim": [32, 100000]}, "smoke")
 
 
 def test_param_files_only_hold_declared_keys():
-    for study in runner.studies():
+    for study in runs.studies():
         for path in (params_dir() / study).glob("*.yaml"):
             if path.stem != "schema":
-                assert set(yaml.safe_load(path.read_text())) <= set(runner.schema(study)), path
+                assert set(yaml.safe_load(path.read_text())) <= set(runs.schema(study)), path
             else:
-                for key, rule in runner.schema(study).items():
-                    assert set(rule) <= set(runner.RULE_KEYS), f"{path}: {key} has unknown rule keys"
+                for key, rule in runs.schema(study).items():
+                    assert set(rule) <= set(runs.params.RULE_KEYS), f"{path}: {key} has unknown rule keys"

@@ -20,7 +20,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from attnum import ncio, publish, runner
+import attnum.site
+from attnum import ncio, runs
 from attnum.paths import outputs_root
 
 CHROMIUM = os.environ.get("ATTNUM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -65,18 +66,18 @@ def site(tmp_path_factory):
         mp.setenv("ATTNUM_OUTPUTS", str(base))
         mp.setenv("ATTNUM_PROGRESS", "off")
         assert outputs_root() == base.resolve() or outputs_root() == base
-        runner.run(STUDY, "smoke", progress=False)
+        runs.run(STUDY, "smoke", progress=False)
         (base / "length_scaling").mkdir()
         shutil.copytree(COMMITTED_GPU, base / "length_scaling" / "gpu")
         _failed_run(base)
-        real_kind = publish._kind
+        real_kind = attnum.site._kind
 
         def kind(entry):  # the smoke run of study 02 once more as a result, to render a study page
             return "result" if entry["run"] == "as_result" else real_kind(entry)
 
         shutil.copytree(base / STUDY / "smoke", base / STUDY / "as_result", symlinks=False)
-        mp.setattr(publish, "_kind", kind)
-        index = publish.publish(base)
+        mp.setattr(attnum.site, "_kind", kind)
+        index = attnum.site.publish(base)
     return index
 
 
@@ -180,7 +181,7 @@ def test_in_a_browser(site):
 
 
 def test_device_label_names_gathered_gpu_records_and_plain_runs():
-    from attnum.publish import _device_label
+    from attnum.site import _device_label
 
     gathered = {"run": "gpu_training", "provenance": {"device": "cpu AMD EPYC"},
                 "record": {"parameters": {"gpu_records": "outputs/lm/records", "device": "cpu"}}}
@@ -194,7 +195,7 @@ def test_device_label_names_gathered_gpu_records_and_plain_runs():
 def test_versions_name_the_accelerator_of_a_gpu_run_only():
     import json
 
-    from attnum.publish import _versions
+    from attnum.site import _versions
 
     packages = json.dumps({"python": "3.12.3", "torch": "2.11.0", "numpy": "2.5", "xarray": "2026.9"})
     gpu = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": "91900", "triton": "3.6.0", "gpu": "NVIDIA H200",

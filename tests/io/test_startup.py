@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import matplotlib
 
@@ -19,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import papermill  # noqa: E402
 import pytest  # noqa: E402
 
-from attnum import plots, progress, runner  # noqa: E402
+from attnum import plots, progress, runs  # noqa: E402
 
 STUDY = "length_scaling"
 TINY = {"seq_lens": [16, 32, 64], "dtypes": ["bf16"], "seeds": [0], "block_configs": ["16x16"],
@@ -34,8 +35,8 @@ def _python(code: str) -> subprocess.CompletedProcess:
 def test_papermill_is_imported_without_the_iri_grammar_and_iri_checks_still_work():
     proc = _python("""
         import sys
-        from attnum import runner
-        runner.import_papermill()
+        from attnum import runs
+        runs.params.import_papermill()
         import nbformat, jsonschema
         assert "papermill" in sys.modules and "nbformat.validator" in sys.modules
         # the grammar module was not imported; a placeholder stands in for it
@@ -62,8 +63,8 @@ def test_an_imported_module_is_never_replaced():
     proc = _python("""
         import sys
         import rfc3987_syntax
-        from attnum import runner
-        runner.import_papermill()
+        from attnum import runs
+        runs.params.import_papermill()
         assert sys.modules["rfc3987_syntax"] is rfc3987_syntax
         print("ok")
     """)
@@ -84,8 +85,8 @@ def test_progress_reaches_the_kernel_as_asked_and_the_kernel_stops_at_once(outpu
         raise RuntimeError("stop here")
 
     monkeypatch.setattr(papermill, "execute_notebook", fake)
-    with pytest.raises(runner.RunError, match="stop here"):
-        runner.run(STUDY, "smoke", TINY, progress=progress_arg)
+    with pytest.raises(runs.RunError, match="stop here"):
+        runs.run(STUDY, "smoke", TINY, progress=progress_arg)
     assert seen["env"] == env_seen
     assert seen["progress_bar"] is bar
     assert seen["shutdown_kernel"] == "immediate"
@@ -111,17 +112,17 @@ def test_the_schema_is_parsed_once_per_version(tmp_path, monkeypatch):
     study_dir.mkdir(parents=True)
     path = study_dir / "schema.yaml"
     path.write_text("a: {type: int, min: 0}\n")
-    monkeypatch.setattr(runner, "params_dir", lambda: tmp_path / "params")
+    monkeypatch.setattr(runs.params, "params_dir", lambda: tmp_path / "params")
     parsed = []
-    real = runner.load_yaml_file
-    monkeypatch.setattr(runner, "load_yaml_file", lambda p: parsed.append(p) or real(p))
-    first = runner.schema("toy")
+    real = runs.params.load_yaml_file
+    monkeypatch.setattr(runs.params, "load_yaml_file", lambda p: parsed.append(p) or real(p))
+    first = runs.schema("toy")
     first["a"]["min"] = 99  # a caller's change does not reach the cache
-    assert runner.schema("toy") == {"a": {"type": "int", "min": 0}}
+    assert runs.schema("toy") == {"a": {"type": "int", "min": 0}}
     assert len(parsed) == 1
     path.write_text("a: {type: int, min: 1}\nb: {type: str}\n")  # a new version is read again
     os.utime(path, ns=(1, 1))
-    assert runner.schema("toy") == {"a": {"type": "int", "min": 1}, "b": {"type": "str"}}
+    assert runs.schema("toy") == {"a": {"type": "int", "min": 1}, "b": {"type": "str"}}
     assert len(parsed) == 2
 
 
@@ -184,20 +185,20 @@ def test_saving_writes_the_same_file_as_before(tmp_path):
 def test_the_kernel_gets_this_attnum_and_absolute_pythonpath_entries(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["site", "/abs/dir", "", "site"]))
-    lib = str(runner.Path(runner.__file__).resolve().parents[1])
-    assert runner.kernel_pythonpath().split(os.pathsep) == [lib, str(tmp_path / "site"), "/abs/dir"]
+    lib = str(Path(runs.__file__).resolve().parents[2])
+    assert runs.kernel_pythonpath().split(os.pathsep) == [lib, str(tmp_path / "site"), "/abs/dir"]
     monkeypatch.delenv("PYTHONPATH")
-    assert runner.kernel_pythonpath() == lib
+    assert runs.kernel_pythonpath() == lib
 
 
 def test_registry_names_accepted_before_by_the_same_code_skip_the_torch_import(tmp_path):
     code = """
         import json, sys
-        from attnum import runner
-        runner.check_parameters("length_scaling", {"real_kernels": ["sdpa:math", "emulator:fa2_bf16:bk64"]})
+        from attnum import runs
+        runs.check_parameters("length_scaling", {"real_kernels": ["sdpa:math", "emulator:fa2_bf16:bk64"]})
         print(json.dumps({"torch": "torch" in sys.modules}))
     """
-    env = {**os.environ, "OMP_NUM_THREADS": "1", runner.KERNEL_CACHE_ENV: str(tmp_path)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", runs.params.KERNEL_CACHE_ENV: str(tmp_path)}
     run = lambda c: subprocess.run([sys.executable, "-c", textwrap.dedent(c)], capture_output=True, text=True,
                                    env=env)
     first, second = run(code), run(code)
@@ -208,8 +209,8 @@ def test_registry_names_accepted_before_by_the_same_code_skip_the_torch_import(t
     assert json.loads(cache.read_text()) == ["emulator:fa2_bf16:bk64", "sdpa:math"]
     # a name never accepted is still checked and refused, and not remembered
     bad = run("""
-        from attnum import runner
-        runner.check_parameters("length_scaling", {"real_kernels": ["sdpa:math", "sdpa:nope"]})
+        from attnum import runs
+        runs.check_parameters("length_scaling", {"real_kernels": ["sdpa:math", "sdpa:nope"]})
     """)
     assert bad.returncode != 0 and "sdpa:nope" in bad.stderr and "ParameterError" in bad.stderr
     assert "sdpa:nope" not in cache.read_text()
@@ -218,18 +219,18 @@ def test_registry_names_accepted_before_by_the_same_code_skip_the_torch_import(t
 def test_kernels_of_your_own_and_other_code_are_never_taken_from_the_cache(tmp_path, monkeypatch):
     from attnum import kernels
 
-    monkeypatch.setenv(runner.KERNEL_CACHE_ENV, str(tmp_path))
-    monkeypatch.syspath_prepend(str(runner.Path(__file__).resolve().parents[1] / "kernels"))
-    assert runner._kernel_problem("byo_kernel_example:sdpa_math") is None  # ran a tiny input
-    assert runner._kernel_problem("byo_kernel_example:broken") is not None
+    monkeypatch.setenv(runs.params.KERNEL_CACHE_ENV, str(tmp_path))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "kernels"))
+    assert runs.params._kernel_problem("byo_kernel_example:sdpa_math") is None  # ran a tiny input
+    assert runs.params._kernel_problem("byo_kernel_example:broken") is not None
     monkeypatch.setattr(kernels.registry, "_FAMILIES", dict(kernels.registry._FAMILIES))
     kernels.register("toyfam", lambda options, **kw: kernels.get("golden"), doc="a test family", examples=("toyfam",))
-    assert runner._kernel_problem("toyfam") is None
-    assert runner._kernel_problem("golden") is None
+    assert runs.params._kernel_problem("toyfam") is None
+    assert runs.params._kernel_problem("golden") is None
     cached = json.loads(next(tmp_path.glob("registry-names-*.json")).read_text())
     assert cached == ["golden"]  # attnum's own family only
-    monkeypatch.setattr(runner, "_code_key", lambda: "other-code")  # other code: the cache does not apply
-    assert runner._known_registry_names() == set()
+    monkeypatch.setattr(runs.params, "_code_key", lambda: "other-code")  # other code: the cache does not apply
+    assert runs.params._known_registry_names() == set()
 
 
 @pytest.mark.parametrize("every", [0.0, 1000.0])
@@ -245,8 +246,8 @@ def test_the_executing_notebook_is_written_at_most_every_save_every_seconds_and_
         real = module.write_ipynb
         monkeypatch.setattr(module, "write_ipynb", lambda nb, path, _real=real, **kw: writes.append(path)
                             or _real(nb, path, **kw))
-    monkeypatch.setattr(runner, "SAVE_EVERY", every)
-    folder = runner.run(STUDY, "smoke", TINY, progress=False)
+    monkeypatch.setattr(runs.execute, "SAVE_EVERY", every)
+    folder = runs.run(STUDY, "smoke", TINY, progress=False)
     nb = json.loads((folder / "notebook.ipynb").read_text())
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     assert all(c["execution_count"] and c["metadata"]["papermill"]["status"] == "completed" for c in code)

@@ -1,8 +1,8 @@
 """Batches of study runs on ``dask.distributed``: ``run-all`` and ``sweep``.
 
 A batch is planned first: every run (a study of ``run-all``, a grid point of ``sweep``) becomes a
-``Task`` whose parameters are checked before anything is submitted, so a bad value anywhere refuses
-the whole batch and no run folder appears. Each task is then one ``runner.run(...)`` call on a Dask
+``PlannedRun`` (``attnum.runs.plan``) whose parameters are checked before anything is submitted, so a bad value anywhere refuses
+the whole batch and no run folder appears. Each task is then one ``attnum.runs.run(...)`` call on a Dask
 worker: it executes in its staging folder and is swapped in as ``outputs/<study>/<run>/`` exactly as a
 single ``python -m attnum run`` would. A failed run is reported in the task's result (never raised to
 Dask), so it neither stops nor touches the others.
@@ -18,7 +18,7 @@ Where the tasks run:
   this checkout of ``attnum`` and see the outputs root at the same path (a shared filesystem).
 
 Every task sets ``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` (and friends) to ``threads`` (1 by default) in
-its worker before calling ``runner.run``; the notebook kernel that papermill starts inherits them, and
+its worker before calling ``attnum.runs.run``; the notebook kernel that papermill starts inherits them, and
 torch takes its thread count from ``OMP_NUM_THREADS``. Two runs with two threads each on two cores
 are slower than one after another; with one thread each they are not.
 """
@@ -35,8 +35,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from . import runner
-from .paths import outputs_root
+from ..paths import outputs_root
+from . import execute as _execute
+from .plan import PlannedRun, plan_run_all, plan_sweep
+from .store import RunError
 
 SCHEDULER_ENV = "ATTNUM_DASK_SCHEDULER"
 WORKER_ENV = "ATTNUM_BATCH_WORKER"  # set for the notebook kernel: which worker ran it
@@ -56,31 +58,11 @@ class BatchError(RuntimeError):
     """The batch cannot be placed on the cluster (e.g. GPU runs and no GPU worker)."""
 
 
-@dataclass(frozen=True)
-class Task:
-    """One run of a batch: the arguments of one ``runner.run`` call, and what it needs."""
-
-    study: str
-    param_set: str
-    overrides: dict
-    name: str
-    sweep_dims: tuple = ()
-    device: str = "cpu"
-
-    @property
-    def resources(self) -> dict:
-        return {"GPU": 1} if str(self.device).startswith("cuda") else {}
-
-    @property
-    def label(self) -> str:
-        return f"{self.study}/{self.name}"
-
-
 @dataclass
 class Result:
     """What became of one task: state ``ok`` / ``failed`` / ``not run``, time, folder, where it ran."""
 
-    task: Task
+    task: PlannedRun
     state: str = "not run"
     seconds: float | None = None
     folder: str | None = None
@@ -99,43 +81,9 @@ class Result:
         return self.state == "ok"
 
 
-# -- planning --
+# -- planning (attnum.runs.plan) --
 
-def _check_unique(tasks: list[Task]) -> list[Task]:
-    seen = {}
-    for t in tasks:
-        if t.label in seen:
-            raise runner.ParameterError(f"two runs of the batch would write the same folder {t.label!r}: "
-                                        f"{seen[t.label].overrides} and {t.overrides}; "
-                                        "remove the repeated grid value")
-        seen[t.label] = t
-    return tasks
-
-
-def plan_run_all(param_set: str = "default", overrides: dict | None = None,
-                 studies: list[str] | None = None) -> list[Task]:
-    """One task per study (all studies unless named); every study's parameters checked first."""
-    overrides = dict(overrides or {})
-    tasks = []
-    for study in studies or list(runner.studies()):
-        values = runner.resolve_parameters(study, param_set, overrides)
-        tasks.append(Task(study, param_set, overrides, runner.run_name(param_set, overrides), (),
-                          str(values.get("device", "cpu"))))
-    return _check_unique(tasks)
-
-
-def plan_sweep(study: str, grid: dict[str, list], param_set: str = "default",
-               overrides: dict | None = None) -> list[Task]:
-    """One task per grid point (``runner.plan_sweep`` checks every point before any runs)."""
-    tasks = []
-    for point in runner.plan_sweep(study, grid, param_set, overrides):
-        values = point.get("parameters") or runner.resolve_parameters(study, param_set, point["overrides"])
-        tasks.append(Task(study, param_set, dict(point["overrides"]), point["name"],
-                          tuple(point["sweep_dims"]), str(values.get("device", "cpu"))))
-    return _check_unique(tasks)
-
-
-def describe_plan(tasks: list[Task], outputs=None) -> str:
+def describe_plan(tasks: list[PlannedRun], outputs=None) -> str:
     """The plan as text: one line per run, its folder and the resources it asks for."""
     base = _outputs(outputs)
     lines = [f"{len(tasks)} run(s) into {base}:"]
@@ -193,12 +141,12 @@ def launcher_env() -> dict:
     return {var: os.environ.get(var) for var in NANNY_ENV}
 
 
-def execute(task: Task, outputs: str, timeout: int | None = None, threads: int = 1,
+def run_planned(task: PlannedRun, outputs: str, timeout: int | None = None, threads: int = 1,
             key: str | None = None, progress: bool = False, launcher: dict | None = None) -> dict:
-    """Run one task with ``runner.run``; returns a plain dict (state, seconds, folder, error, where).
+    """Run one task with ``attnum.runs.run``; returns a plain dict (state, seconds, folder, error, where).
 
     ``progress``: the notebook's own progress lines on the worker's terminal (never papermill's bar
-    over the cells); ``False``: none (``runner.run(progress=False)``). ``launcher``: the ``NANNY_ENV``
+    over the cells); ``False``: none (``run(progress=False)``). ``launcher``: the ``NANNY_ENV``
     variables of the process that launched the batch (``launcher_env()``), given to the kernel instead
     of the worker's own."""
     info = _where()
@@ -217,7 +165,7 @@ def execute(task: Task, outputs: str, timeout: int | None = None, threads: int =
     out = dict(info, threads=threads, state="failed", folder=None, error=None, started=time.time())
     t0 = time.perf_counter()
     try:
-        folder = runner.run(task.study, task.param_set, task.overrides, outputs=outputs,
+        folder = _execute.run(task.study, task.param_set, task.overrides, outputs=outputs,
                             sweep_dims=list(task.sweep_dims), progress="lines" if progress else False,
                             name=task.name, timeout=timeout)
         out.update(state="ok", folder=str(folder))
@@ -325,7 +273,7 @@ TYPICAL_SECONDS = {("length_scaling", "default"): 92, ("late_training_gradient_b
                    ("wasserstein_weight_drift", "default"): 33}
 
 
-def _priorities(tasks: list[Task], base: Path) -> list[float]:
+def _priorities(tasks: list[PlannedRun], base: Path) -> list[float]:
     """Longest first: the duration of the previous run of the same folder (RUN.json), else the study's
     ``TYPICAL_SECONDS`` for a plain default run (no overrides), else 0."""
     import datetime as dt
@@ -343,7 +291,7 @@ def _priorities(tasks: list[Task], base: Path) -> list[float]:
     return out
 
 
-def submission_order(tasks: list[Task], base: Path) -> list[int]:
+def submission_order(tasks: list[PlannedRun], base: Path) -> list[int]:
     """Indices of ``tasks``, longest expected first (``_priorities``), plan order among equals."""
     prio = _priorities(tasks, base)
     return sorted(range(len(tasks)), key=lambda i: (-prio[i], i))
@@ -397,7 +345,7 @@ def _fill(result: Result, out: dict) -> Result:
     return result
 
 
-def run_batch(tasks: list[Task], *, outputs=None, workers: int | None = None, scheduler: str | None = None,
+def run_batch(tasks: list[PlannedRun], *, outputs=None, workers: int | None = None, scheduler: str | None = None,
               gpus: int = 0, threads: int = 1, timeout: int | None = None, progress: bool = True,
               client=None, log=print) -> list[Result]:
     """Run every task; returns one ``Result`` per task, in plan order. Never raises for a failed run.
@@ -427,7 +375,7 @@ def _run_in_process(tasks, results, base, timeout, threads, progress, log):
     try:
         for i, (task, result) in enumerate(zip(tasks, results)):
             bar.start(i)
-            _fill(result, execute(task, str(base), timeout, threads, progress=progress, launcher=launcher_env()))
+            _fill(result, run_planned(task, str(base), timeout, threads, progress=progress, launcher=launcher_env()))
             bar.finish(i, result.ok, task.label)
     finally:
         bar.close()
@@ -475,7 +423,7 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
         bar = _Progress(len(tasks), progress)
         keys, finished = {}, set()
 
-        def on_event(event):  # (timestamp, msg) from execute(): a run started on a worker
+        def on_event(event):  # (timestamp, msg) from run_planned(): a run started on a worker
             msg = event[1] if isinstance(event, tuple) else event
             if isinstance(msg, dict) and msg.get("event") == "start" and msg.get("key") in keys \
                     and msg["key"] not in finished:
@@ -501,7 +449,7 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
                 queue.remove(i)
                 key = f"{KEY_PREFIX}-{uuid.uuid4().hex}"
                 keys[key] = i
-                pending.append(client.submit(execute, tasks[i], str(base), timeout, threads, key, progress,
+                pending.append(client.submit(run_planned, tasks[i], str(base), timeout, threads, key, progress,
                                              launcher, key=key, pure=False, resources=tasks[i].resources or None,
                                              retries=0, priority=int(prio[i]) * 1000 - rank))
 
@@ -608,3 +556,19 @@ def results_json(results: list[Result]) -> list[dict]:
         d["task"] = dict(asdict(r.task), label=r.task.label, resources=r.task.resources)
         out.append(d)
     return out
+
+
+def sweep(study: str, grid: dict[str, list], param_set: str = "default", overrides: dict | None = None, *,
+          outputs=None, progress: bool = True, **batch_options) -> list[Path]:
+    """Run every point of ``grid`` as one batch (Dask; ``workers=1``: in this process).
+
+    One folder per point, swept keys recorded as length-1 dims. Every point runs even if some fail;
+    then ``RunError`` names the failed ones. Returns the run folders in grid order.
+    """
+    planned = plan_sweep(study, grid, param_set, overrides)
+    results = run_batch(planned, outputs=outputs, progress=progress, **batch_options)
+    failed = [r for r in results if not r.ok]
+    if failed:
+        raise RunError(f"{len(failed)} of {len(results)} sweep point(s) failed: "
+                       + "; ".join(f"{r.task.name}: {r.error}" for r in failed))
+    return [Path(r.folder) for r in results]

@@ -1,0 +1,168 @@
+"""The command line: ``python -m attnum {list,kernels,run,run-all,sweep,publish,compare,bench,clean,idle,train}``.
+
+One entry point for everything: runs (``attnum.runs``), the site (``attnum.site``), benchmarks, run
+maintenance (``clean``, ``idle``: what ``make clean`` and ``make clean-results`` call), and the GPT
+trainer (``train ...``: its own options, ``python -m attnum train --help``).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+import time
+
+from . import runs
+from .runs import batch
+
+
+def _overrides(pairs) -> dict:
+    return {key: runs.parse_value(value) for key, value in (pairs or [])}
+
+
+def _nonneg(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _batch(args, tasks) -> int:
+    """Run a planned batch (or print it for --dry-run); 0 only if every run succeeded."""
+    if args.dry_run:
+        print(batch.describe_plan(tasks, args.outputs))
+        return 0
+    t0 = time.perf_counter()
+    results = batch.run_batch(tasks, outputs=args.outputs, workers=args.workers, scheduler=args.scheduler,
+                              gpus=args.gpus, threads=args.threads, timeout=args.timeout,
+                              progress=not args.no_progress)
+    print(batch.summary(results, time.perf_counter() - t0), flush=True)
+    return 0 if all(r.ok for r in results) else 1
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m attnum", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    sub.add_parser("list", help="studies, their parameter sets and parameters")
+    p_kernels = sub.add_parser("kernels", help="the kernel registry: families, example names, and where each can run")
+    p_kernels.add_argument("--device", default="cpu", help="device to check availability on (default cpu)")
+
+    p_run = sub.add_parser("run", help="run one study notebook")
+    p_run.add_argument("study")
+    p_all = sub.add_parser("run-all", help="run every study at one parameter set")
+    p_sweep = sub.add_parser("sweep", help="run a grid of parameter values, one folder per point")
+    p_sweep.add_argument("study")
+    p_sweep.add_argument("--grid", required=True, help="'key=v1,v2;key2=v3' or a YAML file of key: [values]")
+    for p in (p_run, p_all, p_sweep):
+        p.add_argument("--params", default="default", help="parameter set (params/<study>/<name>.yaml)")
+        p.add_argument("-p", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override (YAML value)")
+        p.add_argument("--outputs", default=None, help="outputs root (default: outputs/ or $ATTNUM_OUTPUTS)")
+        p.add_argument("--no-progress", action="store_true")
+        p.add_argument("--timeout", type=int, default=None, help="per-cell timeout in seconds")
+    for p in (p_all, p_sweep):  # batches: one Dask task per run (attnum.runs.batch)
+        p.add_argument("--workers", type=_nonneg, default=None,
+                       help="worker processes of the LocalCluster started for the batch (default: the cores "
+                            "available, at most one per run; 1: in this process, one run after another)")
+        p.add_argument("--gpus", type=_nonneg, default=0,
+                       help="start N more workers, worker i with CUDA_VISIBLE_DEVICES=i and resources GPU=1; "
+                            "runs with device: cuda ask for one GPU each")
+        p.add_argument("--scheduler", default=None,
+                       help=f"address of an existing Dask scheduler (default: ${batch.SCHEDULER_ENV}); "
+                            "its workers must see the outputs root at the same path")
+        p.add_argument("--threads", type=_positive, default=1,
+                       help="threads per run (OMP_NUM_THREADS, MKL_NUM_THREADS, torch), default 1")
+        p.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
+
+    p_pub = sub.add_parser("publish", help="render executed notebooks and write outputs/site/index.html")
+    p_pub.add_argument("--outputs", default=None)
+    p_cmp = sub.add_parser("compare", help="two results.nc files variable by variable (what two runs share)")
+    p_cmp.add_argument("a")
+    p_cmp.add_argument("b")
+    p_cmp.add_argument("--all", action="store_true", help="list equal variables too")
+    p_bench = sub.add_parser("bench", help="speed and memory benchmarks")
+    p_bench.add_argument("--quick", action="store_true", help="smaller sizes, for trying the harness")
+    p_bench.add_argument("--outputs", default=None)
+    p_clean = sub.add_parser("clean", help="remove leftovers of interrupted runs and the rendered site; "
+                                           "never results, never a live run")
+    p_clean.add_argument("--outputs", default=None)
+    p_idle = sub.add_parser("idle", help="exit 1 naming the runs in progress, 0 when none is")
+    p_idle.add_argument("--outputs", default=None)
+    sub.add_parser("train", help="train a GPT (the trainer's own command line: train --help)", add_help=False)
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:  # the trainer parses its own options; imported only when asked for
+        from .lm.__main__ import main as train_main
+
+        return train_main(argv[1:])
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "list":
+            for study in runs.studies():
+                print(f"{study}: sets {runs.param_sets(study)}")
+                for name, info in runs.declared_parameters(study).items():
+                    print(f"    {name}: {info['type']} = {info['default']}  # {info['help']}")
+        elif args.cmd == "kernels":
+            from . import kernels
+
+            for family in kernels.families().values():
+                print(f"{family.name}: {family.doc.strip().splitlines()[0].strip()}")
+                for name in family.examples:
+                    reason = kernels.get(name).unavailable_reason(args.device)
+                    print(f"    {name:42s} {'runs on ' + args.device if not reason else 'cannot run: ' + reason}")
+            print("your own: package.module:function (a Kernel, or f(q, k, v, is_causal=, attn_mask=, scale=))")
+        elif args.cmd == "run":
+            path = runs.run(args.study, args.params, _overrides(args.p), outputs=args.outputs,
+                              progress=not args.no_progress, timeout=args.timeout)
+            print(f"wrote {path}")
+        elif args.cmd == "run-all":  # every study's parameters checked before anything is submitted
+            return _batch(args, batch.plan_run_all(args.params, _overrides(args.p)))
+        elif args.cmd == "sweep":  # every grid point checked before anything is submitted
+            return _batch(args, batch.plan_sweep(args.study, runs.parse_grid(args.grid), args.params,
+                                                 _overrides(args.p)))
+        elif args.cmd == "publish":
+            from .site import publish
+
+            print(f"wrote {publish(args.outputs)}")
+        elif args.cmd == "compare":
+            from .ncio import compare_results
+
+            for path in (args.a, args.b):
+                if not Path(path).is_file():
+                    print(f"error: no file {path}", file=sys.stderr)
+                    return 2
+            rows = compare_results(args.a, args.b)
+            equal = sum(r["status"] == "equal" for r in rows)
+            print(f"{len(rows)} variables: {equal} equal, {len(rows) - equal} not")
+            for r in rows:
+                if args.all or r["status"] != "equal":
+                    extra = (f", {100 * r['differing']:.3g}% of elements differ" if "differing" in r else "") + (
+                        f", max relative difference {r['max_rel_diff']:.3g}" if "max_rel_diff" in r else "") + (
+                        f", {100 * r['nan_in_one']:.3g}% NaN in one file only" if r.get("nan_in_one") else "")
+                    print(f"  {r['variable']}: {r['status']}{extra}")
+        elif args.cmd == "bench":
+            from .bench import main as bench_main
+
+            return bench_main(quick=args.quick, outputs=args.outputs)
+        elif args.cmd == "idle":
+            live = runs.live_runs(args.outputs)
+            if live:
+                print(f"error: run(s) in progress: {', '.join(live)}; wait for them to finish", file=sys.stderr)
+                return 1
+        elif args.cmd == "clean":
+            for line in runs.clean(args.outputs):
+                print(f"removed {line}" if not line.startswith("recovered") else line)
+    except runs.ParameterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (runs.RunError, batch.BatchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0

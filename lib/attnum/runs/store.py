@@ -1,0 +1,295 @@
+"""Where runs live on disk: versioned folders, the atomic swap, locks, run records, and clean-up.
+
+Runs are versioned: a run executes in a new folder
+``outputs/<study>/.versions/<run>/<version>/`` (its ``RUN.json`` written first,
+status "running", then updated) and, on success, the symlink
+``outputs/<study>/<run>`` is pointed at it with one ``os.replace`` (rename(2): atomic), so
+``outputs/<study>/<run>/results.nc`` is at every moment the old complete run or
+the new complete run. A plain folder in the way (the committed
+``outputs/length_scaling/gpu/``) is exchanged atomically with ``renameat2``'s
+``RENAME_EXCHANGE``. One ``fcntl.flock`` lock per run name: a second run of the
+same name fails at once with ``RunLocked`` (or queues with ``wait=True``). A
+failed or interrupted run (SIGINT, SIGTERM) leaves the earlier results in
+place; ``<run>.failed`` then points at its folder, which holds ``FAILED`` and
+``RUN.json``. ``clean`` removes leftovers, never a live run, and never the site
+while a publish holds its lock (``SITE``, ``PUBLISH_LOCK``: the publisher,
+``attnum.site``, builds under the same names).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as _dt
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import traceback
+from pathlib import Path
+
+from .. import ncio
+from ..paths import outputs_root
+
+VERSIONS = ".versions"
+LOCKS = ".locks"
+SITE = "site"  # outputs/site/: the rendered site (attnum.site)
+PUBLISH_LOCK = ".publish.lock"  # outputs/.publish.lock: held while a publish builds the site
+SWAP_STEPS = ("before-link", "link-created", "replaced", "failure-cleared", "cleaned")
+_SWAP_HOOK = None  # tests: a callable(step) run at each step of the swap
+
+
+class RunError(RuntimeError):
+    """The notebook failed while running; its folder was marked failed."""
+
+
+class RunLocked(RunError):
+    """Another process is running the same run (same study and run name)."""
+
+
+# -- the atomic swap, locks, records --
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def swap_step(step: str) -> None:
+    if _SWAP_HOOK is not None:
+        _SWAP_HOOK(step)
+
+
+@contextlib.contextmanager
+def run_lock(study_dir: Path, name: str, *, wait: bool = False):
+    """Hold the lock of one run name (``<study>/.locks/<name>.lock``, ``fcntl.flock``)."""
+    locks = study_dir / LOCKS
+    locks.mkdir(parents=True, exist_ok=True)
+    fh = open(locks / f"{name}.lock", "a+")
+    try:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+        except BlockingIOError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            raise RunLocked(f"run {study_dir.name}/{name} is already running ({holder}); wait for it to "
+                            "finish (or pass wait=True to queue)") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"pid {os.getpid()} on {socket.gethostname()} since {now()}\n")
+        fh.flush()
+        yield
+    finally:
+        fh.close()  # closing releases the lock
+
+
+def flock_held(path: Path) -> bool:
+    """Whether another process holds the ``fcntl.flock`` of the lock file ``path`` now."""
+    if not path.exists():
+        return False
+    with open(path, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    return False
+
+
+def lock_held(study_dir: Path, name: str) -> bool:
+    return flock_held(study_dir / LOCKS / f"{name}.lock")
+
+
+def pid_alive(pid, host=None) -> bool:
+    if host and host != socket.gethostname():
+        return True  # cannot tell: assume alive
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True
+    return True
+
+
+def new_version(study_dir: Path, name: str) -> Path:
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
+    folder = study_dir / VERSIONS / name / f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
+    folder.mkdir(parents=True)
+    return folder
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two paths atomically (Linux ``renameat2(..., RENAME_EXCHANGE)``)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        raise OSError(f"renameat2 is not available here: cannot replace the plain folder {b} atomically; "
+                      "move it away (or run under another name)")
+    at_fdcwd = -100
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"renameat2(RENAME_EXCHANGE) of {a} and {b}: {os.strerror(err)}")
+
+
+def point_link(link: Path, target: Path) -> None:
+    """Make ``link`` a symlink to ``target`` (relative) in one atomic step."""
+    tmp = link.with_name(f".{link.name}.link-{os.getpid()}-{secrets.token_hex(3)}")
+    swap_step("before-link")
+    os.symlink(os.path.relpath(target, link.parent), tmp)
+    try:
+        swap_step("link-created")
+        if link.is_dir() and not link.is_symlink():  # a plain folder: exchange, then retire the old one
+            _exchange(tmp, link)
+            retired = target.parent / f"{_dt.datetime.now(_dt.timezone.utc):%Y%m%dT%H%M%S}-replaced-{os.getpid()}"
+            os.rename(tmp, retired)
+        else:
+            os.replace(tmp, link)
+        ncio._fsync_dir(link.parent)
+        swap_step("replaced")
+    finally:
+        if tmp.is_symlink():
+            tmp.unlink()
+
+
+def _target(link: Path) -> Path | None:
+    return link.resolve() if link.is_symlink() else None
+
+
+def drop_stale_versions(study_dir: Path, name: str) -> None:
+    """Remove the versions of ``name`` that neither ``<name>`` nor ``<name>.failed`` points at."""
+    keep = {_target(study_dir / name), _target(study_dir / f"{name}.failed")}
+    for version in sorted((study_dir / VERSIONS / name).glob("*")):
+        if version.resolve() not in keep:
+            shutil.rmtree(version, ignore_errors=True)
+
+
+def record_failure(version: Path, final: Path, record: dict, exc: BaseException) -> Path:
+    """Record a failed run; each step may fail on a full disk, the earlier record then stays."""
+    record.update(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
+                  error=f"{type(exc).__name__}: {exc}", finished=now())
+    with contextlib.suppress(OSError):
+        ncio.write_record(version, record)
+    with contextlib.suppress(OSError):
+        (version / "FAILED").write_text(record["error"] + "\n\n" + traceback.format_exc())
+    failed = final.with_name(final.name + ".failed")
+    with contextlib.suppress(OSError):
+        if failed.is_dir() and not failed.is_symlink():
+            shutil.rmtree(failed)  # a failure record of the layout before versioned folders
+        old = _target(failed)
+        point_link(failed, version)
+        if old is not None and old != version.resolve() and old != _target(final):
+            shutil.rmtree(old, ignore_errors=True)
+    return failed
+
+
+# -- clean: leftovers only, never a live run, never results --
+
+def _record_of(folder: Path) -> dict:
+    try:
+        record = json.loads((folder / ncio.RECORD).read_text())
+        return record if isinstance(record, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _live_version(study_dir: Path, name: str, version: Path) -> bool:
+    if lock_held(study_dir, name):
+        return True  # a run of this name is in progress: its version may be about to be swapped in
+    record = _record_of(version)
+    return record.get("status") == "running" and pid_alive(record.get("pid"), record.get("host"))
+
+
+def _recover_legacy(study_dir: Path, removed: list[str]) -> None:
+    """Folders of the layout before versioned runs: ``.<run>.running-<pid>-<t>`` and ``.<run>.old-<pid>``.
+
+    A run killed between the two renames of the old swap left no ``<run>``: its complete
+    new results (``.running-``, RUN.json status ok) or else the old copy (``.old-``) go back.
+    """
+    pattern = re.compile(r"^\.(?P<name>.+)\.(?P<kind>running|old)-(?P<pid>\d+)(-\d+)?$")
+    leftovers = []
+    for p in study_dir.iterdir():
+        m = pattern.match(p.name)
+        if m and p.is_dir() and not p.is_symlink():
+            leftovers.append((m["name"], m["kind"], int(m["pid"]), p))
+    # complete new results first, newest first; then old copies
+    leftovers.sort(key=lambda t: (t[1] != "running", -t[3].stat().st_mtime))
+    for name, kind, pid, path in leftovers:
+        if pid_alive(pid):
+            continue
+        final = study_dir / name
+        complete = kind == "old" or _record_of(path).get("status") == "ok"
+        if complete and not final.exists() and not final.is_symlink() and (path / "results.nc").exists():
+            target = study_dir / VERSIONS / name / f"recovered-{path.name.lstrip('.')}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.rename(path, target)
+            point_link(final, target)
+            removed.append(f"recovered {final} from {path.name}")
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(str(path))
+
+
+def clean(outputs: str | os.PathLike | None = None) -> list[str]:
+    """Remove leftovers under the outputs root; returns what was removed or recovered.
+
+    Leftovers: versions of a run that no pointer names and that no live process owns
+    (lock held, or RUN.json "running" with a live pid), temporary links, the rendered
+    site and its build folders (unless a publish holds its lock), folders of the
+    layout before versioned runs (recovering a run a killed swap left without a folder).
+    Results a pointer names are never touched.
+    """
+    base = Path(outputs).resolve() if outputs else outputs_root()
+    removed: list[str] = []
+    if not base.is_dir():
+        return removed
+    if not publish_lock_held(base):
+        for p in [base / SITE, *base.glob(f".{SITE}.building*")]:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+                removed.append(str(p))
+    for study_dir in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")
+                            and p.name != SITE):
+        for link in study_dir.glob(".*.link-*"):
+            m = re.search(r"\.link-(\d+)-", link.name)
+            if link.is_symlink() and not (m and pid_alive(int(m[1]))):
+                link.unlink()
+                removed.append(str(link))
+        _recover_legacy(study_dir, removed)
+        versions = study_dir / VERSIONS
+        if not versions.is_dir():
+            continue
+        for name_dir in sorted(p for p in versions.iterdir() if p.is_dir()):
+            name = name_dir.name
+            keep = {_target(study_dir / name), _target(study_dir / f"{name}.failed")}
+            for version in sorted(p for p in name_dir.iterdir()):
+                if version.resolve() in keep or _live_version(study_dir, name, version):
+                    continue
+                shutil.rmtree(version, ignore_errors=True)
+                removed.append(str(version))
+            with contextlib.suppress(OSError):
+                name_dir.rmdir()  # only if empty
+        for link in [*study_dir.iterdir()]:  # pointers whose folder is gone
+            if link.is_symlink() and not link.exists():
+                link.unlink()
+                removed.append(str(link))
+    return removed
+
+
+def live_runs(outputs: str | os.PathLike | None = None) -> list[str]:
+    """``<study>/<run>`` of every run in progress under the outputs root (its lock is held)."""
+    base = Path(outputs).resolve() if outputs else outputs_root()
+    out = []
+    for locks in sorted(base.glob(f"*/{LOCKS}")) if base.is_dir() else []:
+        for lock in sorted(locks.glob("*.lock")):
+            if lock_held(locks.parent, lock.name[:-len(".lock")]):
+                out.append(f"{locks.parent.name}/{lock.name[:-len('.lock')]}")
+    return out
+
+
+def publish_lock_held(base: Path) -> bool:
+    """Whether a publish is building the site of the outputs root ``base`` now."""
+    return flock_held(Path(base) / PUBLISH_LOCK)

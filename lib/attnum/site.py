@@ -1,0 +1,628 @@
+"""Publish the executed study notebooks as a Sphinx site (MyST-NB) under ``outputs/site/``.
+
+``python -m attnum publish`` (``make publish``) builds the site the way the Jupyter ecosystem
+publishes notebook collections: Sphinx with MyST-NB, ``nb_execution_mode = "off"`` (the executed
+notebooks under ``outputs/`` are rendered, never re-executed), the sphinx-book-theme (its assets are
+bundled: a page reads offline, no CDN).
+
+* ``index.html``: the five studies in order, each with its question (the notebook's title cell),
+  its headline figure (``results.nc``'s ``headline_figure``; full size on click), its key result
+  (the first item of the notebook's Conclusions) and its runs: CPU and GPU runs side by side (a run
+  named ``gpu`` or whose ``device`` attribute names CUDA is a GPU run).
+* ``<study>/<run>/notebook.html``: the executed notebook of each run, code hidden but openable
+  (``hide-input``), the injected-parameters cell replaced by a parameter table, no stderr output
+  (progress bars, warnings), the run's provenance (git commit, versions, device, created) and links
+  to the other studies; the page's table of contents is in the right sidebar. ``results.nc`` and the
+  figures are copied beside it.
+* ``runs.html`` ("Other runs"): smoke runs, sweep points (``@`` in the name), JupyterLab runs
+  (``lab-<time>``), failed runs (with their error) and damaged runs; none of them is mixed with
+  the results.
+
+Each run is checked first (``ncio.verify_run``: RUN.json present and unaltered, sha256 of
+results.nc and notebook.ipynb, Fletcher-32 checksums while reading): a damaged run is named on
+the landing page and on "Other runs", and the others are published; ``publish`` then raises
+``PublishError`` (the command line exits non-zero) after writing the site. One publish at a time per
+outputs folder (``fcntl.flock`` on ``.publish.lock``); each builds in its own temporary folder and
+replaces ``site/`` only when Sphinx succeeded. A missing outputs folder is an error, not an empty site.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import copy
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+
+from . import ncio
+from .paths import outputs_root
+from .runs import SWEEP_MARK, RunError, studies
+from .runs.store import PUBLISH_LOCK, SITE, publish_lock_held
+
+LOCK = PUBLISH_LOCK
+OTHER = "runs"  # the "Other runs" page
+KIND_TITLES = {"smoke": "Smoke runs", "sweep": "Sweep points", "lab": "JupyterLab runs",
+               "failed": "Failed runs", "damaged": "Damaged runs (not published)"}
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+CONF_PY = '''\
+# Written by attnum.publish for one build; edit lib/attnum/publish.py instead.
+project = "attnum"
+author = "attnum"
+extensions = ["myst_nb"]
+nb_execution_mode = "off"          # render the executed notebooks as they are, never re-execute
+nb_output_stderr = "remove"        # progress bars and warnings are not part of a page
+nb_merge_streams = True
+myst_enable_extensions = ["colon_fence"]
+myst_heading_anchors = 3
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
+suppress_warnings = ["myst.header", "mystnb.unknown_mime_type", "misc.highlighting_failure", "toc.not_included"]
+html_theme = "sphinx_book_theme"
+html_title = "Numerical deviation of attention kernels"
+html_static_path = ["_static"]
+html_css_files = ["attnum.css"]
+html_copy_source = False
+html_show_sourcelink = False
+html_last_updated_fmt = None
+html_theme_options = {
+    "home_page_in_toc": True,
+    "show_toc_level": 2,
+    "show_navbar_depth": 1,
+    "use_download_button": False,
+    "use_fullscreen_button": False,
+    "secondary_sidebar_items": ["page-toc"],
+}
+'''
+
+CSS = """\
+.attnum-figs { display: flex; flex-wrap: wrap; gap: 1.5em; align-items: flex-start; }
+.attnum-figs figure { flex: 1 1 22em; margin: 0; }
+.attnum-figs img { max-width: 100%; height: auto; border: 1px solid #ddd; }
+.attnum-damaged, .attnum-damaged p { color: #a00; }
+"""
+
+
+class PublishError(RunError):
+    """The site was written, but some runs could not be published (named), or nothing could be."""
+
+
+# -- reading a notebook's story --
+
+def _title(nb) -> str:
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("# "):
+                    return line[2:].strip()
+    return ""
+
+
+def _short_title(title: str, study: str) -> str:
+    """``01 · Length scaling`` from ``01 · Length scaling: how ...``."""
+    return re.split(r"[:,]", title)[0].strip() if title else study
+
+
+def _paragraphs(text: str) -> list[str]:
+    return [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+
+
+def _question(nb) -> str:
+    """The title cell's "**Question.**" paragraph (else its first paragraph after the title)."""
+    first = next((c for c in nb.cells if c.cell_type == "markdown"), None)
+    if first is None:
+        return ""
+    paras = [p for p in _paragraphs(first.source) if not p.startswith("# ")]
+    for p in paras:
+        if p.startswith("**Question"):
+            return p
+    return paras[0] if paras else ""
+
+
+def _key_result(nb) -> str:
+    """The first item of the notebook's Conclusions section, as written there."""
+    for cell in nb.cells:
+        if cell.cell_type != "markdown" or not re.match(r"#+\s*Conclusions", cell.source.lstrip()):
+            continue
+        item: list[str] = []
+        for line in cell.source.splitlines()[1:]:
+            start = re.match(r"\s*(\d+\.|[-*])\s+(.*)", line)
+            if start and item:
+                break
+            if start:
+                item.append(start.group(2).strip())
+            elif item and line.strip():
+                item.append(line.strip())
+            elif item:
+                break
+        return " ".join(item)
+    return ""
+
+
+def _error_summary(nb, record: dict) -> str:
+    """What went wrong in a failed run: the notebook's error output (``Name: message``), not cell source."""
+    if nb is not None:
+        for cell in nb.cells:
+            for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+                if out.get("output_type") == "error":
+                    where = f" (cell [{cell.execution_count}])" if cell.get("execution_count") else ""
+                    return _ANSI.sub("", f"{out.get('ename', 'Error')}: {out.get('evalue', '')}")[:400] + where
+    text = _ANSI.sub("", str(record.get("error", "")))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if re.match(r"^[A-Za-z_.]*(Error|Exception|Interrupt|Terminated|Exit)\b", line):
+            return line[:400]
+    return lines[0][:400] if lines else "failed (no error recorded)"
+
+
+# -- runs --
+
+def _run_folders(base: Path):
+    for study_dir in sorted(p for p in base.iterdir() if p.is_dir() and p.name != SITE and not p.name.startswith(".")):
+        for run_dir in sorted(p for p in study_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if any((run_dir / f).exists() for f in ("RUN.json", "results.nc", "notebook.ipynb", "FAILED")):
+                yield study_dir.name, run_dir
+
+
+@contextlib.contextmanager
+def _publish_lock(base: Path):
+    with open(base / LOCK, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # a second publish waits for the first
+        yield
+
+
+def is_gpu_run(name: str, device: str) -> bool:
+    """A run named ``gpu`` or whose recorded device names CUDA."""
+    return name == "gpu" or "cuda" in str(device).lower()
+
+
+def _kind(entry: dict) -> str:
+    name, record = entry["run"], entry["record"]
+    if entry.get("damaged"):
+        return "damaged"
+    if entry["failed"]:
+        return "failed"
+    if name.startswith("lab-") or record.get("status") == "lab" or record.get("param_set") == "lab":
+        return "lab"
+    if SWEEP_MARK in name:
+        return "sweep"
+    if record.get("param_set") == "smoke" or re.split(r"[+,]", name)[0] == "smoke":
+        return "smoke"
+    return "gpu" if is_gpu_run(name, entry.get("provenance", {}).get("device", "")) else "result"
+
+
+def _collect(study: str, run_dir: Path) -> dict:
+    """Check one run and read what the site needs; raises ``DamagedRunError`` naming what is wrong."""
+    failed = run_dir.name.endswith(".failed") or (run_dir / "FAILED").exists()
+    record = ncio.verify_run(run_dir) if not failed else ncio.read_record(run_dir)
+    entry = {"study": study, "run": run_dir.name, "dir": run_dir, "record": record, "nb": None,
+             "failed": failed or record.get("status") in ("failed", "interrupted"), "figures": []}
+    nb_file = run_dir / "notebook.ipynb"
+    if nb_file.exists():
+        try:
+            entry["nb"] = nbformat.read(nb_file, as_version=4)
+        except Exception as exc:  # nbformat raises many kinds on a damaged file
+            if not entry["failed"]:
+                raise ncio.DamagedRunError(f"run {study}/{run_dir.name}: notebook.ipynb cannot be read "
+                                           f"({type(exc).__name__}: {exc})") from None
+    if entry["failed"]:
+        entry["error"] = _error_summary(entry["nb"], record)
+        return entry
+    if record.get("status") == "lab" and not (run_dir / "results.nc").exists():
+        entry["unfinished"] = True  # a JupyterLab run that has not written its results (yet)
+        return entry
+    if record.get("status") not in ncio.FINISHED:
+        raise ncio.DamagedRunError(f"run {study}/{run_dir.name}: RUN.json says {record.get('status')!r}, "
+                                   "not a finished run")
+    ds = ncio.open_results(run_dir / "results.nc")  # Fletcher-32 checked while reading
+    keep = ("git_commit", "git_dirty", "created", "device", "package_versions", "accelerator_versions",
+            "real_kernel_backends", "headline_figure", "hostname")
+    entry["provenance"] = {k: str(ds.attrs.get(k, "")) for k in keep}
+    figs = sorted(p.name for p in run_dir.glob("*.png"))
+    entry["figures"] = figs
+    headline = entry["provenance"].get("headline_figure", "")
+    entry["headline"] = headline if headline in figs else (figs[0] if figs else "")
+    entry["verified"] = record.get("verified", False)
+    return entry
+
+
+# -- markdown helpers --
+
+def _cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _json_attr(prov: dict, key: str) -> dict:
+    """A JSON provenance attribute as a dict ({} where absent, as in files written before it, or unreadable)."""
+    try:
+        value = json.loads(prov.get(key) or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _versions(prov: dict) -> str:
+    versions = _json_attr(prov, "package_versions")
+    keep = [k for k in ("python", "torch", "numpy", "xarray") if k in versions]
+    text = ", ".join(f"{k} {versions[k]}" for k in keep) or "not recorded"
+    accel = _json_attr(prov, "accelerator_versions")  # a run on a GPU: what decides its kernels
+    if accel.get("gpu", "none") != "none":
+        text += "; " + ", ".join(f"{k} {accel[k]}" for k in ("torch", "cuda", "cudnn", "triton", "driver") if k in accel)
+    return text
+
+
+def _device_label(entry: dict) -> str:
+    device = entry.get("provenance", {}).get("device", "") or entry["record"].get("parameters", {}).get("device", "")
+    if (entry["record"].get("parameters") or {}).get("gpu_records"):  # a gpu_training tier: GPU records, read on `device`
+        return f"GPU training records, gathered on {device or 'this machine'}"
+    kind = "GPU" if is_gpu_run(entry["run"], device) else "CPU"
+    return f"{kind} ({device})" if device else kind
+
+
+def _commit(prov: dict) -> str:
+    commit = prov.get("git_commit", "")
+    if not commit:
+        return "not recorded"
+    return f"`{commit[:12]}`" + (" (uncommitted changes)" if prov.get("git_dirty") == "true" else "")
+
+
+def _provenance_md(entry: dict, nav: str) -> str:
+    prov, record = entry.get("provenance", {}), entry["record"]
+    overrides = record.get("overrides") or {}
+    rows = [("run", f"`{entry['study']}/{entry['run']}` ({KIND_LABELS.get(entry['kind'], entry['kind'])})"),
+            ("parameter set", f"`{record.get('param_set', '?')}`"
+             + (", overrides " + ", ".join(f"`{k}={json.dumps(v)}`" for k, v in overrides.items()) if overrides else "")),
+            ("device", _device_label(entry)),
+            ("created", prov.get("created") or record.get("finished") or record.get("started", "")),
+            ("git commit", _commit(prov)),
+            ("versions", _versions(prov))]
+    backends = _json_attr(prov, "real_kernel_backends")
+    if backends:
+        rows.append(("real kernels ran as", "; ".join(f"`{k}`: {v}" for k, v in backends.items())))
+    if entry.get("figures") is not None and (entry["dir"] / "results.nc").exists() and not entry["failed"]:
+        rows.append(("data", "[results.nc](results.nc)" + ("" if entry.get("verified") else " (no checksum recorded)")))
+    if entry["failed"]:
+        rows.append(("error", f"`{_cell(entry.get('error', ''))}`"))
+    items = "\n".join(f"* **{k}**: {_cell(v)}" for k, v in rows)
+    return f"{nav}\n\n:::{{admonition}} Provenance of this run\n:class: note\n\n{items}\n:::\n"
+
+
+KIND_LABELS = {"result": "CPU result", "gpu": "GPU result", "smoke": "smoke run", "sweep": "sweep point",
+               "lab": "JupyterLab run", "failed": "failed run", "damaged": "damaged"}
+
+
+def _parameter_table(entry: dict, params_cell) -> str:
+    """The run's parameters (RUN.json) with the notebook's defaults and help, changed values in bold."""
+    values = dict(entry["record"].get("parameters") or {})
+    info = {}
+    if params_cell is not None:
+        try:
+            from papermill.translators import PythonTranslator
+
+            info = {p.name: p for p in PythonTranslator.inspect(params_cell)}
+        except Exception:  # a parameters cell papermill cannot read: the values alone
+            info = {}
+    for name, p in info.items():
+        if name not in values and name not in ("output_dir", "sweep_dims"):
+            values[name] = p.default
+    lines = ["| parameter | this run | notebook default | meaning |", "|---|---|---|---|"]
+    for name, value in values.items():
+        shown = json.dumps(value) if not isinstance(value, str) or name not in info else repr(value)
+        default = info[name].default if name in info else ""
+        changed = name in info and shown.replace("'", '"') != str(default).replace("'", '"')
+        cell = f"**`{_cell(shown)}`**" if changed else f"`{_cell(shown)}`"
+        lines.append(f"| `{name}` | {cell} | `{_cell(default)}` | {_cell(info[name].help if name in info else '')} |")
+    sweep = entry["record"].get("sweep_dims") or []
+    note = f" Swept here: {', '.join(f'`{d}`' for d in sweep)}." if sweep else ""
+    return ("## Parameters of this run\n\nThe values papermill injected (from `RUN.json`); **bold**: differs from "
+            f"the notebook's default.{note}\n\n" + "\n".join(lines) + "\n")
+
+
+# -- pages --
+
+def _page_notebook(entry: dict, nav: str):
+    """The copy of an executed notebook that the site renders (the run's own file is never changed)."""
+    nb = copy.deepcopy(entry["nb"])
+    nb.metadata.pop("widgets", None)  # widget state would pull the widget manager from a CDN
+    cells, params_cell, table_done = [], None, False
+    staged = _staged_folders(nb, entry["dir"])
+    shown = f"outputs/{entry['study']}/{entry['run']}"
+    for cell in nb.cells:
+        tags = list(cell.metadata.get("tags", []))
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.get("outputs", [])
+                            if not (o.get("output_type") == "stream" and o.get("name") == "stderr")
+                            and WIDGET_MIME not in o.get("data", {})]
+            for out in cell.outputs:  # the staging folder a run executed in is named as the run
+                _unstage(out, staged, shown)
+            if "parameters" in tags:
+                params_cell = cell
+                continue
+            if "injected-parameters" in tags:
+                cells.append(nbformat.v4.new_markdown_cell(_parameter_table(entry, params_cell)))
+                table_done = True
+                continue
+            if not {"hide-input", "remove-input", "remove-cell"} & set(tags):
+                tags.append("hide-input")
+            cell.metadata["tags"] = tags
+        cells.append(cell)
+    if not table_done and (params_cell is not None or entry["record"].get("parameters")):
+        at = next((i for i, c in enumerate(cells) if c.cell_type == "code"), len(cells))
+        cells.insert(at, nbformat.v4.new_markdown_cell(_parameter_table(entry, params_cell)))
+    title_at = next((i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("# ")), None)
+    if title_at is None:
+        cells.insert(0, nbformat.v4.new_markdown_cell(f"# {entry['study']} · run `{entry['run']}`"))
+        title_at = 0
+    elif entry.get("page_suffix"):
+        first, _, rest = cells[title_at].source.partition("\n")
+        cells[title_at].source = f"{first} {entry['page_suffix']}\n{rest}"
+    cells.insert(title_at + 1, nbformat.v4.new_markdown_cell(_provenance_md(entry, nav)))
+    nb.cells = cells
+    return nb
+
+
+def _staged_folders(nb, run_dir: Path) -> list[str]:
+    """Where the run executed: the injected ``output_dir`` (a staging folder) and the folder itself."""
+    found = {str(Path(run_dir).resolve())}
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "injected-parameters" in cell.metadata.get("tags", []):
+            with contextlib.suppress(SyntaxError, ValueError):
+                for node in ast.parse(cell.source).body:
+                    if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "output_dir" for t in node.targets):
+                        value = ast.literal_eval(node.value)
+                        if isinstance(value, str) and value:
+                            found.add(value)
+    return sorted(found, key=len, reverse=True)
+
+
+def _unstage(out, staged: list[str], shown: str) -> None:
+    def fix(text: str) -> str:
+        for folder in staged:
+            text = text.replace(folder, shown)
+        return text
+
+    if isinstance(out.get("text"), str):
+        out["text"] = fix(out["text"])
+    for mime, value in out.get("data", {}).items():
+        if mime.startswith("text/") and isinstance(value, str):
+            out["data"][mime] = fix(value)
+
+
+def _lab_page(entry: dict, nav: str) -> str:
+    """A JupyterLab run keeps its notebook in notebooks/: its page shows its record and figures."""
+    parts = [f"# {entry['study']} · JupyterLab run `{entry['run']}`\n", _provenance_md(entry, nav),
+             _parameter_table(entry, None)]
+    if entry.get("unfinished"):
+        parts.append("This JupyterLab run has not written `results.nc` (unfinished or still running).\n")
+    for fig in entry.get("figures", []):
+        parts.append(f"```{{figure}} {fig}\n:width: 100%\n\n`{fig}`\n```\n")
+    return "\n".join(parts)
+
+
+def _figure(path: str, alt: str, caption: str) -> str:
+    return f":::{{figure}} {path}\n:width: 100%\n:alt: {alt}\n\n{caption}\n:::\n"
+
+
+def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, damaged: list[dict],
+              others: list[dict]) -> str:
+    parts = ["# Numerical deviation of FlashAttention-style attention kernels\n",
+             "Five studies of how far attention kernels drift from the exact answer: how the error grows with "
+             "sequence length, what extreme inputs do, and what the deviation does to training. Each study is "
+             "an executed notebook; every number and figure on its page comes from that run's `results.nc`, "
+             "whose attributes record the parameters, code version, library versions and machine. "
+             "Headline figures open at full size on click.\n"]
+    if damaged:
+        parts.append(":::{admonition} Damaged runs, not published\n:class: error attnum-damaged\n\n"
+                     + "\n".join(f"* DAMAGED, not published: `{d['study']}/{d['run']}`: {_cell(d['damaged'])}"
+                                 for d in damaged) + "\n:::\n")
+    toc_main, toc_more = [], []
+    for study in order:
+        nb_src = committed.get(study)
+        runs = by_study.get(study, [])
+        main = primary.get(study)
+        source_nb = main["nb"] if main and main.get("nb") is not None else nb_src
+        title = _title(source_nb) if source_nb is not None else study
+        parts.append(f"## {title}\n")
+        question = _question(source_nb) if source_nb is not None else ""
+        if question:
+            parts.append(question + "\n")
+        results = [r for r in runs if r["kind"] in ("result", "gpu")]
+        shown = [r for r in ([main] if main else []) + [r for r in results if r["kind"] == "gpu" and r is not main][:1]
+                 if r.get("headline")]
+        if shown:
+            figs = [_figure(f"{study}/{r['run']}/{r['headline']}",
+                            f"headline figure of {study}, run {r['run']}",
+                            f"{_device_label(r)} run `{r['run']}`: `{r['headline']}`") for r in shown]
+            parts.append("::::{container} attnum-figs\n" + "\n".join(figs) + "::::\n")
+        if main is not None:
+            key = _key_result(main["nb"]) if main.get("nb") is not None else ""
+            if key:
+                parts.append(f"**Key result** (the notebook's first conclusion, run `{main['run']}`): {key}\n")
+            parts.append(f"[Read the study →]({study}/{main['run']}/notebook.ipynb)\n")
+        else:
+            parts.append("*No result run of this study is published yet* (`make reproduce`, or "
+                         f"`python -m attnum run {study}`).\n")
+        if results:
+            rows = ["| run | device | created | git commit | page |", "|---|---|---|---|---|"]
+            for r in results:
+                prov = r.get("provenance", {})
+                page = f"[{r['run']}]({study}/{r['run']}/notebook.ipynb)" if r.get("nb") is not None else ""
+                rows.append(f"| `{r['run']}` | {_cell(_device_label(r))} | {_cell(prov.get('created', ''))} | "
+                            f"{_cell(_commit(prov))} | {page} |")
+            parts.append("Result runs of this study:\n\n" + "\n".join(rows) + "\n")
+        rest = [r for r in others if r["study"] == study]
+        if rest:
+            parts.append("Other runs of this study (not results; see [Other runs](runs.md)): "
+                         + ", ".join(f"`{study}/{r['run']}` ({KIND_LABELS[r['kind']]})" for r in rest) + "\n")
+        for r in results:
+            if r.get("nb") is None:
+                continue
+            label = _short_title(title, study) + ("" if r is main else f" · {r['run']} ({_device_label(r).split(' ')[0]})")
+            (toc_main if r is main else toc_more).append(f"{label} <{study}/{r['run']}/notebook>")
+    parts.append("```{toctree}\n:hidden:\n:caption: Studies\n:maxdepth: 1\n\n" + "\n".join(toc_main) + "\n```\n")
+    if toc_more:
+        parts.append("```{toctree}\n:hidden:\n:caption: More result runs (GPU, other tiers)\n:maxdepth: 1\n\n"
+                     + "\n".join(toc_more) + "\n```\n")
+    parts.append("```{toctree}\n:hidden:\n:caption: Not results\n:maxdepth: 1\n\nOther runs <runs>\n```\n")
+    return "\n".join(parts)
+
+
+def _runs_md(others: list[dict], damaged: list[dict], short: dict) -> str:
+    parts = ["# Other runs\n",
+             "Runs that are not the studies' results: smoke runs (the seconds-long tier the tests use), sweep points "
+             f"(`{SWEEP_MARK}` in the folder name), JupyterLab runs (`lab-<time>`), failed and damaged runs. "
+             "[Back to the studies](index.md).\n"]
+    toc = []
+    groups = [("damaged", damaged)] + [(k, [r for r in others if r["kind"] == k])
+                                       for k in ("failed", "smoke", "sweep", "lab")]
+    for kind, rows in groups:
+        if not rows:
+            continue
+        parts.append(f"## {KIND_TITLES[kind]}\n")
+        if kind == "damaged":
+            parts.append("| study | run | what is wrong |\n|---|---|---|\n" + "\n".join(
+                f"| {short.get(d['study'], d['study'])} | `{d['run']}` | DAMAGED, not published: {_cell(d['damaged'])} |"
+                for d in rows) + "\n")
+            continue
+        table = ["| study | run | device | created | " + ("error |" if kind == "failed" else "page |"),
+                 "|---|---|---|---|---|"]
+        for r in rows:
+            doc = f"{r['study']}/{r['run']}/notebook"
+            page = f"[page]({doc}.{'ipynb' if r.get('nb') is not None else 'md'})" if r.get("doc") else ""
+            when = r.get("provenance", {}).get("created") or r["record"].get("finished") or r["record"].get("started", "")
+            last = (f"`{_cell(r.get('error', ''))}` {page}" if kind == "failed" else page)
+            table.append(f"| {short.get(r['study'], r['study'])} | `{r['run']}` | {_cell(_device_label(r))} | "
+                         f"{_cell(when)} | {last} |")
+            if r.get("doc"):
+                toc.append(f"{r['study']} · {r['run']} <{doc}>")
+        parts.append("\n".join(table) + "\n")
+    if toc:
+        parts.append("```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(toc) + "\n```\n")
+    if not others and not damaged:
+        parts.append("None.\n")
+    return "\n".join(parts)
+
+
+def _nav(entry: dict, order: list[str], primary: dict, short: dict) -> str:
+    up = "../../index.md"
+    links = [f"[↑ All studies]({up})"]
+    if entry["kind"] in ("result", "gpu"):
+        i = order.index(entry["study"]) if entry["study"] in order else -1
+        prev_ = next((s for s in reversed(order[:i]) if s in primary), None) if i >= 0 else None
+        next_ = next((s for s in order[i + 1:] if s in primary), None) if i >= 0 else None
+        if prev_:
+            links.insert(0, f"[← {short[prev_]}](../../{prev_}/{primary[prev_]['run']}/notebook.ipynb)")
+        if next_:
+            links.append(f"[{short[next_]} →](../../{next_}/{primary[next_]['run']}/notebook.ipynb)")
+        main = primary.get(entry["study"])
+        if main is not None and main is not entry:
+            links.append(f"[main run `{main['run']}`](../{main['run']}/notebook.ipynb)")
+    else:
+        links.append("[Other runs](../../runs.md)")
+    return " · ".join(links)
+
+
+def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
+    (src / "_static").mkdir(parents=True)
+    (src / "conf.py").write_text(CONF_PY)
+    (src / "_static" / "attnum.css").write_text(CSS)
+    known = studies()
+    order = list(known) + sorted({e["study"] for e in entries} - set(known))
+    committed = {}
+    for study, path in known.items():
+        with contextlib.suppress(Exception):
+            committed[study] = nbformat.read(path, as_version=4)
+    by_study: dict[str, list] = {}
+    for e in entries:
+        e["kind"] = _kind(e)
+        by_study.setdefault(e["study"], []).append(e)
+    primary = {}
+    for study, runs in by_study.items():
+        cpu = [r for r in runs if r["kind"] == "result"]
+        gpu = [r for r in runs if r["kind"] == "gpu"]
+        pick = ([r for r in cpu if r["run"] == "default"] or sorted(cpu, key=lambda r: r["provenance"].get("created", ""),
+                                                                      reverse=True) or gpu)
+        if pick:
+            primary[study] = pick[0]
+    short = {s: _short_title(_title(committed[s]) if s in committed else s, s) for s in order}
+    for e in entries:
+        dest = src / e["study"] / e["run"]
+        dest.mkdir(parents=True)
+        if e["kind"] in ("result", "gpu") and primary.get(e["study"]) is not e:
+            e["page_suffix"] = f"(run `{e['run']}`, {_device_label(e).split(' ')[0]})"
+        elif e["kind"] not in ("result", "gpu"):
+            e["page_suffix"] = f"({KIND_LABELS[e['kind']]} `{e['run']}`)"
+        for name in e.get("figures", []) + (["results.nc"] if e.get("provenance") else []):
+            shutil.copy2(e["dir"] / name, dest / name)
+        nav = _nav(e, order, primary, short)
+        if e.get("nb") is not None:
+            nbformat.write(_page_notebook(e, nav), dest / "notebook.ipynb")
+            e["doc"] = True
+        elif e["kind"] == "lab":
+            (dest / "notebook.md").write_text(_lab_page(e, nav))
+            e["doc"] = True
+    others = [e for e in entries if e["kind"] not in ("result", "gpu")]
+    (src / "index.md").write_text(_index_md(order, by_study, primary, committed, damaged, others))
+    (src / f"{OTHER}.md").write_text(_runs_md(others, damaged, short))
+
+
+def _sphinx(src: Path, out: Path, doctrees: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-q", "-E", "-d", str(doctrees),
+                           str(src), str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    if proc.returncode != 0:
+        raise PublishError(f"sphinx could not build the site (exit {proc.returncode}): "
+                           + (proc.stderr.strip() or proc.stdout.strip())[-2000:])
+
+
+def publish(outputs: str | Path | None = None, *, strict: bool = True) -> Path:
+    """Build the site and return ``site/index.html``.
+
+    Damaged runs are named and the rest published; then, with ``strict``, ``PublishError``
+    names the damaged runs (the site is written by then).
+    """
+    base = Path(outputs) if outputs else outputs_root()
+    if not base.is_dir():
+        raise PublishError(f"outputs folder {base} does not exist; nothing to publish")
+    with _publish_lock(base):
+        site = base / SITE
+        build = base / f".{SITE}.building-{os.getpid()}-{secrets.token_hex(3)}"
+        build.mkdir()
+        try:
+            entries, damaged = [], []
+            for study, run_dir in _run_folders(base):
+                try:
+                    entries.append(_collect(study, run_dir))
+                except ncio.DamagedRunError as exc:
+                    damaged.append({"study": study, "run": run_dir.name, "damaged": str(exc)})
+            src, html = build / "src", build / "html"
+            _build_sources(src, entries, damaged)
+            _sphinx(src, html, build / "doctrees")
+            for e in entries:  # the run's data and figures at stable addresses beside its page
+                dest = html / e["study"] / e["run"]
+                dest.mkdir(parents=True, exist_ok=True)
+                for name in e.get("figures", []) + (["results.nc"] if e.get("provenance") else []):
+                    shutil.copy2(e["dir"] / name, dest / name)
+            (html / ".nojekyll").touch()
+            if site.exists():
+                old = base / f".{SITE}.old-{os.getpid()}-{secrets.token_hex(3)}"
+                os.rename(site, old)
+                os.rename(html, site)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.rename(html, site)
+        finally:
+            shutil.rmtree(build, ignore_errors=True)
+    index = site / "index.html"
+    if damaged and strict:
+        raise PublishError(f"wrote {index}, but {len(damaged)} run(s) are damaged and were not published: "
+                           + "; ".join(d["damaged"] for d in damaged))
+    return index
