@@ -3,10 +3,11 @@
 Packages and modules: ``kernels`` (every attention implementation behind one interface and
 registry: the emulators, reference and golden attention, PyTorch SDPA backends), ``precision``
 (the precision policy), ``metrics`` and ``acceptance`` (errors and acceptance rules), ``inputs``
-and ``operands`` (seeded generators), ``model``, ``tasks``, ``training``, ``drift`` and
-``diagnostics`` (training and what is measured on it), ``cost`` (analytic kernel cost),
-``ncio`` (the NetCDF writer and reader), ``plots``, ``runner`` (papermill runner), ``publish``
-(the site), ``studies`` (the experiments behind each notebook).
+and ``operands`` (seeded generators), ``model`` (one GPT for every scale), ``train`` (one trainer:
+loop, data, the FP32-recompute diagnostic, records), ``drift``, ``cost`` (analytic kernel cost),
+``ncio`` (the NetCDF writer and reader), ``glue`` (values for the notebooks' prose), ``plots``,
+``runs`` (parameters, plans, the run store, papermill execution, Dask batches), ``site`` (the
+publisher), ``cli`` (the one command line), ``studies`` (one package per notebook).
 
 Importing ``attnum`` itself imports nothing heavy (the command line starts fast); the names
 below load their module on first use.

@@ -99,7 +99,7 @@ def main(argv=None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # the trainer parses its own options; imported only when asked for
-        from .lm.__main__ import main as train_main
+        from .train.__main__ import main as train_main
 
         return train_main(argv[1:])
     args = ap.parse_args(argv)

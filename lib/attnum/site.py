@@ -42,7 +42,7 @@ from pathlib import Path
 
 import nbformat
 
-from . import ncio
+from . import glue, ncio
 from .paths import outputs_root
 from .runs import SWEEP_MARK, RunError, studies
 from .runs.store import PUBLISH_LOCK, SITE, publish_lock_held
@@ -55,7 +55,7 @@ WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 CONF_PY = '''\
-# Written by attnum.publish for one build; edit lib/attnum/publish.py instead.
+# Written by attnum.site for one build; edit lib/attnum/site.py instead.
 project = "attnum"
 author = "attnum"
 extensions = ["myst_nb"]
@@ -328,9 +328,18 @@ def _parameter_table(entry: dict, params_cell) -> str:
 
 # -- pages --
 
+class GlueMissing(RuntimeError):
+    """A run's notebook refers to glued values that the run did not glue."""
+
+
 def _page_notebook(entry: dict, nav: str):
     """The copy of an executed notebook that the site renders (the run's own file is never changed)."""
     nb = copy.deepcopy(entry["nb"])
+    missing = glue.missing_keys(nb)
+    if missing:  # the prose would state values the run never computed: no page, and the build fails
+        raise GlueMissing(f"run outputs/{entry['study']}/{entry['run']}: its markdown refers to values the run "
+                          f"did not glue: {', '.join(sorted(missing))}")
+    glue.unformat_missing(nb)
     nb.metadata.pop("widgets", None)  # widget state would pull the widget manager from a CDN
     cells, params_cell, table_done = [], None, False
     staged = _staged_folders(nb, entry["dir"])

@@ -1,5 +1,6 @@
 """attnum.glue: values glued for prose are plain Python, keys are checked, references are found."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,3 +75,13 @@ def test_missing_values_lose_their_number_format():
     ]}
     glue.unformat_missing(nb)
     assert nb["cells"][0]["source"] == "a {glue:text}`gone` b {glue:text}`here:.1%`"
+
+
+def test_the_site_refuses_a_page_whose_prose_refers_to_values_not_glued():
+    import nbformat
+
+    from attnum import site
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("x {glue:text}`absent:.2f`")])
+    with pytest.raises(site.GlueMissing, match="absent"):
+        site._page_notebook({"nb": nb, "study": "length_scaling", "run": "smoke", "dir": Path("/nonexistent")}, "")

@@ -4,7 +4,10 @@ import json
 import numpy as np
 import pytest
 
-from attnum import acceptance, ncio, runner
+from attnum.runs import expressions
+import attnum.runs.params  # noqa: F401  (runs.params below)
+
+from attnum import acceptance, ncio, runs
 from attnum.kernels.faults import FAULTS
 from attnum.inputs import INPUT_FAMILIES
 from attnum.studies.extreme_inputs import detection, experiments, readings, readings_gpu, real_kernels
@@ -23,7 +26,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("outputs")
-    path = runner.run("extreme_inputs", "smoke", outputs=outputs, progress=False)
+    path = runs.run("extreme_inputs", "smoke", outputs=outputs, progress=False)
     return path, ncio.open_results(path / "results.nc")
 
 
@@ -308,16 +311,16 @@ def test_rules_and_memory_estimate_agree_with_the_schema(param_set):
     """The study's plain-Python checks give what the schema's ``_rules``/``_memory`` expressions give."""
     import attnum.studies.extreme_inputs as study
 
-    values = {**runner.notebook_defaults("extreme_inputs"), **runner.load_param_set("extreme_inputs", param_set)}
-    expected = [rule["message"] for rule in runner.study_checks("extreme_inputs")["rules"]
-                if not runner.evaluate(rule["expr"], values)]
+    values = {**runs.notebook_defaults("extreme_inputs"), **runs.load_param_set("extreme_inputs", param_set)}
+    expected = [rule["message"] for rule in runs.params.study_checks("extreme_inputs")["rules"]
+                if not expressions.evaluate(rule["expr"], values)]
     assert len(study.rules(values)) == len(expected) == 0
     broken = {**values, "onset_logit_min": values["onset_logit_max"]}
-    assert not runner.evaluate(runner.study_checks("extreme_inputs")["rules"][0]["expr"], broken)
+    assert not expressions.evaluate(runs.params.study_checks("extreme_inputs")["rules"][0]["expr"], broken)
     assert len(study.rules(broken)) == 1 and "onset_logit_min" in study.rules(broken)[0]
-    assert study.memory_estimate(values) == runner.memory_estimate("extreme_inputs", values)
+    assert study.memory_estimate(values) == runs.memory_estimate("extreme_inputs", values)
     bigger = {**values, "real_seq_len": 3 * max(values["seq_lens"] + values["det_seq_lens"]), "golden_chunk": 7}
-    assert study.memory_estimate(bigger) == runner.memory_estimate("extreme_inputs", bigger)
+    assert study.memory_estimate(bigger) == runs.memory_estimate("extreme_inputs", bigger)
 
 
 def test_the_study_package_is_light():

@@ -4,10 +4,13 @@ import json
 import numpy as np
 import pytest
 
+from attnum.runs import expressions
+import attnum.runs.params  # noqa: F401  (runs.params below)
+
 from conftest import without_triton_interpreter
 import xarray as xr
 
-from attnum import kernels, ncio, runner
+from attnum import kernels, ncio, runs
 from attnum.kernels import FIXES
 from attnum.model import GPTConfig
 from attnum.studies import gproj_fix
@@ -25,7 +28,7 @@ _without_the_triton_interpreter = pytest.fixture(scope="module", autouse=True)(w
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("outputs")
-    return runner.run(STUDY, "smoke", outputs=outputs, progress=False)
+    return runs.run(STUDY, "smoke", outputs=outputs, progress=False)
 
 
 @pytest.mark.slow
@@ -35,7 +38,7 @@ def test_smoke_run_writes_one_entry_per_fix(smoke_run):
     assert {"error_vs_offset.png", "delta_path.png", "dk_dv.png", "regimes.png", "costs.png",
             "training.png", "exact_problem.png", "real_kernels.png"} <= {p.name for p in path.glob("*.png")}
     ds = ncio.open_results(path / "results.nc")
-    params = runner.load_param_set(STUDY, "smoke")
+    params = runs.load_param_set(STUDY, "smoke")
     assert ds["fix"].values.tolist() == params["fixes"] == list(FIXES)
     assert ds["grid_dq_err"].dims == ("fix", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
     assert ds["regime_dq_err"].dims == ("regime", "fix", "seed")
@@ -550,14 +553,14 @@ def test_emulator_timing_is_labelled_with_its_device():
 
 
 def _schema_rules(values: dict) -> list[str]:
-    return [rule["message"] for rule in runner.study_checks(STUDY)["rules"] if not runner.evaluate(rule["expr"], values)]
+    return [rule["message"] for rule in runs.params.study_checks(STUDY)["rules"] if not expressions.evaluate(rule["expr"], values)]
 
 
-@pytest.mark.parametrize("name", runner.param_sets(STUDY))
+@pytest.mark.parametrize("name", runs.param_sets(STUDY))
 def test_rules_and_memory_estimate_agree_with_the_schema(name):
-    values = {**runner.notebook_defaults(STUDY), **runner.load_param_set(STUDY, name)}
+    values = {**runs.notebook_defaults(STUDY), **runs.load_param_set(STUDY, name)}
     assert gproj_fix.rules(values) == _schema_rules(values) == []
-    assert gproj_fix.memory_estimate(values) == runner.memory_estimate(STUDY, values)
+    assert gproj_fix.memory_estimate(values) == runs.memory_estimate(STUDY, values)
     broken = {**values, "fixes": ["gproj_dq"], "d_model": 30, "n_head": 4, "step_d_model": 30, "step_n_head": 4,
               "real_timing_tokens": values["real_timing_seq_len"] - 1}
     assert gproj_fix.rules(broken) == _schema_rules(broken) and len(gproj_fix.rules(broken)) == 4

@@ -6,7 +6,7 @@ import pytest
 import torch
 import xarray as xr
 
-from attnum import ncio, runner
+from attnum import ncio, runs
 from attnum.operands import regime_operands
 from attnum.studies import late_training_gradient_blowup as study
 from attnum.studies.late_training_gradient_blowup import (experiments, gpu_training, prose, prose_gpu, readings,
@@ -18,7 +18,7 @@ STUDY = "late_training_gradient_blowup"
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("outputs")
-    return runner.run(STUDY, "smoke", outputs=outputs, progress=False)
+    return runs.run(STUDY, "smoke", outputs=outputs, progress=False)
 
 
 @pytest.mark.slow
@@ -37,7 +37,7 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
             "tied_maxima.png", "real_vs_emulator.png", "real_correlation.png",
             "real_diagnostics.png", "exact_problem.png"} <= {p.name for p in path.glob("*.png")}
     ds = ncio.open_results(path / "results.nc")
-    params = runner.load_param_set(STUDY, "smoke")
+    params = runs.load_param_set(STUDY, "smoke")
     assert ds["mech_dq_err"].dims == ("variant", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
     assert ds["variant"].values.tolist() == params["variants"]
     assert ds["mu_norm"].values.tolist() == params["mu_norms"]
@@ -330,11 +330,12 @@ def test_committed_runs_are_read_only_from_the_right_device():
 
 
 def test_rules_and_memory_estimate_agree_with_the_schema_on_every_parameter_set():
-    from attnum.runner import evaluate, study_checks
+    from attnum.runs.expressions import evaluate
+    from attnum.runs.params import study_checks
 
     checks = study_checks(STUDY)
-    defaults = runner.notebook_defaults(STUDY)
-    sets = [runner.load_param_set(STUDY, name) for name in runner.param_sets(STUDY)]
+    defaults = runs.notebook_defaults(STUDY)
+    sets = [runs.load_param_set(STUDY, name) for name in runs.param_sets(STUDY)]
     broken = [{"checkpoint_steps": [0, 10 ** 6]}, {"d_model": 30, "n_head": 4},
               {"checkpoint_steps": [0, 10 ** 6], "d_model": 30, "n_head": 4}]
     for values in sets + broken:

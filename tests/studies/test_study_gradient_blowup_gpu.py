@@ -173,9 +173,9 @@ def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path):
     study, figure, needle = "late_training_gradient_blowup", "gpu_training.png", "Does the dQ error grow late?"
     import nbformat
 
-    from attnum import runner
+    from attnum import runs
 
-    folder = runner.run(study, "gpu_training", {"gpu_records": str(records)}, outputs=tmp_path, progress=False)
+    folder = runs.run(study, "gpu_training", {"gpu_records": str(records)}, outputs=tmp_path, progress=False)
     folder = __import__("pathlib").Path(folder)
     ds = ncio.open_results(folder / "results.nc")
     prefix = "s04_"
@@ -198,12 +198,12 @@ def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path):
 
 
 def test_notebook_gpu_training_tier_stops_at_once_without_records(tmp_path):
-    from attnum import runner
+    from attnum import runs
 
     empty = tmp_path / "records"
     empty.mkdir()
     with pytest.raises(Exception) as err:
-        runner.run("late_training_gradient_blowup", "gpu_training", {"gpu_records": str(empty)},
+        runs.run("late_training_gradient_blowup", "gpu_training", {"gpu_records": str(empty)},
                    outputs=tmp_path / "out", progress=False)
     text = str(err.value)
     assert "no records lm_s04_*.nc" in text and "s04_flash_lr1e-3" in text

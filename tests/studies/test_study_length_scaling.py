@@ -4,20 +4,23 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+
+from attnum.runs import expressions
+import attnum.runs.params  # noqa: F401  (runs.params below)
 import xarray as xr
 
-from attnum import ncio, runner
-from attnum.publish import publish
+from attnum import ncio, runs
+from attnum.site import publish
 import attnum.studies.length_scaling as study
 from attnum.studies.length_scaling import experiments, readings, real_kernels
 
 
-@pytest.mark.parametrize("name", runner.param_sets("length_scaling"))
+@pytest.mark.parametrize("name", runs.param_sets("length_scaling"))
 def test_rules_and_memory_estimate_agree_with_the_schema(name):
-    values = {**runner.notebook_defaults("length_scaling"), **runner.load_param_set("length_scaling", name)}
-    assert study.memory_estimate(values) == runner.memory_estimate("length_scaling", values)
-    checks = runner.study_checks("length_scaling")
-    assert study.rules(values) == [r["message"] for r in checks["rules"] if not runner.evaluate(r["expr"], values)]
+    values = {**runs.notebook_defaults("length_scaling"), **runs.load_param_set("length_scaling", name)}
+    assert study.memory_estimate(values) == runs.memory_estimate("length_scaling", values)
+    checks = runs.params.study_checks("length_scaling")
+    assert study.rules(values) == [r["message"] for r in checks["rules"] if not expressions.evaluate(r["expr"], values)]
     assert study.STUDY == "length_scaling"
 
 
@@ -34,7 +37,7 @@ def test_the_package_init_is_light():
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("outputs")
-    path = runner.run("length_scaling", "smoke", outputs=outputs, progress=False)
+    path = runs.run("length_scaling", "smoke", outputs=outputs, progress=False)
     return outputs, path
 
 
@@ -120,7 +123,7 @@ def test_published_index_lists_the_run(smoke_run):
 def test_sweep_writes_one_folder_per_point_and_runs_merge_by_coordinates(tmp_path):
     tiny = {"dtypes": ["fp32"], "block_configs": ["32x32"], "loop_orders": ["q_outer"], "block_seeds": [0],
             "attribution_seq_lens": [256], "attribution_dtypes": ["bf16"], "attribution_query_rows": 8}
-    paths = runner.sweep("length_scaling", {"head_dim": [16, 32]}, "smoke", tiny, outputs=tmp_path,
+    paths = runs.sweep("length_scaling", {"head_dim": [16, 32]}, "smoke", tiny, outputs=tmp_path,
                          progress=False)
     assert [p.name.rsplit("@", 1)[-1] for p in paths] == ["head_dim=16", "head_dim=32"]  # "@" marks sweep points
     merged = ncio.open_study("length_scaling", root=tmp_path)

@@ -4,10 +4,13 @@ import math
 
 import numpy as np
 import pytest
+
+from attnum.runs import expressions
+import attnum.runs.params  # noqa: F401  (runs.params below)
 import xarray as xr
 from scipy import stats as sps
 
-from attnum import drift, ncio, runner
+from attnum import drift, ncio, runs
 from attnum.model import GPT, GPTConfig
 from attnum.studies import wasserstein_weight_drift as study
 from attnum.studies.wasserstein_weight_drift import aggregates, experiments, readings
@@ -20,7 +23,7 @@ POLICY = dict(kernel_policy="fa2_bf16", perturbation=1e-6, noise_seed_offset=100
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     outputs = tmp_path_factory.mktemp("outputs")
-    return runner.run(STUDY, "smoke", outputs=outputs, progress=False)
+    return runs.run(STUDY, "smoke", outputs=outputs, progress=False)
 
 
 @pytest.mark.slow
@@ -30,7 +33,7 @@ def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
     assert {"drift_over_training.png", "training_loss.png", "drift_rates.png", "drift_ratios.png",
             "drift_by_group.png", "drift_vs_attention.png"} <= {p.name for p in path.glob("*.png")}
     ds = ncio.open_results(path / "results.nc")
-    params = runner.load_param_set(STUDY, "smoke")
+    params = runs.load_param_set(STUDY, "smoke")
     for metric in ("wasserstein", "max_abs", "rel_l2"):
         assert ds[metric].dims == ("pair", "seed", "step", "tensor")
         assert ds[f"kind_{metric}"].dims == ("pair", "seed", "step", "kind")
@@ -175,10 +178,10 @@ def test_drift_ratios_pair_seeds_and_skip_zero_denominators():
 # -- the package's parameter rules and memory estimate -------------------------------------------
 
 def _param_sets():
-    defaults = runner.notebook_defaults(STUDY)
+    defaults = runs.notebook_defaults(STUDY)
     sets = {"defaults": defaults}
     for name in ("smoke", "full", "gpu_training"):
-        sets[name] = {**defaults, **runner.load_param_set(STUDY, name)}
+        sets[name] = {**defaults, **runs.load_param_set(STUDY, name)}
     sets["bad heads"] = {**defaults, "n_head": 3}
     sets["wide"] = {**defaults, "d_model": 96, "n_head": 4, "seeds": [0, 1, 2, 3, 4], "steps": 1000}
     return sets
@@ -187,12 +190,12 @@ def _param_sets():
 @pytest.mark.parametrize("name", list(_param_sets()))
 def test_rules_and_memory_estimate_agree_with_the_schema(name):
     params = _param_sets()[name]
-    checks = runner.study_checks(STUDY)
-    expected = [rule["message"] for rule in checks["rules"] if not runner.evaluate(rule["expr"], params)]
+    checks = runs.params.study_checks(STUDY)
+    expected = [rule["message"] for rule in checks["rules"] if not expressions.evaluate(rule["expr"], params)]
     got = study.rules(params)
     assert len(got) == len(expected) and all(g.startswith(e) for g, e in zip(got, expected))
     assert (name == "bad heads") == bool(got)
-    assert study.memory_estimate(params) == runner.memory_estimate(STUDY, params)
+    assert study.memory_estimate(params) == runs.memory_estimate(STUDY, params)
 
 
 def test_the_package_imports_without_torch():

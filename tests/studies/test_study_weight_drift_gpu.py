@@ -333,9 +333,9 @@ def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path):
     study, figure, needle = "wasserstein_weight_drift", "gpu_drift.png", "Golden et al.'s 2-5x"
     import nbformat
 
-    from attnum import runner
+    from attnum import runs
 
-    folder = runner.run(study, "gpu_training", {"gpu_records": str(records)}, outputs=tmp_path, progress=False)
+    folder = runs.run(study, "gpu_training", {"gpu_records": str(records)}, outputs=tmp_path, progress=False)
     folder = __import__("pathlib").Path(folder)
     ds = ncio.open_results(folder / "results.nc")
     assert all(str(r).startswith("lm_s03_") for r in ds["run"].values)
