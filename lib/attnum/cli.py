@@ -135,8 +135,8 @@ def main(argv=None) -> int:
             from .ncio import compare_results
 
             for path in (args.a, args.b):
-                if not Path(path).is_file():
-                    print(f"error: no file {path}", file=sys.stderr)
+                if not (Path(path).is_file() or (Path(path) / "results.nc").is_file()):
+                    print(f"error: no results file {path} (a results.nc, or a run folder holding one)", file=sys.stderr)
                     return 2
             rows = compare_results(args.a, args.b)
             equal = sum(r["status"] == "equal" for r in rows)
@@ -147,6 +147,11 @@ def main(argv=None) -> int:
                         f", max relative difference {r['max_rel_diff']:.3g}" if "max_rel_diff" in r else "") + (
                         f", {100 * r['nan_in_one']:.3g}% NaN in one file only" if r.get("nan_in_one") else "")
                     print(f"  {r['variable']}: {r['status']}{extra}")
+            unshared = [r["variable"] for r in rows if r["status"] == "nothing shared"]
+            if not rows or unshared:  # an empty comparison is no evidence of equality
+                print(f"error: nothing compared for {len(unshared) or 'any'} variable(s): the two runs share no "
+                      "coordinate value there (e.g. two sweep points)", file=sys.stderr)
+                return 1
         elif args.cmd == "bench":
             from .bench import main as bench_main
 

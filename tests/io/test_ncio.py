@@ -173,3 +173,15 @@ def test_compare_results_with_no_shared_coordinate_compares_nothing(tmp_path):
     folder.mkdir()
     a.to_netcdf(folder / "results.nc")
     assert [r["status"] for r in ncio.compare_results(folder, a)] == ["equal"]
+
+
+def test_compare_command_exits_non_zero_when_nothing_is_shared(tmp_path, capsys):
+    from attnum.cli import main
+
+    for name, dim in (("a", 32), ("b", 64)):
+        ds = xr.Dataset({"err": (("head_dim", "n"), np.ones((1, 3)), {"units": "1", "long_name": "error"})},
+                        coords={"head_dim": [dim], "n": [1, 2, 3]})
+        (tmp_path / name).mkdir()
+        ncio.write_results(ds, tmp_path / name / "results.nc", study="length_scaling", params={})
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a")]) == 0
