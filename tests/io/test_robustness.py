@@ -78,11 +78,11 @@ BAD_INPUTS = [
     ("unknown kernel name", "late_training_gradient_blowup", {"train_attention": "emulator:fa9_bf16"},
      r"'train_attention'.*'emulator:fa9_bf16' is not a known kernel"),
     ("rule onset", "extreme_inputs", {"onset_logit_min": -49000.0, "onset_logit_max": -50000.0},
-     r"rule 'onset_logit_min < onset_logit_max'.*onset_logit_min=-49000.0"),
+     r"must be below onset_logit_max.*onset_logit_min=-49000.0"),
     ("rule checkpoints", "late_training_gradient_blowup", {"checkpoint_steps": [0, 50]},
-     r"rule 'max\(checkpoint_steps\) <= steps'.*steps=40"),
-    ("rule fixes", "gproj_fix", {"fixes": ["gproj_dq", "mean_key"]}, r"rule \"'none' in fixes\""),
-    ("rule heads", "wasserstein_weight_drift", {"n_head": 3}, r"d_model % n_head == 0"),
+     r"checkpoint_steps must not go past the last step.*steps=40"),
+    ("rule fixes", "gproj_fix", {"fixes": ["gproj_dq", "mean_key"]}, r"fixes must include 'none'"),
+    ("rule heads", "wasserstein_weight_drift", {"n_head": 3}, r"d_model must be a multiple of n_head.*n_head=3"),
 ]
 
 
