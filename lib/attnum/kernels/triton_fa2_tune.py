@@ -1,7 +1,12 @@
 """Launch-configuration sweep of our Triton FlashAttention-2 kernel on a GPU (the data behind
 ``triton_fa2.default_config``).
 
-    python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s 240] [--n 8192]
+    python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192]
+    python -m attnum.kernels.triton_fa2_tune OUT.json --same-numerics=D:KEY=VALUE,...
+
+The second form asks whether a configuration (the default's fields, changed by KEY=VALUE) gives
+bit for bit the default's output, log-sum-exp and gradients (every GProj mode, causal and not, N
+a multiple of no tile) on head dim D: ``torch.equal`` per tensor, written to OUT.json.
 
 For head dim 64 and 128, causal and not, bf16, one shape of 2^18 tokens (batch x 16 heads x N), it
 times the forward alone over tile sizes (``fwd_m`` x ``fwd_n``), warps and pipeline stages, and the
@@ -142,9 +147,43 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
     return result
 
 
+def same_numerics(out_path, head_dim: int, change: dict) -> dict:
+    """Bit-for-bit comparison of ``default_config(head_dim)`` and that config with ``change`` applied."""
+    if not torch.cuda.is_available():
+        raise SystemExit("triton_fa2_tune needs a CUDA GPU")
+    from . import triton_fa2 as tfa
+
+    base = tfa.default_config(head_dim)
+    other = tfa.BlockConfig(**{**vars(base), **change})
+    cases = []
+    for n, causal, gproj in itertools.product((300, 1000, 4096), (False, True), tfa.GPROJ_MODES):
+        g = torch.Generator(device="cuda").manual_seed(n)
+        q, k, v, do = (torch.randn(2, 4, n, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+                       for _ in range(4))
+        res = {}
+        for name, cfg in (("base", base), ("other", other)):
+            out, lse = tfa.forward(q, k, v, causal=causal, config=cfg)
+            dq, dk, dv = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, config=cfg)
+            res[name] = dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+        cases.append({"n": n, "causal": causal, "gproj": gproj,
+                      **{f"equal_{t}": bool(torch.equal(res["base"][t], res["other"][t])) for t in res["base"]},
+                      "max_abs_diff_dq": (res["base"]["dq"].float() - res["other"]["dq"].float()).abs().max().item()})
+    result = {"head_dim": head_dim, "base": vars(base), "other": vars(other), "cases": cases,
+              "all_equal": all(all(v for key, v in c.items() if key.startswith("equal_")) for c in cases)}
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    print(f"d={head_dim} {change}: bit-identical in every case: {result['all_equal']}", flush=True)
+    return result
+
+
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
-    if len(args) != 1 or set(opts) - {"--budget-s", "--n"}:
-        raise SystemExit("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192]")
-    main(args[0], budget_s=float(opts.get("--budget-s", 240)), n=int(opts.get("--n", 8192)))
+    if len(args) != 1 or set(opts) - {"--budget-s", "--n", "--same-numerics"}:
+        raise SystemExit("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192]"
+                         " | OUT.json --same-numerics=D:KEY=VALUE,...")
+    if "--same-numerics" in opts:
+        dim, _, pairs = opts["--same-numerics"].partition(":")
+        same_numerics(args[0], int(dim), {key: int(value) for key, value in
+                                          (pair.split("=", 1) for pair in pairs.split(",") if pair)})
+    else:
+        main(args[0], budget_s=float(opts.get("--budget-s", 240)), n=int(opts.get("--n", 8192)))
