@@ -9,6 +9,8 @@ The studies and the trainer write ``from attnum.progress import tqdm`` and use i
   writes nothing to the notebook: it writes plain lines (``[<study>/<run>] <bar>``, at most one per
   ``$ATTNUM_PROGRESS_INTERVAL`` seconds per bar, 10 by default, and the last state) to the kernel's
   original standard error, which is the terminal (or log) of the process that started the kernel.
+  A bar that ends within the interval prints nothing (tqdm's ``delay``), so a sweep of short cells
+  does not print a 0% and a 100% line per bar; a state is never printed twice in a row.
   The executed notebook, and so the published page, holds no progress output.
 * ``off``: no bar at all; ``runner.run(progress=False)`` (``--no-progress``) starts the kernel with it,
   whatever the environment says.
@@ -55,11 +57,13 @@ class TerminalLines:
     def __init__(self, label: str = "", fd: int | None = None):
         self.prefix = f"[{label}] " if label else ""
         self.fd = fd
+        self.last = None
 
     def write(self, text: str) -> int:
         for part in re.split(r"[\r\n]", _ANSI.sub("", text)):
             part = part.strip()
-            if part:
+            if part and part != self.last:
+                self.last = part
                 try:
                     os.write(self.fd if self.fd is not None else _terminal_fd(),
                              f"{self.prefix}{part}\n".encode("utf-8", "replace"))
@@ -87,6 +91,7 @@ def tqdm(*args, **kwargs):
     except ValueError:
         interval = 10.0
     kwargs.update(file=TerminalLines(os.environ.get(LABEL_ENV, "")), mininterval=interval,
-                  maxinterval=max(interval, 10.0), ncols=100, ascii=True, dynamic_ncols=False)
+                  maxinterval=max(interval, 10.0), delay=max(interval, 0.0), ncols=100, ascii=True,
+                  dynamic_ncols=False)
     kwargs.setdefault("miniters", 1)
     return plain(*args, **kwargs)

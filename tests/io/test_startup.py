@@ -256,3 +256,23 @@ def test_the_executing_notebook_is_written_at_most_every_save_every_seconds_and_
         assert len(writes) >= 2 * len(code)
     else:
         assert len(writes) <= 4, writes  # the notebook's start, its end (papermill's two final writes)
+
+
+def test_terminal_bars_print_nothing_when_short_and_never_a_state_twice(monkeypatch):
+    """A bar ending within the interval prints no line; a longer one prints each state once."""
+    import time
+
+    written = []
+    monkeypatch.setenv(progress.ENV, "terminal")
+    monkeypatch.setattr(progress.os, "write", lambda fd, data: written.append(data.decode()) or len(data))
+    monkeypatch.setenv(progress.INTERVAL_ENV, "5")
+    for _ in progress.tqdm(range(3), desc="short"):
+        pass
+    assert written == []
+    monkeypatch.setenv(progress.INTERVAL_ENV, "0.05")
+    for _ in progress.tqdm(range(3), desc="long"):
+        time.sleep(0.06)
+    assert written, "a bar longer than the interval prints its states"
+    assert all("long" in line for line in written)
+    assert len(written) == len(set(written))
+    assert "3/3" in written[-1]
