@@ -247,7 +247,10 @@ def test_real_kernel_readings_on_the_cpu_run(smoke):
     _, ds = smoke
     # both CPU backends return 0 on fully masked rows under a boolean mask and a -inf bias (section 7)
     fully = readings_gpu.real_fully_masked_table(ds)
-    assert (fully.loc["bool"] == "0").all() and (fully.loc["-inf"] == "0").all()
+    for mask in ("bool", "-inf"):
+        assert (fully.loc[(mask, "zero")] == 1.0).all() and (fully.loc[(mask, "nan")] == 0.0).all()
+    # a finite sentinel: every fully masked row is an average over the masked keys, not 0 (section 7)
+    assert (fully.loc[("-5e4", "zero")] == 0.0).all() and (fully.loc[("-5e4", "masked_weight")] == 1.0).all()
     assert {"bool", "-inf"} <= set(readings_gpu.masks_zero_everywhere(ds))
     pad = readings_gpu.real_padding_nan(ds)
     assert (pad.loc["nan_in_masked_key"]["non-finite, least"] == 1.0).all()

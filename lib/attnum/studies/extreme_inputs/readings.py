@@ -259,10 +259,10 @@ def typical_dilution_boundary(ds: xr.Dataset, row_error: float = SEED000_MISSED_
 def dilution_boundary_values(ds: xr.Dataset | None, prefix: str, row_error: float = SEED000_MISSED_ERROR) -> dict:
     """Glue values of ``dilution_boundary`` (one faulty row, relative L2) over the dtypes where the
     tolerance accepts the correct output: the interpolated boundary's smallest and largest value over
-    dtypes and seeds, how many (dtype, seed) cases it was bracketed in, the first missed N, and the
+    dtypes and seeds and their ratio (the spread over the draws), how many (dtype, seed) cases it was bracketed in, the first missed N, and the
     longest N of the run. Values are None (glued as n/a) when ``ds`` is None or has no bracket."""
-    keys = ("boundary_lo", "boundary_hi", "bracketed", "cases", "first_missed_lo", "first_missed_hi",
-            "n_max", "usable_dtypes", "rejecting_dtypes")
+    keys = ("boundary_lo", "boundary_hi", "boundary_spread", "bracketed", "cases", "first_missed_lo",
+            "first_missed_hi", "n_max", "usable_dtypes", "rejecting_dtypes")
     if ds is None or "dil_largest_accepted" not in ds:
         return {f"{prefix}_{k}": None for k in keys}
     table = dilution_boundary(ds, row_error)
@@ -271,6 +271,7 @@ def dilution_boundary_values(ds: xr.Dataset | None, prefix: str, row_error: floa
     rejecting = sorted(set(table.index.get_level_values("dtype")[table["rejects correct"].values]))
     values = {"boundary_lo": int(round(b.min())) if len(b) else None,
               "boundary_hi": int(round(b.max())) if len(b) else None,
+              "boundary_spread": float(b.max() / b.min()) if len(b) else None,
               "bracketed": int(len(b)), "cases": int(len(usable)),
               "first_missed_lo": int(f.min()) if len(f) else None, "first_missed_hi": int(f.max()) if len(f) else None,
               "n_max": int(ds["dil_seq_len"].max()),
