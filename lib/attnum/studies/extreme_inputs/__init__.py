@@ -33,6 +33,7 @@ VARIABLES = {
     "masked_key_influence": ("1", "max |O(v') - O(v)| when V of masked keys is shifted by 100 (0: no weight; NaN: output not finite or no masked key)"),
     "kernel_exception": ("1", "1 if the kernel raised an exception (message in attrs kernel_exceptions)"),
     "family_false_alarm": ("1", "1 if the rule rejects the correct flash kernel (fa2 policy); NaN: golden not finite"),
+    "kernel_name": ("1", "registry name (attnum.kernels) of each (kernel, policy, dtype) of the family sweep"),
     "amplification": ("1", "median rel. L2 error over seeds / the same for N(0, 1) inputs (same kernel, policy, dtype, N)"),
     # overflow
     "overflow_nan_fraction": ("1", "fraction of output entries that are NaN (q = k = v = 65504)"),
