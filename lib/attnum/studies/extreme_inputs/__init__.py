@@ -92,7 +92,7 @@ VARIABLES = {
     "real_other_kernel": ("1", "the second real kernel of a pair (registry name)"),
     "real_dtype": ("1", "input format the real kernel ran in"),
     "real_input": ("1", "input: a family of attnum.inputs or one of the study's REAL_EXTRA_INPUTS"),
-    "real_mask": ("1", "how the input's mask reached the kernel: none (no mask), bool, additive -inf, -5e4 or finfo(dtype).min"),
+    "real_mask": ("1", "how the input's mask reached the kernel: none (no mask), bool (the kernel's boolean mask input: SDPA's attn_mask, FlashInfer's custom_mask), additive -inf, -5e4 or finfo(dtype).min"),
     "real_status": ("1", "ok, or why the kernel gave no output here (unavailable, refused, out of memory, not applicable)"),
     "real_nan_fraction": ("1", "fraction of the real kernel's output entries that are NaN"),
     "real_inf_fraction": ("1", "fraction of the real kernel's output entries that are +-inf"),

@@ -11,21 +11,29 @@ from ...kernels import FAULTS
 from .detection import FIXED_TOLERANCE, SEED000_MISSED_ERROR
 
 
+def _kernel_column(table: pd.DataFrame) -> pd.Series:
+    """The registry name of each row's (kernel, policy, dtype): the ``kernel_name`` coordinate, or for a run
+    written without it the family and the policy (``emulator/fa2_bf16``)."""
+    if "kernel_name" in table:
+        return table["kernel_name"].astype(str)
+    return table["kernel"] + "/" + table["policy"] + "_" + table["dtype"]
+
+
 def amplification_table(ds: xr.Dataset, seq_len: int) -> pd.DataFrame:
-    """Amplification at one N: families down, kernel/policy_dtype across."""
-    amp = ds["amplification"].sel(seq_len=seq_len).to_dataframe()["amplification"].reset_index()
-    amp["column"] = amp["kernel"] + "/" + amp["policy"] + "_" + amp["dtype"]
+    """Amplification at one N: families down, kernels (registry names) across."""
+    amp = ds["amplification"].sel(seq_len=seq_len).to_dataframe().reset_index()
+    amp["column"] = _kernel_column(amp)
     return amp.pivot(index="family", columns="column", values="amplification").loc[list(ds["family"].values)]
 
 
 def finiteness_table(ds: xr.Dataset) -> pd.DataFrame:
     """Per family: golden non-finite fraction, and per kernel/policy/dtype the fraction of entries
-    whose finite-ness disagrees with the golden output (max over N and seeds)."""
+    whose finite-ness disagrees with the golden output (max over N and seeds); kernels by registry name."""
     size = ds["output_size"]
     wrong = (ds["nan_where_golden_finite"] + ds["inf_where_golden_finite"] + ds["finite_where_golden_nonfinite"])
     frac = (wrong / size).max(["seq_len", "seed"])
     table = frac.to_dataframe(name="disagree").reset_index()
-    table["column"] = table["kernel"] + "/" + table["policy"] + "_" + table["dtype"]
+    table["column"] = _kernel_column(table)
     wide = table.pivot(index="family", columns="column", values="disagree")
     gold = (ds["golden_nonfinite"] / size).max(["seq_len", "seed"]).to_dataframe(name="g")["g"].unstack("dtype")
     wide.insert(0, "golden non-finite", gold.max(axis=1))

@@ -162,8 +162,8 @@ REAL_INPUTS = tuple(INPUT_FAMILIES) + REAL_EXTRA_INPUTS
 REAL_MASKS = ("bool", "-inf", "-5e4", "finfo_min")
 
 
-"""How an input's mask reaches the kernel: ``bool``: SDPA's boolean ``attn_mask`` (True: attend;
-SDPA kernels only); ``-inf``, ``-5e4``, ``finfo_min``: an additive bias in the kernel's input format
+"""How an input's mask reaches the kernel: ``bool``: the kernel's boolean mask input (True: attend;
+SDPA's ``attn_mask``, FlashInfer's ``custom_mask``; ``boolean_mask_input``: not applicable to the others); ``-inf``, ``-5e4``, ``finfo_min``: an additive bias in the kernel's input format
 (0 where visible, the value where masked; ``finfo_min`` of the input format). An input without a mask
 runs once, under ``none``."""
 

@@ -7,6 +7,7 @@ run cannot give (a missing experiment, no point that qualifies) is None, which g
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -81,23 +82,25 @@ def finiteness_values(ds: xr.Dataset) -> dict:
 
 # -- section 2: amplification ----------------------------------------------------------------------------
 
-def amplification_values(ds: xr.Dataset) -> dict:
-    """Section 2: the range (over N and both kernels) of the amplification of chosen (policy, dtype,
-    family) groups, keyed ``amp_<policy>_<dtype>_<family>_lo/hi``; and under ``fa2`` at bf16 and fp16 the
-    largest amplification over the finite families other than ``logit_targeted`` (``amp_fa2_low_max``)."""
-    from ...inputs import INPUT_FAMILIES
+PROSE_AMPLIFICATION = (("fa2", "fp16", "logit_targeted"), ("fa2", "bf16", "normal_sigma100"), ("fa2", "bf16", "outliers"),
+                       ("all", "bf16", "normal_sigma10"), ("all", "bf16", "normal_sigma100"), ("all", "bf16", "sawtooth"),
+                       ("all", "bf16", "logit_targeted"), ("fa2", "fp32", "normal_sigma10"), ("fa2", "fp32", "pm_1e6"),
+                       ("fa2", "fp32", "normal_sigma100"))
+"""The (policy family, dtype, family) groups whose amplification section 2's prose states."""
 
+
+def amplification_values(ds: xr.Dataset, groups=PROSE_AMPLIFICATION) -> dict:
+    """Section 2: the range (over N and both kernels) of the amplification of each (policy, dtype, family)
+    group, keyed ``amp_<policy>_<dtype>_<family>_lo/hi`` (None where the run lacks the group); under ``fa2``
+    at bf16 and fp16 the largest amplification over the families other than ``logit_targeted``
+    (``amp_fa2_low_max``); and the largest of all (``amp_max``)."""
     amp = ds["amplification"]
     values = {}
-    for pol in ("fa2", "all"):
-        for fmt in ("bf16", "fp16", "fp32"):
-            for fam in [str(f) for f in INPUT_FAMILIES if f != "normal"]:
-                if fmt not in ds["dtype"].values or fam not in ds["family"].values:
-                    values[f"amp_{pol}_{fmt}_{fam}_lo"] = values[f"amp_{pol}_{fmt}_{fam}_hi"] = None
-                    continue
-                lo, hi = _range(amp.sel(policy=pol, dtype=fmt, family=fam))
-                values[f"amp_{pol}_{fmt}_{fam}_lo"] = lo
-                values[f"amp_{pol}_{fmt}_{fam}_hi"] = hi
+    for pol, fmt, fam in groups:
+        lo = hi = None
+        if fmt in ds["dtype"].values and fam in ds["family"].values:
+            lo, hi = _range(amp.sel(policy=pol, dtype=fmt, family=fam))
+        values[f"amp_{pol}_{fmt}_{fam}_lo"], values[f"amp_{pol}_{fmt}_{fam}_hi"] = lo, hi
     low = [d for d in ("bf16", "fp16") if d in ds["dtype"].values]
     others = [f for f in ds["family"].values if f not in ("normal", "logit_targeted")]
     values["amp_fa2_low_max"] = _range(amp.sel(policy="fa2", dtype=low, family=others))[1] if low else None
@@ -261,11 +264,21 @@ def detection_values(ds: xr.Dataset) -> dict:
             key = str(r).replace(".", "_")
             values[f"dropped_tail_fp16_{key}_n_max"] = int(at.max()) if at.size else None
             values[f"dropped_tail_fp16_{key}_every_n"] = bool(at.size == lens.size)
+    for r in ds["rule"].values:
+        key = str(r).replace(".", "_")
+        for d in [str(x) for x in ds["det_dtype"].values]:
+            values[f"{key}_false_alarm_{d}"] = _f(ds["det_false_alarm_rate"].sel(rule=r, det_dtype=d).mean())
+        values[f"{key}_false_alarm_max"] = _f(ds["det_false_alarm_rate"].sel(rule=r).max())
+        every = [str(f) for f in ds["fault"].values if bool((hit.sel(
+            rule=r, fault=f, severity_level=int(ds["default_level"].sel(fault=f))) == 1).all())]
+        values[f"{key}_caught_every_n"] = len(every)
     for fam in ("normal", "outliers"):
         if fam in ds["det_family"].values and "fp16" in ds["det_dtype"].values:
             x = ds["det_input_abs_max"].sel(det_family=fam, det_dtype="fp16")
             t = [dynamic_threshold(int(n), float(x.sel(det_seq_len=n).max()), "fp16") for n in ds["det_seq_len"].values]
             values[f"dynamic_fp16_{fam}_lo"], values[f"dynamic_fp16_{fam}_hi"] = min(t), max(t)
+    if "dynamic_fp16_normal_hi" in values and "correct_rel_fp16" in values:
+        values["dynamic_fp16_below_correct"] = bool(values["dynamic_fp16_normal_hi"] < values["correct_rel_fp16"])
     return values
 
 
@@ -307,10 +320,11 @@ def dilution_reach(ds: xr.Dataset) -> dict:
 
 # -- section 7: real kernels (CPU) -----------------------------------------------------------------------
 
-def real_error_values(ds: xr.Dataset) -> dict:
-    """Section 7: per kernel and dtype the relative L2 error range over the inputs named below where the
-    kernel's output agrees with the golden value's finite-ness (no zero rows), keyed
-    ``real_<kernel>_<dtype>_<input>_lo/hi`` (kernel names with ``:`` as ``_``), the count of points that
+def real_error_values(ds: xr.Dataset, kernel_names=("sdpa:flash", "sdpa:math")) -> dict:
+    """Section 7: per kernel of ``kernel_names`` (the CPU's two backends, whose outcomes the prose states) and
+    dtype, the relative L2 error on each input named below where the kernel's output agrees with the golden
+    value's finite-ness (no zero rows; else None; on the ``scores_*`` inputs also its zero rows and NaN share), keyed
+    ``real_<kernel>_<dtype>_<input>`` (characters of a kernel name other than [a-z0-9_] as ``_``), the count of points that
     gave no output for a reason other than "not applicable", and the fp32 score spacing at 2 * fp16's
     largest number times sqrt(d)."""
     from .real_kernels import _cells, _real_label
@@ -321,21 +335,21 @@ def real_error_values(ds: xr.Dataset) -> dict:
     values["real_no_output"] = int(sum(1 for s in status if s != "ok" and not s.startswith("not applicable")))
     present = ({str(x) for x in ds["real_kernel"].values}, {str(x) for x in ds["real_dtype"].values},
                {str(x) for x in ds["real_input"].values})
-    kernel_names = list(dict.fromkeys(["sdpa:flash", "sdpa:math", *[str(x) for x in ds["real_kernel"].values]]))
     for k in kernel_names:
-        for f in list(dict.fromkeys(["bf16", "fp16", *[str(x) for x in ds["real_dtype"].values]])):
+        for f in ("bf16", "fp16"):
             for i in ("normal", "pm_1e6", "scores_near_max", "scores_near_min", "scores_beyond_max"):
-                key = f"real_{k.replace(':', '_')}_{f}_{i}"
+                key = re.sub(r"[^a-z0-9_]", "_", f"real_{k}_{f}_{i}".lower())  # a glue key
+                extra = i.startswith("scores_")  # the prose says how these depart
                 if not (k in present[0] and f in present[1] and i in present[2]):
-                    values.update({key: None, f"{key}_ok": None, f"{key}_zero_rows": None, f"{key}_nan": None})
+                    values.update({key: None, **({f"{key}_zero_rows": None, f"{key}_nan": None} if extra else {})})
                     continue
                 c = cell(k, f, i, "none")
                 code, _ = _real_label(c)
                 e = float(c["real_rel_l2_err"])
-                values[f"{key}_ok"] = bool(code == 0)
-                values[f"{key}_zero_rows"] = _f(c["real_zero_rows"])
-                values[f"{key}_nan"] = _f(c["real_nan_fraction"])
                 values[key] = e if code == 0 and math.isfinite(e) else None
+                if extra:
+                    values[f"{key}_zero_rows"] = _f(c["real_zero_rows"])
+                    values[f"{key}_nan"] = _f(c["real_nan_fraction"])
     d = int(ds["real_head_dim"])
     score = 2 * float(torch.finfo(FORMATS["fp16"]).max)
     values["fp32_spacing_2x_fp16_max"] = 2.0 ** (math.floor(math.log2(score)) - 23)
@@ -379,11 +393,13 @@ def spread_values(table: pd.DataFrame) -> dict:
     """The kernel-over-kernel ratio of ``real_kernel_error_spread`` on N(0, 1) inputs and over the extreme
     inputs (every other input): median, least and most, and on how many (dtype, input) points."""
     if not len(table):
-        return dict.fromkeys(("normal_lo", "normal_hi", "extreme_median", "extreme_lo", "extreme_hi",
+        return dict.fromkeys(("extreme_hi_input", "normal_lo", "normal_hi", "extreme_median", "extreme_lo", "extreme_hi",
                               "extreme_points", "extreme_in_3_5"))
     normal = table[table["input"] == "normal"]["most / least"]
     extreme = table[table["input"] != "normal"]["most / least"]
-    return {"normal_lo": _f(normal.min()) if len(normal) else None,
+    top = table.loc[extreme.idxmax()] if len(extreme) else None
+    return {"extreme_hi_input": None if top is None else f"{top['input']} ({top['dtype']})",
+            "normal_lo": _f(normal.min()) if len(normal) else None,
             "normal_hi": _f(normal.max()) if len(normal) else None,
             "extreme_median": _f(extreme.median()) if len(extreme) else None,
             "extreme_lo": _f(extreme.min()) if len(extreme) else None,
