@@ -191,9 +191,9 @@ def test_fp16_overflow_at_65504_needs_fp32_scores_and_max_subtraction():
     assert float(nan.sel(overflow_kernel="textbook", score_format="fp32", max_subtraction="yes")) == 0.0
     assert float(ds["overflow_max_abs_err"].sel(overflow_kernel="textbook", score_format="fp32",
                                                  max_subtraction="yes")) == 0.0
-    assert float(nan.sel(overflow_kernel="flash", score_format="fp32", max_subtraction="yes")) == 0.0
+    assert float(nan.sel(overflow_kernel="emulator", score_format="fp32", max_subtraction="yes")) == 0.0
     for kernel, score, sub in (("textbook", "fp16", "yes"), ("textbook", "fp16", "no"),
-                               ("textbook", "fp32", "no"), ("flash", "fp16", "yes")):
+                               ("textbook", "fp32", "no"), ("emulator", "fp16", "yes")):
         assert float(nan.sel(overflow_kernel=kernel, score_format=score, max_subtraction=sub)) == 1.0
 
 
@@ -450,3 +450,56 @@ def test_pairwise_disagreement_is_zero_against_itself_and_finds_a_different_nan_
     codes, labels = real_kernels.real_outcome_table(ds, "bf16")
     assert labels.loc["fully_masked_rows | -inf", "textbook:fp32"].startswith("NaN")
     assert codes.loc["fully_masked_rows | -inf", "sdpa:math"] == 0.0
+
+
+def test_the_seed_kernels_are_recorded_as_unavailable_on_the_cpu_never_replaced():
+    ds = _real(["sdpa:math", "fa4", "flashinfer:prefill"], ["normal", "fully_masked_rows"])
+    for name in ("fa4", "flashinfer:prefill"):
+        status = ds["real_status"].sel(real_kernel=name)
+        ran = [str(s) for s in status.values.ravel() if not str(s).startswith("not applicable")]
+        reason = kernels.get(name).unavailable_reason("cpu")
+        assert reason and ran and all(s == f"unavailable: {reason}" for s in ran)
+        assert bool(ds["real_rel_l2_err"].sel(real_kernel=name).isnull().all())
+        # no other kernel's output stands in for it: every pair with it is empty
+        assert bool(ds["real_pair_max_abs_diff"].sel(real_kernel=name).isnull().all())
+    assert str(ds["real_status"].sel(real_kernel="sdpa:math", real_dtype="bf16", real_input="normal",
+                                      real_mask="none").values) == "ok"
+
+
+def test_boolean_mask_delivery_per_kernel():
+    assert real_kernels.boolean_mask_input(kernels.get("sdpa:math")) == "bool_mask"
+    assert real_kernels.boolean_mask_input(kernels.get("flashinfer:prefill")) == "custom_mask"
+    assert real_kernels.boolean_mask_input(kernels.get("flashinfer:decode")) is None
+    assert real_kernels.boolean_mask_input(kernels.get("fa4")) is None
+    assert real_kernels.boolean_mask_input(kernels.get("textbook:fp32")) is None
+    ds = _real(["textbook:fp32"], ["fully_masked_rows"], masks=("bool",))
+    assert str(ds["real_status"].sel(real_kernel="textbook:fp32", real_mask="bool").values.ravel()[0]) == \
+        "not applicable: textbook:fp32 takes no boolean mask input"
+
+
+def test_family_sweep_names_its_kernels_as_the_registry_does():
+    ds = experiments.family_sweep(["normal"], [32], ["bf16", "fp16"], [0], batch=1, heads=1, head_dim=16, block_q=16,
+                                  block_k=16, device="cpu", golden_chunk=32, progress=False)
+    assert list(ds["kernel"].values) == ["reference", "emulator"]
+    name = str(ds["kernel_name"].sel(kernel="emulator", policy="fa2", dtype="bf16").values)
+    assert name == "emulator:fa2_bf16:bk16" and kernels.get(name).name == name
+    assert str(ds["kernel_name"].sel(kernel="reference", policy="all", dtype="fp16").values) == "reference:all_fp16"
+    # a run written with the former names reads back in the registry's
+    old = ds.assign_coords(kernel=["reference", "flash"])
+    assert list(real_kernels.with_registry_names(old)["kernel"].values) == ["reference", "emulator"]
+
+
+def test_kernel_error_spread_is_the_ratio_of_two_kernels_errors_on_the_same_input():
+    from attnum.studies.extreme_inputs import values
+
+    ds = _real(["sdpa:math", "sdpa:flash"], ["normal", "normal_sigma10", "special_values"], dtypes=("bf16", "fp16"))
+    table = values.real_kernel_error_spread(ds)
+    assert set(table["input"]) == {"normal", "normal_sigma10"}  # special_values: the golden value is NaN
+    for _, row in table.iterrows():
+        errs = ds["real_rel_l2_err"].sel(real_dtype=row["dtype"], real_input=row["input"], real_mask="none")
+        assert row["most / least"] == pytest.approx(float(errs.max() / errs.min()))
+        assert row["least"] == float(errs.min()) and row["by"] == str(errs.idxmin().values)
+    spread = values.spread_values(table)
+    extreme = table[table["input"] != "normal"]["most / least"]
+    assert spread["extreme_points"] == len(extreme) == 2 and spread["extreme_hi"] == float(extreme.max())
+    assert values.spread_values(values.real_kernel_error_spread(None))["extreme_median"] is None

@@ -247,7 +247,10 @@ def test_real_kernel_readings_on_the_cpu_run(smoke):
     _, ds = smoke
     # both CPU backends return 0 on fully masked rows under a boolean mask and a -inf bias (section 7)
     fully = readings_gpu.real_fully_masked_table(ds)
-    assert (fully.loc["bool"] == "0").all() and (fully.loc["-inf"] == "0").all()
+    for mask in ("bool", "-inf"):
+        assert (fully.loc[(mask, "zero")] == 1.0).all() and (fully.loc[(mask, "nan")] == 0.0).all()
+    # a finite sentinel: every fully masked row is an average over the masked keys, not 0 (section 7)
+    assert (fully.loc[("-5e4", "zero")] == 0.0).all() and (fully.loc[("-5e4", "masked_weight")] == 1.0).all()
     assert {"bool", "-inf"} <= set(readings_gpu.masks_zero_everywhere(ds))
     pad = readings_gpu.real_padding_nan(ds)
     assert (pad.loc["nan_in_masked_key"]["non-finite, least"] == 1.0).all()
@@ -330,3 +333,37 @@ def test_the_study_package_is_light():
     code = "import sys, attnum.studies.extreme_inputs as s; print('torch' in sys.modules, sorted(s.VARIABLES)[:1])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.startswith("False")
+
+
+def test_prose_values_are_the_data_they_summarise(smoke):
+    from attnum.studies.extreme_inputs import values
+
+    _, ds = smoke
+    fin = values.finiteness_values(ds)
+    wrong = (ds["nan_where_golden_finite"] + ds["inf_where_golden_finite"]).sel(policy="fa2")
+    assert (fin["fa2_departing"] == "none") == (float(wrong.max()) == 0)
+    nan16 = ((ds["nan_where_golden_finite"] + ds["inf_where_golden_finite"]) / ds["output_size"]).sel(
+        policy="all", dtype="fp16")
+    assert fin["all_fp16_all_nan"].split(", ") == [str(f) for f in ds["family"].values
+                                                   if float(nan16.sel(family=f).min()) == 1.0]
+    over = values.overflow_values(ds)
+    assert over["only_fp32_and_max"] is True and over["finite_err_max"] == 0.0 and over["head_dim"] == 128
+    sent = values.sentinel_values(ds)
+    zeroed = ds["sentinel_zero_row_fraction"].sel(mask_handling="fill_-5e4").min(["seed", "sentinel_policy"])
+    assert len(sent["fillm5e4_zeroed"].split(", ")) == int(sum(
+        float(zeroed.sel(case=c)) == 1 for c in ds["case"].values if str(c).startswith("logit_")))
+    onset = values.onset_values(ds)
+    table = readings.onset_table(ds)
+    for pol in table.index:
+        assert onset[f"onset_{pol}_predicted"] == pytest.approx(float(table.loc[pol, "predicted onset"]))
+        assert onset[f"onset_{pol}_below_fill"] == pytest.approx(float(ds["onset_fill"]) - onset[f"onset_{pol}_predicted"])
+    amp = values.amplification_values(ds)
+    sub = ds["amplification"].sel(policy="all", dtype="bf16", family="logit_targeted")
+    assert amp["amp_all_bf16_logit_targeted_hi"] == float(sub.max())
+    det = values.detection_values(ds)
+    assert det["correct_rel_bf16"] == float(ds["det_correct_rel_l2_err"].sel(det_dtype="bf16").median())
+    assert det["det_n_max"] == int(ds["det_seq_len"].max())
+    real = values.real_error_values(ds)
+    cell = ds["real_rel_l2_err"].sel(real_kernel="sdpa:math", real_dtype="fp16", real_input="normal", real_mask="none")
+    assert real["real_sdpa_math_fp16_normal"] == float(cell)
+    assert real["real_no_output"] == 0  # both CPU backends take every delivery (section 7)

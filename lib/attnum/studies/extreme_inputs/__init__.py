@@ -33,6 +33,7 @@ VARIABLES = {
     "masked_key_influence": ("1", "max |O(v') - O(v)| when V of masked keys is shifted by 100 (0: no weight; NaN: output not finite or no masked key)"),
     "kernel_exception": ("1", "1 if the kernel raised an exception (message in attrs kernel_exceptions)"),
     "family_false_alarm": ("1", "1 if the rule rejects the correct flash kernel (fa2 policy); NaN: golden not finite"),
+    "kernel_name": ("1", "registry name (attnum.kernels) of each (kernel, policy, dtype) of the family sweep"),
     "amplification": ("1", "median rel. L2 error over seeds / the same for N(0, 1) inputs (same kernel, policy, dtype, N)"),
     # overflow
     "overflow_nan_fraction": ("1", "fraction of output entries that are NaN (q = k = v = 65504)"),
@@ -91,7 +92,7 @@ VARIABLES = {
     "real_other_kernel": ("1", "the second real kernel of a pair (registry name)"),
     "real_dtype": ("1", "input format the real kernel ran in"),
     "real_input": ("1", "input: a family of attnum.inputs or one of the study's REAL_EXTRA_INPUTS"),
-    "real_mask": ("1", "how the input's mask reached the kernel: none (no mask), bool, additive -inf, -5e4 or finfo(dtype).min"),
+    "real_mask": ("1", "how the input's mask reached the kernel: none (no mask), bool (the kernel's boolean mask input: SDPA's attn_mask, FlashInfer's custom_mask), additive -inf, -5e4 or finfo(dtype).min"),
     "real_status": ("1", "ok, or why the kernel gave no output here (unavailable, refused, out of memory, not applicable)"),
     "real_nan_fraction": ("1", "fraction of the real kernel's output entries that are NaN"),
     "real_inf_fraction": ("1", "fraction of the real kernel's output entries that are +-inf"),

@@ -1,7 +1,8 @@
 """Study 02's measurements on the flash emulator: input families, fp16 overflow at 65504, mask sentinels.
 
 * ``family_sweep``: every input family of ``attnum.inputs`` through both kernels (unblocked ``reference``
-  and tiled ``flash``), both policy families (``all_*`` and ``fa2_*``) and every dtype, against the fp64
+  and the tiled ``emulator``: registry families; the coordinate ``kernel_name`` gives each one's full
+  registry name, e.g. ``emulator:fa2_bf16:bk128``), both policy families (``all_*`` and ``fa2_*``) and every dtype, against the fp64
   golden value computed on the inputs the kernel actually read (rounded to its input format);
   ``summarize_families`` adds the error amplification relative to N(0, 1) inputs.
 * ``overflow_experiment``: seed 003's q = k = v = 65504 case, with fp16 or fp32 score accumulation and
@@ -31,7 +32,7 @@ from ...metrics import finite_error_summary, finiteness_counts, mean_rel_error, 
 from ...precision import FORMATS, get_policy, min_subnormal, policy_for
 
 
-KERNELS = ("reference", "flash")
+KERNELS = ("reference", "emulator")  # registry families (attnum.kernels)
 
 
 POLICY_FAMILIES = ("all", "fa2")
@@ -138,7 +139,7 @@ def family_sweep(families, seq_lens, dtypes, seeds, *, batch, heads, head_dim, b
                         if kernel == "reference":
                             result, exc = (outputs[(kernel, pfam)], None), None
                         else:
-                            result, exc = log.call(f"{where} flash {pol.name}", lambda: kernels.emulator(
+                            result, exc = log.call(f"{where} emulator {pol.name}", lambda: kernels.emulator(
                                 pol, block_q=block_q, block_k=block_k).forward(inp.q, inp.k, inp.v,
                                                                                attn_bias=inp.attn_bias))
                         cache[key] = (result, _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols,
@@ -147,7 +148,7 @@ def family_sweep(families, seq_lens, dtypes, seeds, *, batch, heads, head_dim, b
                     result, metrics = cache[key]
                     for m, value in metrics.items():
                         data[m][a, kk, f, d, i, j] = value
-                    if kernel == "flash" and pfam == "fa2" and result is not None and golden_nonfinite[a, d, i, j] == 0:
+                    if kernel == "emulator" and pfam == "fa2" and result is not None and golden_nonfinite[a, d, i, j] == 0:
                         passes = _judge(result, ctx, n, fmt)["passes"]
                         false_alarm[:, a, d, i, j] = [not passes[r] for r in rules]
     dims = ("family", "kernel", "policy", "dtype", "seq_len", "seed")
@@ -159,7 +160,19 @@ def family_sweep(families, seq_lens, dtypes, seeds, *, batch, heads, head_dim, b
     ds["input_overflow"] = (("family", "dtype", "seq_len", "seed"), overflow)
     ds["family_false_alarm"] = (("rule", "family", "dtype", "seq_len", "seed"), false_alarm)
     ds["output_size"] = float(batch * heads * head_dim) * xr.DataArray(list(seq_lens), dims="seq_len")
+    ds = ds.assign_coords(kernel_name=(("kernel", "policy", "dtype"), family_kernel_names(dtypes, block_q, block_k)))
     return ds
+
+
+def family_kernel_names(dtypes, block_q, block_k) -> list:
+    """The registry name of every (kernel, policy family, dtype) of the family sweep
+    (``reference:fa2_bf16``, ``emulator:fa2_bf16:bk128``): the name the kernel has everywhere else."""
+    def name(kernel, pfam, fmt):
+        pol = policy_for(pfam, fmt)
+        impl = kernels.reference(pol) if kernel == "reference" else kernels.emulator(pol, block_q=block_q,
+                                                                                      block_k=block_k)
+        return impl.name
+    return [[[name(k, f, d) for d in dtypes] for f in POLICY_FAMILIES] for k in KERNELS]
 
 
 def _family_metrics(kernel, inp, pol, result, exc, gold, fmt, masked_cols, block_q, block_k, query_chunk, log,
@@ -194,14 +207,14 @@ def summarize_families(ds: xr.Dataset, baseline: str = "normal") -> xr.Dataset:
     return out
 
 
-OVERFLOW_KERNELS = ("textbook", "flash")
+OVERFLOW_KERNELS = ("textbook", "emulator")  # registry families (attnum.kernels)
 
 
 def overflow_experiment(seq_len, head_dim, *, batch, heads, block_q, block_k, device, golden_chunk,
                         log: ExceptionLog | None = None) -> xr.Dataset:
     """q = k = v = 65504 in fp16: fp16 or fp32 score accumulation, with or without max subtraction.
 
-    ``textbook`` is ``textbook_attention``; ``flash`` always subtracts the running max,
+    ``textbook`` is ``textbook_attention``; ``emulator`` (the tiled kernel) always subtracts the running max,
     so its "without" entries are NaN (not applicable). Other stages follow ``fa2_fp16``.
     """
     log = log or ExceptionLog()
@@ -216,9 +229,9 @@ def overflow_experiment(seq_len, head_dim, *, batch, heads, block_q, block_k, de
         for b, score in enumerate(score_formats):
             pol = get_policy("fa2_fp16").replace(score=score)
             for c, sub in enumerate(subtract):
-                if kernel == "flash" and sub == "no":
+                if kernel == "emulator" and sub == "no":
                     continue
-                if kernel == "flash":
+                if kernel == "emulator":
                     fn = lambda: kernels.emulator(pol, block_q=block_q, block_k=block_k).forward(inp.q, inp.k, inp.v)[0]
                 else:
                     fn = lambda: kernels.TextbookKernel(pol, subtract_max=(sub == "yes")).forward(inp.q, inp.k, inp.v)[0]

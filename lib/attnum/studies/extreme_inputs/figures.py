@@ -81,7 +81,7 @@ def plot_onset(ds: xr.Dataset):
         which = np.digitize(logit[order], bins)
         centers = [logit[order][which == b].mean() for b in np.unique(which)]
         rate = [zero[order][which == b].mean() for b in np.unique(which)]
-        line, = ax.plot(centers, rate, marker="os^D"[i % 4], ms=3, ls=styles[i % 4], alpha=0.85, label=f"{policy}")
+        line, = ax.plot(centers, rate, marker="os^D"[i % 4], ms=3, ls=styles[i % 4], alpha=0.85, label=emulator_name(ds, str(policy)))
         ax.axvline(float(ds["onset_predicted_logit"].sel(sentinel_policy=policy)), color=line.get_color(),
                    ls=":", lw=1)
     ax.axvline(float(ds["onset_fill"]), color="k", lw=0.8, ls="--", label="sentinel")
@@ -199,7 +199,7 @@ def plot_dilution(ds: xr.Dataset):
                 big = ds["dil_largest_accepted"].sel(dil_metric=metric, dil_dtype=fmt, dil_faulty_rows=r).min(
                     "dil_seed", skipna=False).values
                 ax.plot(rows_seen, big, marker="o", ms=3, color=colours.get(str(fmt)), ls=styles[k % len(styles)],
-                        label=f"fa2_{fmt}, {int(r)} faulty row{'s' if r > 1 else ''}")
+                        label=f"{emulator_name(ds, f'fa2_{fmt}')}, {int(r)} faulty row{'s' if r > 1 else ''}")
         ax.axhline(0.12, color="k", ls=":", lw=1)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
@@ -208,3 +208,16 @@ def plot_dilution(ds: xr.Dataset):
     axes[0][0].set_ylabel("largest row error accepted")
     axes[0][-1].legend(fontsize="xx-small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return fig
+
+
+def emulator_name(ds: xr.Dataset, policy: str) -> str:
+    """The registry name of the emulator under ``policy`` with the run's tiles (``emulator:fa2_bf16:bk128``):
+    the name a legend gives it; the policy alone where the run's parameters are not in ``ds.attrs``."""
+    import json
+
+    from ... import kernels
+
+    params = json.loads(ds.attrs.get("parameters", "{}") or "{}")
+    if "block_q" not in params or "block_k" not in params:
+        return policy
+    return kernels.emulator(policy, block_q=int(params["block_q"]), block_k=int(params["block_k"])).name

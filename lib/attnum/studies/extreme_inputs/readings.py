@@ -11,21 +11,29 @@ from ...kernels import FAULTS
 from .detection import FIXED_TOLERANCE, SEED000_MISSED_ERROR
 
 
+def _kernel_column(table: pd.DataFrame) -> pd.Series:
+    """The registry name of each row's (kernel, policy, dtype): the ``kernel_name`` coordinate, or for a run
+    written without it the family and the policy (``emulator/fa2_bf16``)."""
+    if "kernel_name" in table:
+        return table["kernel_name"].astype(str)
+    return table["kernel"] + "/" + table["policy"] + "_" + table["dtype"]
+
+
 def amplification_table(ds: xr.Dataset, seq_len: int) -> pd.DataFrame:
-    """Amplification at one N: families down, kernel/policy_dtype across."""
-    amp = ds["amplification"].sel(seq_len=seq_len).to_dataframe()["amplification"].reset_index()
-    amp["column"] = amp["kernel"] + "/" + amp["policy"] + "_" + amp["dtype"]
+    """Amplification at one N: families down, kernels (registry names) across."""
+    amp = ds["amplification"].sel(seq_len=seq_len).to_dataframe().reset_index()
+    amp["column"] = _kernel_column(amp)
     return amp.pivot(index="family", columns="column", values="amplification").loc[list(ds["family"].values)]
 
 
 def finiteness_table(ds: xr.Dataset) -> pd.DataFrame:
     """Per family: golden non-finite fraction, and per kernel/policy/dtype the fraction of entries
-    whose finite-ness disagrees with the golden output (max over N and seeds)."""
+    whose finite-ness disagrees with the golden output (max over N and seeds); kernels by registry name."""
     size = ds["output_size"]
     wrong = (ds["nan_where_golden_finite"] + ds["inf_where_golden_finite"] + ds["finite_where_golden_nonfinite"])
     frac = (wrong / size).max(["seq_len", "seed"])
     table = frac.to_dataframe(name="disagree").reset_index()
-    table["column"] = table["kernel"] + "/" + table["policy"] + "_" + table["dtype"]
+    table["column"] = _kernel_column(table)
     wide = table.pivot(index="family", columns="column", values="disagree")
     gold = (ds["golden_nonfinite"] / size).max(["seq_len", "seed"]).to_dataframe(name="g")["g"].unstack("dtype")
     wide.insert(0, "golden non-finite", gold.max(axis=1))
@@ -259,10 +267,10 @@ def typical_dilution_boundary(ds: xr.Dataset, row_error: float = SEED000_MISSED_
 def dilution_boundary_values(ds: xr.Dataset | None, prefix: str, row_error: float = SEED000_MISSED_ERROR) -> dict:
     """Glue values of ``dilution_boundary`` (one faulty row, relative L2) over the dtypes where the
     tolerance accepts the correct output: the interpolated boundary's smallest and largest value over
-    dtypes and seeds, how many (dtype, seed) cases it was bracketed in, the first missed N, and the
+    dtypes and seeds and their ratio (the spread over the draws), how many (dtype, seed) cases it was bracketed in, the first missed N, and the
     longest N of the run. Values are None (glued as n/a) when ``ds`` is None or has no bracket."""
-    keys = ("boundary_lo", "boundary_hi", "bracketed", "cases", "first_missed_lo", "first_missed_hi",
-            "n_max", "usable_dtypes", "rejecting_dtypes")
+    keys = ("boundary_lo", "boundary_hi", "boundary_spread", "bracketed", "cases", "first_missed_lo",
+            "first_missed_hi", "n_max", "usable_dtypes", "rejecting_dtypes")
     if ds is None or "dil_largest_accepted" not in ds:
         return {f"{prefix}_{k}": None for k in keys}
     table = dilution_boundary(ds, row_error)
@@ -271,6 +279,7 @@ def dilution_boundary_values(ds: xr.Dataset | None, prefix: str, row_error: floa
     rejecting = sorted(set(table.index.get_level_values("dtype")[table["rejects correct"].values]))
     values = {"boundary_lo": int(round(b.min())) if len(b) else None,
               "boundary_hi": int(round(b.max())) if len(b) else None,
+              "boundary_spread": float(b.max() / b.min()) if len(b) else None,
               "bracketed": int(len(b)), "cases": int(len(usable)),
               "first_missed_lo": int(f.min()) if len(f) else None, "first_missed_hi": int(f.max()) if len(f) else None,
               "n_max": int(ds["dil_seq_len"].max()),

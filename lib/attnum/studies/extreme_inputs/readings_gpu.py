@@ -44,38 +44,48 @@ def real_findings_table(ds: xr.Dataset) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=columns).set_index(["dtype", "input", "mask"])
 
 
-def fully_masked_outcome(cell: dict, total: int) -> str:
-    """What one kernel gave on the fully masked rows of one cell: 0 (the golden value), NaN, weight on the
-    masked keys, partly 0, or no output."""
-    if str(np.asarray(cell["real_status"])) != "ok":
-        return "-"
-    if float(cell["real_masked_rows_nan"]) > 0:
-        return "NaN"
-    if float(cell["real_rows_attend_masked"]) > 0 or float(cell["real_nonzero_rows"]) > 0:
-        return "weight on masked keys"
-    return "0" if float(cell["real_masked_rows_zero"]) >= total else "partly 0"
+FULLY_MASKED_OUTCOMES = ("zero", "nan", "masked_weight")
+
+
+def fully_masked_outcome(cell: dict, total: int) -> dict:
+    """What one kernel gave on the ``total`` fully masked rows of one cell, as fractions of those rows:
+    ``zero`` (the golden value), ``nan`` (a NaN in the row) and ``masked_weight`` (rows that gave weight to
+    a masked key, ``real_rows_attend_masked``, over ``total``); every value NaN where the kernel gave no
+    output."""
+    if str(np.asarray(cell["real_status"])) != "ok" or total <= 0:
+        return dict.fromkeys(FULLY_MASKED_OUTCOMES, math.nan)
+    return {"zero": float(cell["real_masked_rows_zero"]) / total, "nan": float(cell["real_masked_rows_nan"]) / total,
+            "masked_weight": min(float(cell["real_rows_attend_masked"]), total) / total}
 
 
 def real_fully_masked_table(ds: xr.Dataset) -> pd.DataFrame:
-    """Mask deliveries down, (kernel, dtype) across: what each kernel gave on the ``fully_masked_rows``
-    input's rows that see no key (``fully_masked_outcome``; the golden value is 0 there)."""
+    """(mask delivery, outcome) down, (kernel, dtype) across: the fractions of the ``fully_masked_rows``
+    input's rows that see no key which each kernel gave as 0 (the golden value), with a NaN, or with
+    weight on masked keys (``fully_masked_outcome``; NaN: no output)."""
     if "fully_masked_rows" not in ds["real_input"].values:
         return pd.DataFrame()
     total = int(ds["real_masked_rows"].sel(real_input="fully_masked_rows").max())
     cell = _cells(ds)
     masks = [m for m in _names(ds, "real_mask") if m != "none"]
-    table = {(k, f): [fully_masked_outcome(cell(k, f, "fully_masked_rows", m), total) for m in masks]
+    table = {(k, f): [fully_masked_outcome(cell(k, f, "fully_masked_rows", m), total)[o]
+                      for m in masks for o in FULLY_MASKED_OUTCOMES]
              for k in _names(ds, "real_kernel") for f in _names(ds, "real_dtype")}
-    return pd.DataFrame(table, index=pd.Index(masks, name="mask"))
+    index = pd.MultiIndex.from_product([masks, FULLY_MASKED_OUTCOMES], names=["mask", "outcome"])
+    return pd.DataFrame(table, index=index)
 
 
 def masks_zero_everywhere(ds: xr.Dataset) -> list[str]:
-    """The mask deliveries that gave 0 on fully masked rows in every kernel and format that ran them."""
+    """The mask deliveries that gave 0 on every fully masked row (no NaN, no weight on masked keys) in every
+    kernel and format that ran them."""
     table = real_fully_masked_table(ds)
     out = []
-    for mask, row in table.iterrows():
-        ran = [v for v in row.values if v != "-"]
-        if ran and all(v == "0" for v in ran):
+    if not len(table):
+        return out
+    for mask in table.index.get_level_values("mask").unique():
+        sub = table.loc[mask]
+        ran = sub.loc["zero"].notna()
+        if ran.any() and bool((sub.loc["zero"][ran] == 1).all() and (sub.loc["nan"][ran] == 0).all()
+                              and (sub.loc["masked_weight"][ran] == 0).all()):
             out.append(str(mask))
     return out
 
@@ -164,15 +174,18 @@ def real_exceptions_by_experiment(ds: xr.Dataset) -> pd.DataFrame:
 
 def real_values(ds: xr.Dataset | None, prefix: str) -> dict:
     """Glue values of a run's real-kernel experiment (None, glued as n/a, where ``ds`` is None): its commit,
-    device, N and d, the kernels, the mask deliveries that gave 0 on fully masked rows everywhere, how many
+    device, N and d, the kernels, what FlashInfer and FA4 ran as (version, and FlashInfer's masked-score
+    sentinel; None where the run has no such kernel), the mask deliveries that gave 0 on fully masked rows everywhere, how many
     (dtype, input, mask) points some kernel departs at, silent errors and single-entry departures."""
     keys = ("commit", "device", "seq_len", "head_dim", "kernels", "zero_masks", "departures", "silent",
-            "silent_checked", "single_departures", "padding_nan_least", "padding_nan_most")
+            "silent_checked", "single_departures", "padding_nan_least", "padding_nan_most", "flashinfer_runs_as",
+            "fa4_runs_as")
     if ds is None or "real_status" not in ds:
         return {f"{prefix}_{k}": None for k in keys}
     pad = real_padding_nan(ds)
     key_pad = pad.loc["nan_in_masked_key"] if "nan_in_masked_key" in pad.index.get_level_values("input") else None
     far = real_far_from_golden(ds)
+    backends = json.loads(ds.attrs.get("real_kernel_backends", "{}"))
     values = {"commit": str(ds.attrs.get("git_commit", ""))[:7], "device": str(ds.attrs.get("device", "")),
               "seq_len": int(ds["real_seq_len"]), "head_dim": int(ds["real_head_dim"]),
               "kernels": ", ".join(_names(ds, "real_kernel")),
@@ -181,5 +194,6 @@ def real_values(ds: xr.Dataset | None, prefix: str) -> dict:
               "silent_checked": int(far.attrs["points_checked"]),
               "single_departures": len(real_single_entry_departures(ds)),
               "padding_nan_least": float(key_pad["non-finite, least"].min()) if key_pad is not None else None,
-              "padding_nan_most": float(key_pad["non-finite, most"].max()) if key_pad is not None else None}
+              "padding_nan_most": float(key_pad["non-finite, most"].max()) if key_pad is not None else None,
+              **{f"{k}_runs_as": backends.get(name) for k, name in (("flashinfer", "flashinfer:prefill"), ("fa4", "fa4"))}}
     return {f"{prefix}_{k}": v for k, v in values.items()}

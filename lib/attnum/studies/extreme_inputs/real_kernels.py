@@ -25,11 +25,27 @@ from . import STUDY
 from .experiments import masked_key_columns, shift_masked_values
 
 
+FORMER_KERNEL_NAMES = {"flash": "emulator"}
+"""Kernel coordinate values of runs written before the family sweep used the registry's family names."""
+
+
+def with_registry_names(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with its ``kernel`` and ``overflow_kernel`` coordinates in the registry's family names (a run
+    written before they were renames ``flash`` to ``emulator``; the data are untouched)."""
+    for dim in ("kernel", "overflow_kernel"):
+        if dim in ds.coords and any(str(v) in FORMER_KERNEL_NAMES for v in ds[dim].values):
+            ds = ds.assign_coords({dim: [FORMER_KERNEL_NAMES.get(str(v), str(v)) for v in ds[dim].values]})
+    return ds
+
+
 def load_gpu_run(name: str = "gpu") -> xr.Dataset | None:
     """The committed run ``<outputs>/extreme_inputs/<name>/results.nc`` (``ncio.committed_run``) if it is
-    present, ran on CUDA and holds the real-kernel experiment, else None."""
+    present, ran on CUDA and holds the real-kernel experiment, else None; kernel coordinates in the
+    registry's names (``with_registry_names``)."""
     ds = committed_run(STUDY, name)
-    return ds if ds is not None and "cuda" in str(ds.attrs.get("device", "")) and "real_status" in ds else None
+    if ds is None or "cuda" not in str(ds.attrs.get("device", "")) or "real_status" not in ds:
+        return None
+    return with_registry_names(ds)
 
 
 def _where(points) -> str:
@@ -87,7 +103,7 @@ def real_kernel_summary(ds: xr.Dataset) -> pd.DataFrame:
 
 
 def emulator_beside_real(ds: xr.Dataset, policy_family: str = "fa2") -> pd.DataFrame:
-    """The emulator (tiled ``flash`` kernel, ``<policy_family>_<dtype>``, -inf masks, family sweep at
+    """The emulator (tiled ``emulator`` kernel, ``<policy_family>_<dtype>``, -inf masks, family sweep at
     its largest N) beside every real kernel (mask ``none`` or ``-inf``) on the inputs both ran: the
     ``_real_label`` text of the real kernel, and for the emulator the same words (NaN/inf where the
     golden value is finite, zero rows, masked-key influence; else its relative L2 error)."""
@@ -101,7 +117,7 @@ def emulator_beside_real(ds: xr.Dataset, policy_family: str = "fa2") -> pd.DataF
         if fmt not in ds["dtype"].values:
             continue
         for fam in fams:
-            cell = emulated.sel(family=fam, dtype=fmt, seq_len=n, kernel="flash", policy=policy_family)
+            cell = emulated.sel(family=fam, dtype=fmt, seq_len=n, kernel="emulator", policy=policy_family)
             seed_max = lambda name: float(cell[name].max("seed"))  # noqa: E731
             issues = []
             size = float(ds["output_size"].sel(seq_len=n))
@@ -146,8 +162,8 @@ REAL_INPUTS = tuple(INPUT_FAMILIES) + REAL_EXTRA_INPUTS
 REAL_MASKS = ("bool", "-inf", "-5e4", "finfo_min")
 
 
-"""How an input's mask reaches the kernel: ``bool``: SDPA's boolean ``attn_mask`` (True: attend;
-SDPA kernels only); ``-inf``, ``-5e4``, ``finfo_min``: an additive bias in the kernel's input format
+"""How an input's mask reaches the kernel: ``bool``: the kernel's boolean mask input (True: attend;
+SDPA's ``attn_mask``, FlashInfer's ``custom_mask``; ``boolean_mask_input``: not applicable to the others); ``-inf``, ``-5e4``, ``finfo_min``: an additive bias in the kernel's input format
 (0 where visible, the value where masked; ``finfo_min`` of the input format). An input without a mask
 runs once, under ``none``."""
 
@@ -203,17 +219,35 @@ def _real_bias(mask: torch.Tensor, mode: str, dtype: torch.dtype) -> torch.Tenso
     return mask_to_bias(mask, value).to(dtype)
 
 
-def _real_forward(kernel, q, k, v, mask, mode: str):
-    """(output, None) of ``kernel`` with the mask delivered as ``mode``, or (None, status)."""
+def boolean_mask_input(kernel) -> str | None:
+    """How ``kernel`` takes a boolean mask: ``"bool_mask"`` (SDPA's boolean ``attn_mask``),
+    ``"custom_mask"`` (FlashInfer's boolean ``custom_mask``, which ``attnum.kernels.flashinfer`` builds
+    from a 0/-inf bias; the kernel then scores masked keys with its own sentinel, ``mask_sentinel()``),
+    or None (no boolean mask input: the ``bool`` delivery is not applicable)."""
+    from ...kernels.flashinfer import FlashInferKernel
     from ...kernels.sdpa import SdpaKernel
 
-    if mode == "bool" and not isinstance(kernel, SdpaKernel):
-        return None, f"not applicable: {kernel.name} takes a mask as an additive bias only (no boolean mask input)"
+    if isinstance(kernel, SdpaKernel):
+        return "bool_mask"
+    if isinstance(kernel, FlashInferKernel) and kernel.mode == "prefill":
+        return "custom_mask"
+    return None
+
+
+def _real_forward(kernel, q, k, v, mask, mode: str):
+    """(output, None) of ``kernel`` with the mask delivered as ``mode``, or (None, status). A kernel that
+    refuses the input, the format or the delivery gives its reason as the status; none is replaced by
+    another kernel."""
+    how = boolean_mask_input(kernel) if mode == "bool" else None
+    if mode == "bool" and how is None:
+        return None, f"not applicable: {kernel.name} takes no boolean mask input"
     try:
         if mode == "none":
             out = kernel.forward(q, k, v)[0]
-        elif mode == "bool":
+        elif how == "bool_mask":
             out = kernel.forward(q, k, v, bool_mask=mask)[0]
+        elif how == "custom_mask":
+            out = kernel.forward(q, k, v, attn_bias=mask_to_bias(mask, -math.inf).to(q.dtype))[0]
         else:
             out = kernel.forward(q, k, v, attn_bias=_real_bias(mask, mode, q.dtype))[0]
     except torch.OutOfMemoryError as exc:
