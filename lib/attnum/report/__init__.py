@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -113,13 +114,50 @@ def _pythonpath() -> str:
     return os.pathsep.join(entries + ([cwd] if cwd not in entries else []))
 
 
+_GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`([^`:]+)(?::([^`]*))?`")
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]<>()#+!|~-])")
+
+
+def _glued_text(value, spec: str | None) -> str:
+    """A glued value as the markdown's text: formatted by the role's spec (numbers), every markdown
+    character of a string escaped (a value is data, never markup)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and spec:
+        text = format(value, spec)
+    else:
+        text = str(value)
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", text)
+
+
+def substitute_glue(nb) -> object:
+    """A copy of an executed notebook whose markdown states the glued values in place of MyST's glue roles
+    (nbconvert renders no MyST roles; the site's MyST-NB does). A role whose key was not glued raises."""
+    import copy
+
+    from ..glue import read_glued
+
+    values = read_glued(nb)
+    out = copy.deepcopy(nb)
+
+    def replace(match):
+        key, spec = match.group(1), match.group(2)
+        if key not in values:
+            raise ReportError(f"the report's markdown refers to {key!r}, which the run did not glue")
+        return _glued_text(values[key], spec)
+
+    for cell in out.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _GLUE_ROLE.sub(replace, cell.source)
+    return out
+
+
 def write_html(notebook: Path, target: Path) -> Path:
-    """The executed notebook as one standalone HTML file, code cells hidden (nbconvert's HTML exporter)."""
+    """The executed notebook as one standalone HTML file, glued values in its prose, code cells hidden
+    (nbconvert's HTML exporter)."""
     import nbformat
     from nbconvert import HTMLExporter
 
     exporter = HTMLExporter()
     exporter.exclude_input = True
-    body, _ = exporter.from_notebook_node(nbformat.read(str(notebook), as_version=4))
+    body, _ = exporter.from_notebook_node(substitute_glue(nbformat.read(str(notebook), as_version=4)))
     target.write_text(body)
     return target
