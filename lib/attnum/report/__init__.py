@@ -93,7 +93,7 @@ def run_report(names, *, device: str = "cpu", tier: str = "quick", against=None,
     injected = {"kernel_names": names, "against": against, "device": device, "tier": tier,
                 "overrides": dict(overrides or {}), "output_dir": str(folder)}
     start = time.perf_counter()
-    with execute._env("PYTHONPATH", _pythonpath()), execute._env("ATTNUM_PROGRESS", None if progress else "off"):
+    with execute._env("PYTHONPATH", _pythonpath(names)), execute._env("ATTNUM_PROGRESS", None if progress else "off"):
         papermill.execute_notebook(str(nb), str(folder / "notebook.ipynb"), parameters=injected,
                                    progress_bar=False, cwd=str(nb.parent), kernel_name="python3")
     if not (folder / "results.nc").exists():
@@ -104,14 +104,31 @@ def run_report(names, *, device: str = "cpu", tier: str = "quick", against=None,
     return folder
 
 
-def _pythonpath() -> str:
-    """The notebook kernel's PYTHONPATH: this attnum first, then this process's entries and its working
-    directory (where a user's ``package.module:function`` kernel is importable from), made absolute."""
+def _module_roots(names) -> list[str]:
+    """The folders this process imported the kernels of one's own (``package.module:function``) from."""
+    import sys
+
+    roots = []
+    for name in names:
+        top = name.split(":", 1)[0].split(".")[0]
+        module = sys.modules.get(top)
+        path = getattr(module, "__file__", None)
+        if path:
+            path = Path(path).resolve()
+            roots.append(str(path.parent.parent if path.name == "__init__.py" else path.parent))
+    return roots
+
+
+def _pythonpath(names=()) -> str:
+    """The notebook kernel's PYTHONPATH: this attnum first, then this process's entries, its working
+    directory and the folders the kernels of one's own were imported from, made absolute."""
     from ..runs import execute
 
     entries = execute.kernel_pythonpath().split(os.pathsep)
-    cwd = os.getcwd()
-    return os.pathsep.join(entries + ([cwd] if cwd not in entries else []))
+    for extra in [os.getcwd()] + _module_roots(names):
+        if extra not in entries:
+            entries.append(extra)
+    return os.pathsep.join(entries)
 
 
 _GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`([^`:]+)(?::([^`]*))?`")
