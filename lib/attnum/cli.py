@@ -92,6 +92,7 @@ def main(argv=None) -> int:
     p_bench.add_argument("--outputs", default=None)
     p_bench.add_argument("--kernel", action="append", default=None, metavar="NAME",
                          help="time this kernel (a registry name or package.module:function) instead; repeatable")
+    p_bench.add_argument("--device", default="cpu", help="device of the --kernel timings (default cpu)")
     p_clean = sub.add_parser("clean", help="remove leftovers of interrupted runs and the rendered site; "
                                            "never results, never a live run")
     p_clean.add_argument("--outputs", default=None)
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
             if args.kernel:
                 from .bench import kernel_main
 
-                return kernel_main(args.kernel, quick=args.quick, outputs=args.outputs)
+                return kernel_main(args.kernel, quick=args.quick, outputs=args.outputs, device=args.device)
             return bench_main(quick=args.quick, outputs=args.outputs)
         elif args.cmd == "report":
             from .report import ReportError, run_report
