@@ -45,6 +45,9 @@ def test_a_fault_in_a_few_rows_is_named_row_by_row_worst_first():
     errors = [float(res.row_error[r]) for r in res.bad_rows]
     assert errors == sorted(errors, reverse=True) and errors[-1] > res.tolerance_row
     assert res.bad_rows[0] == res.worst_row
+    b, h, r = res.worst_row  # the message names the worst row with its error, and how many rows fail of how many
+    assert f"(b={b}, h={h}, row={r}): {float(res.row_error[b, h, r]):.3g}" in str(info.value)
+    assert f"{len(res.bad_rows)} of {res.row_error.numel()} rows" in str(info.value)
 
 
 def test_an_all_bf16_softmax_fails_the_global_check():
