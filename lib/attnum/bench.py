@@ -140,7 +140,69 @@ def main(quick: bool = False, outputs=None) -> int:
     return 0 if all(ok for _, ok, _ in checks) else 1
 
 
+def measure_kernel(name: str, n: int, heads: int, head_dim: int, repeats: int, device: str = "cpu") -> dict:
+    """One registry or user kernel (``package.module:function``) in this process: median forward and
+    forward + backward seconds on bf16 inputs, and peak extra memory of the forward (CPU: ``VmHWM``)."""
+    import torch
+
+    from . import kernels
+    from .inputs import normal_qkv
+    from .timing import median_ms
+
+    kernel = kernels.get(name)
+    kernel.require(device)
+    q, k, v, do = (t.to(device=device, dtype=torch.bfloat16) for t in
+                   normal_qkv(1, heads, n, head_dim, seed=0) + (torch.randn(1, heads, n, head_dim, dtype=torch.float64),))
+    with torch.no_grad():
+        base, exact = _rss_field("VmRSS"), _reset_peak()
+        fwd = median_ms(lambda: kernel.forward(q, k, v), 1, repeats, device) / 1e3
+        peak = _rss_field("VmHWM") - base if exact and device == "cpu" else -1
+
+    def step():
+        out, lse = kernel.forward(q, k, v)
+        kernel.backward(q, k, v, do, **({"out": out, "lse": lse} if lse is not None else {}))
+
+    both = median_ms(step, 1, repeats, device) / 1e3 if kernel.has_backward else None
+    return {"case": f"kernel {name}", "n": n, "heads": heads, "head_dim": head_dim, "seconds": fwd,
+            "forward_backward_seconds": both, "peak_extra_bytes": peak, "device": device,
+            "torch_threads": torch.get_num_threads()}
+
+
+def kernel_main(names, quick: bool = False, outputs=None, device: str = "cpu") -> int:
+    """``bench --kernel NAME``: each kernel timed in its own subprocess; ``bench-kernels.json``."""
+    from .ncio import device_description, git_state, package_versions
+    from .paths import outputs_root
+
+    n, repeats = (1024, 1) if quick else (4096, 3)
+    report = {"machine": device_description(device), "versions": package_versions(), **git_state(),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "quick": quick, "kernels": []}
+    failed = False
+    for name in names:
+        cmd = [sys.executable, "-m", "attnum.bench", "_kernel", name, str(n), "4", "64", str(repeats), device]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            r = {"case": f"kernel {name}", "error": (proc.stderr or proc.stdout)[-2000:]}
+            failed = True
+            print(f"kernel {name}: FAILED {r['error'][-300:]}", flush=True)
+        else:
+            r = json.loads(proc.stdout.strip().splitlines()[-1])
+            fb = r["forward_backward_seconds"]
+            print(f"kernel {name} N={n} H=4 d=64 bf16: forward {r['seconds'] * 1e3:.1f} ms"
+                  + (f", forward+backward {fb * 1e3:.1f} ms" if fb is not None else ", no backward"), flush=True)
+        report["kernels"].append(r)
+    out = Path(outputs) if outputs else outputs_root()
+    path = out / "bench" / ("bench-kernels-quick.json" if quick else "bench-kernels.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2))
+    print(f"wrote {path}")
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "_kernel":
+        name, n, heads, head_dim, repeats = sys.argv[2], *map(int, sys.argv[3:7])
+        print(json.dumps(measure_kernel(name, n, heads, head_dim, repeats, sys.argv[7] if len(sys.argv) > 7 else "cpu")))
+        sys.exit(0)
     if len(sys.argv) >= 2 and sys.argv[1] == "_measure":
         case, n, heads, head_dim, repeats = sys.argv[2], *map(int, sys.argv[3:7])
         print(json.dumps(measure(case, n, heads, head_dim, repeats)))

@@ -90,12 +90,26 @@ def main(argv=None) -> int:
     p_bench = sub.add_parser("bench", help="speed and memory benchmarks")
     p_bench.add_argument("--quick", action="store_true", help="smaller sizes, for trying the harness")
     p_bench.add_argument("--outputs", default=None)
+    p_bench.add_argument("--kernel", action="append", default=None, metavar="NAME",
+                         help="time this kernel (a registry name or package.module:function) instead; repeatable")
+    p_bench.add_argument("--device", default="cpu", help="device of the --kernel timings (default cpu)")
     p_clean = sub.add_parser("clean", help="remove leftovers of interrupted runs and the rendered site; "
                                            "never results, never a live run")
     p_clean.add_argument("--outputs", default=None)
     p_idle = sub.add_parser("idle", help="exit 1 naming the runs in progress, 0 when none is")
     p_idle.add_argument("--outputs", default=None)
     sub.add_parser("train", help="train a GPT (the trainer's own command line: train --help)", add_help=False)
+
+    # -- report: a kernel's numerical report card (attnum.report) --
+    p_report = sub.add_parser("report", help="one kernel report: forward error beside the band of correct kernels, "
+                                             "acceptance rules, extreme inputs, backward, speed")
+    p_report.add_argument("kernel", nargs="+", help="registry names or package.module:function")
+    p_report.add_argument("--device", default="cpu")
+    p_report.add_argument("--tier", default="quick", choices=("quick", "full"))
+    p_report.add_argument("--against", default=None,
+                          help="comma-separated registry kernels set beside them (default: SDPA's backends of the device)")
+    p_report.add_argument("--outputs", default=None)
+    p_report.add_argument("--name", default=None, help="report folder name (default: from the kernel names)")
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["train"]:  # the trainer parses its own options; imported only when asked for
@@ -155,7 +169,22 @@ def main(argv=None) -> int:
         elif args.cmd == "bench":
             from .bench import main as bench_main
 
+            if args.kernel:
+                from .bench import kernel_main
+
+                return kernel_main(args.kernel, quick=args.quick, outputs=args.outputs, device=args.device)
             return bench_main(quick=args.quick, outputs=args.outputs)
+        elif args.cmd == "report":
+            from .report import ReportError, run_report
+
+            against = None if args.against is None else [a for a in args.against.split(",") if a]
+            try:
+                folder = run_report(args.kernel, device=args.device, tier=args.tier, against=against,
+                                    outputs=args.outputs, name=args.name)
+            except ReportError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            print(f"wrote {folder} (notebook.ipynb, results.nc, report.html)")
         elif args.cmd == "idle":
             live = runs.live_runs(args.outputs)
             if live:

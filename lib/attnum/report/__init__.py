@@ -1,0 +1,180 @@
+"""``python -m attnum report KERNEL [KERNEL ...]``: is a kernel's error what a correct kernel of its
+precision makes, and where does it break? One executed notebook (``notebooks/report.ipynb``), its
+``results.nc`` and a standalone HTML page under ``<outputs>/report/<name>/``.
+
+``experiments`` (the studies' kernel-facing experiments called as they are), ``rates`` (false alarms
+and misses of ``attnum.testing.assert_attention_close``), ``readings`` (verdicts, tables, glued values).
+Tiers: ``params/report/<tier>.yaml`` (``quick``: minutes on a CPU; ``full``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+TIERS = ("quick", "full")
+NOTEBOOK = "report.ipynb"
+
+
+class ReportError(ValueError):
+    """Bad input to the report (a kernel that cannot run, an unknown tier): the message says what."""
+
+
+def _root() -> Path:
+    return Path(__file__).resolve().parents[3]
+
+
+def load_tier(tier: str) -> dict:
+    """The sizes of a tier (``params/report/<tier>.yaml``)."""
+    import yaml
+
+    if tier not in TIERS:
+        raise ReportError(f"unknown tier {tier!r}; tiers: {list(TIERS)}")
+    return yaml.safe_load((_root() / "params" / "report" / f"{tier}.yaml").read_text())
+
+
+def default_against(device: str) -> list[str]:
+    """Registry kernels set beside the kernels under test: SDPA's backends that run on ``device``."""
+    return ["sdpa:math"] if device == "cpu" else ["sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "sdpa:math"]
+
+
+def check_kernels(names, device: str) -> None:
+    """Every name builds a kernel that runs forward and backward on a tiny input on ``device``
+    (``kernels.check_runs``), else a ``ReportError`` naming each problem, before any measurement."""
+    import torch
+
+    from .. import kernels
+
+    if not names:
+        raise ReportError("name at least one kernel (a registry name or package.module:function)")
+    problems = []
+    for name in names:
+        try:
+            kernel = kernels.get(name)
+        except ValueError as exc:
+            problems.append(str(exc))
+            continue
+        dtype = torch.bfloat16
+        reason = kernels.check_runs(kernel, device, dtype=dtype)
+        if reason:
+            problems.append(f"kernel {name!r} cannot be measured on {device}: {reason}")
+    if problems:
+        raise ReportError("; ".join(problems))
+
+
+def report_name(names) -> str:
+    """A folder name from the kernels: their names with ':' and '.' as '-', at most 80 characters."""
+    text = "+".join("".join(c if c.isalnum() or c in "_-" else "-" for c in n) for n in names)
+    return text[:80] or "report"
+
+
+def run_report(names, *, device: str = "cpu", tier: str = "quick", against=None, outputs=None,
+               overrides: dict | None = None, name: str | None = None, html: bool = True,
+               progress: bool = True) -> Path:
+    """Check the kernels, execute the report notebook with papermill into ``<outputs>/report/<name>/``
+    (``notebook.ipynb``, ``results.nc``), then render ``report.html`` (nbconvert). Returns the folder."""
+    from ..paths import outputs_root
+    from ..runs import execute
+    from ..runs.params import import_papermill
+
+    names = list(dict.fromkeys(names))
+    against = default_against(device) if against is None else list(against)
+    params = load_tier(tier)
+    unknown = sorted(set(overrides or {}) - set(params))
+    if unknown:
+        raise ReportError(f"unknown report parameter(s) {unknown}; parameters: {sorted(params)}")
+    check_kernels(names + [a for a in against if a not in names], device)
+    folder = (Path(outputs).resolve() if outputs else outputs_root()) / "report" / (name or report_name(names))
+    folder.mkdir(parents=True, exist_ok=True)
+    papermill = import_papermill()
+    nb = _root() / "notebooks" / NOTEBOOK
+    injected = {"kernel_names": names, "against": against, "device": device, "tier": tier,
+                "overrides": dict(overrides or {}), "output_dir": str(folder)}
+    start = time.perf_counter()
+    with execute._env("PYTHONPATH", _pythonpath(names)), execute._env("ATTNUM_PROGRESS", None if progress else "off"):
+        papermill.execute_notebook(str(nb), str(folder / "notebook.ipynb"), parameters=injected,
+                                   progress_bar=False, cwd=str(nb.parent), kernel_name="python3")
+    if not (folder / "results.nc").exists():
+        raise ReportError(f"the report notebook finished without writing {folder / 'results.nc'}")
+    if html:
+        write_html(folder / "notebook.ipynb", folder / "report.html")
+    (folder / "REPORT.json").write_text(json.dumps({**injected, "seconds": time.perf_counter() - start}, indent=2))
+    return folder
+
+
+def _module_roots(names) -> list[str]:
+    """The folders this process imported the kernels of one's own (``package.module:function``) from."""
+    import sys
+
+    roots = []
+    for name in names:
+        top = name.split(":", 1)[0].split(".")[0]
+        module = sys.modules.get(top)
+        path = getattr(module, "__file__", None)
+        if path:
+            path = Path(path).resolve()
+            roots.append(str(path.parent.parent if path.name == "__init__.py" else path.parent))
+    return roots
+
+
+def _pythonpath(names=()) -> str:
+    """The notebook kernel's PYTHONPATH: this attnum first, then this process's entries, its working
+    directory and the folders the kernels of one's own were imported from, made absolute."""
+    from ..runs import execute
+
+    entries = execute.kernel_pythonpath().split(os.pathsep)
+    for extra in [os.getcwd()] + _module_roots(names):
+        if extra not in entries:
+            entries.append(extra)
+    return os.pathsep.join(entries)
+
+
+_GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`([^`:]+)(?::([^`]*))?`")
+_MARKDOWN_SPECIALS = re.compile(r"([\\`*_{}\[\]<>()#+!|~-])")
+
+
+def _glued_text(value, spec: str | None) -> str:
+    """A glued value as the markdown's text: formatted by the role's spec (numbers), every markdown
+    character of a string escaped (a value is data, never markup)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and spec:
+        text = format(value, spec)
+    else:
+        text = str(value)
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", text)
+
+
+def substitute_glue(nb) -> object:
+    """A copy of an executed notebook whose markdown states the glued values in place of MyST's glue roles
+    (nbconvert renders no MyST roles; the site's MyST-NB does). A role whose key was not glued raises."""
+    import copy
+
+    from ..glue import read_glued
+
+    values = read_glued(nb)
+    out = copy.deepcopy(nb)
+
+    def replace(match):
+        key, spec = match.group(1), match.group(2)
+        if key not in values:
+            raise ReportError(f"the report's markdown refers to {key!r}, which the run did not glue")
+        return _glued_text(values[key], spec)
+
+    for cell in out.cells:
+        if cell.cell_type == "markdown":
+            cell.source = _GLUE_ROLE.sub(replace, cell.source)
+    return out
+
+
+def write_html(notebook: Path, target: Path) -> Path:
+    """The executed notebook as one standalone HTML file, glued values in its prose, code cells hidden
+    (nbconvert's HTML exporter)."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter()
+    exporter.exclude_input = True
+    body, _ = exporter.from_notebook_node(substitute_glue(nbformat.read(str(notebook), as_version=4)))
+    target.write_text(body)
+    return target
