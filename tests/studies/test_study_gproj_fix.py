@@ -14,7 +14,7 @@ from attnum import kernels, ncio, runs
 from attnum.kernels import FIXES
 from attnum.model import GPTConfig
 from attnum.studies import gproj_fix
-from attnum.studies.gproj_fix import experiments, prose, readings, real_kernels
+from attnum.studies.gproj_fix import experiments, readings, readings_claims, readings_costs, real_kernels
 from attnum.train import Task
 from attnum.train import TrainConfig
 
@@ -136,6 +136,42 @@ def test_fix_training_and_tables():
     assert summary.loc["none", "EMULATION (CPU): fwd+bwd time / base"] == 1.0
 
 
+def test_grid_values_read_the_statements_numbers():
+    ds = _grid_like()  # gproj_dq_dk: 2e-3 everywhere; none nearest 219% at sharpness 1, |mu| 1000
+    dims = ds["grid_dq_err"].dims
+    p99 = np.full(ds["grid_dq_err"].shape, 1e-3)
+    p99[1, 1, 1] = 0.02  # gproj_dq_dk, the sharpest rows, |mu| = 100
+    ds["grid_dk_err_p99"] = (dims, p99)
+    values = readings.grid_values(ds)
+    assert values["gproj_max_mu_max"] == 2e-3 and values["gproj_top"] == 2e-3
+    assert (values["gproj_near_min"], values["gproj_near_max"]) == (2e-3, 2e-3)
+    assert (values["near_mu_min"], values["near_mu_max"]) == (1000.0, 1000.0)
+    assert values["gproj_dq_dk_dk_p99"] == 0.02
+    assert values["stable_dk_top"] is None  # no stable_max on this grid
+    reg = xr.Dataset({"regime_out_err_coherence": (("regime", "fix", "seed"), [[[0.4], [0.1]]]),
+                      "regime_out_err": (("regime", "fix", "seed"), [[[1e-3], [2e-3]]])},
+                     coords={"regime": ["tied_max_negative_v"], "fix": ["none", "stable_max"], "seed": [0]})
+    assert readings.stable_coherence_ratio(reg) == pytest.approx(4.0)
+    assert readings.stable_table(reg).loc["tied_max_negative_v", "output error, stable_max"] == 2e-3
+    assert readings.stable_coherence_ratio(reg.sel(fix=["none"])) is None
+
+
+def test_exact_problem_and_analytic_cost_values():
+    ds = experiments.fix_grid([1.0], [0.0, 30.0, 10000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
+                              block_k=16, stable_beta=2.0, golden_chunk=32, real_kernels=(), progress=False)
+    values = readings.exact_problem_values(ds)
+    assert (values["trusted_mu"], values["top_mu"], values["all_trusted"], values["exact_n"]) == (30.0, 10000.0, False, 64)
+    assert values["top_exact_dq_change"] == float(ds["grid_exact_dq_change"].sel(mu_norm=10000.0).max())
+    assert values["top_distinct_values"] == float(ds["grid_distinct_key_values"].sel(mu_norm=10000.0).min()) * 64
+    costs = experiments.fix_costs(["none", "gproj_dq"], seq_len=256, head_dim=32, block=64, causal=True,
+                                  timing_seq_len=32, timing_head_dim=8, block_q=8, block_k=8, stable_beta=2.0, repeats=1)
+    cost = readings.analytic_cost_values(costs)
+    assert cost["cost_none_vs_backward"] == 0.0 and cost["cost_gproj_dq_vs_backward"] > 0
+    assert cost["cost_gproj_dq_vs_attention"] < cost["cost_gproj_dq_vs_backward"]  # a backward share is larger
+    assert cost["cost_mean_key_vs_backward"] is None  # not counted on this run
+    assert cost["peak_bf16_tflops"] == 989.4 and cost["peak_bf16_over_fp32"] == pytest.approx(989.4 / 66.9)
+
+
 # -- the exact problem against |mu|, real kernels, measured costs, seed 004's claims ---------------
 
 def test_rounded_offset_changes_the_exact_problem():
@@ -176,12 +212,12 @@ def test_emulator_equivalents_of_real_kernels():
 
 
 def test_real_kernels_on_the_grid_on_a_cpu():
-    real = ["sdpa:math", "triton:fa2", "sdpa:cudnn"]
+    real = ["sdpa:math", "triton:fa2", "sdpa:cudnn", "fa4"]
     ds = experiments.fix_grid([1.0, 16.0], [0.0, 1000.0], [64], [16], [0], fixes=["none", "gproj_dq"], block_q=16,
                               block_k=16, stable_beta=2.0, golden_chunk=32, real_kernels=real, progress=False)
     status = ds["real_status"].squeeze()
     assert status.sel(real_kernel="sdpa:math").item() == "ok"
-    for name in ("triton:fa2", "sdpa:cudnn"):  # CUDA only: recorded, never replaced by another kernel
+    for name in ("triton:fa2", "sdpa:cudnn", "fa4"):  # CUDA only: recorded, never replaced by another kernel
         assert status.sel(real_kernel=name).item().startswith("unavailable")
         assert ds["real_dq_err"].sel(real_kernel=name).isnull().all()
     math_err = ds["real_dq_err"].sel(real_kernel="sdpa:math")
@@ -190,15 +226,24 @@ def test_real_kernels_on_the_grid_on_a_cpu():
     assert float(none.sel(mu_norm=1000.0)) > 10 * float(math_err.isel(sharpness=1).sel(mu_norm=1000.0).squeeze())
     assert np.isfinite(ds["real_emul_dq_err"].sel(real_kernel="sdpa:math")).all()
     assert ds["real_equivalent"].sel(real_kernel="sdpa:math").item() == "emulator:fp32:bk64"
-    assert readings.has_real(ds) and not readings.has_timings(ds)
+    assert "CUDA GPUs only" in status.sel(real_kernel="fa4").item()
+    assert ds["real_equivalent"].sel(real_kernel="fa4").item() == "emulator:fa2_bf16:bk128:fused"
+    assert readings.has_real(ds) and not readings_costs.has_timings(ds)
     table = readings.real_kernel_table(ds)
     assert table.index.get_level_values("kernel").unique().tolist() == ["sdpa:math"]
-    text = prose.real_kernel_summary(ds)
-    assert "`triton:fa2`: no gradients" in text and "`sdpa:math`: median dQ error" in text
+    summary = readings.real_kernel_summary_table(ds)
+    assert summary.index.tolist() == real  # a kernel that gave no gradients keeps its row
+    assert summary.loc["fa4", "status"].startswith("unavailable") and np.isnan(summary.loc["fa4", "dQ err |mu|=0 min"])
+    math_zero = math_err.isel(mu_norm=0).squeeze()
+    assert summary.loc["sdpa:math", "dQ err |mu|=0 min"] == float(math_zero.min())
+    assert summary.loc["sdpa:math", "dQ err |mu|=0 max"] == float(math_zero.max())
+    assert summary.loc["sdpa:math", "equivalent"] == "emulator:fp32:bk64"
+    assert readings.sharp_floor_table(ds) is None and readings.fidelity_table(ds) is None  # our kernel did not run
+    assert readings.sharp_floor_values(ds)["floor_reached"] is None
 
 
 def test_real_timings_on_a_cpu_and_the_analytic_count():
-    ds = real_kernels.real_timings(["sdpa:math", "triton:fa2", "triton:fa2:gproj_dq"], seq_len=32, tokens=64,
+    ds = real_kernels.real_timings(["sdpa:math", "triton:fa2", "triton:fa2:gproj_dq", "fa4"], seq_len=32, tokens=64,
                             head_dims=[16], causal=[False, True], fp32_kernels=["sdpa:math", "triton:fa2"], warmup=1,
                             repeats=2, progress=False)
     math_t = ds["timing_fwd_bwd_ms"].sel(timing_kernel="sdpa:math")
@@ -206,12 +251,17 @@ def test_real_timings_on_a_cpu_and_the_analytic_count():
     tri = ds["timing_status"].sel(timing_kernel="triton:fa2")
     assert all(str(x).startswith("unavailable") for x in tri.values.ravel())
     assert (ds["timing_status"].sel(timing_kernel="triton:fa2:gproj_dq", timing_dtype="fp32") == "not requested").all()
+    fa4 = ds["timing_status"].sel(timing_kernel="fa4", timing_dtype="bf16")
+    assert all(str(x).startswith("unavailable: FlashAttention-4 runs on CUDA GPUs only") for x in fa4.values.ravel())
+    assert ds["timing_fwd_bwd_ms"].sel(timing_kernel="fa4").isnull().all()
     analytic = ds["timing_analytic_fwd_bwd_ms"].sel(timing_dtype="bf16", timing_head_dim=16, timing_causal=0)
     assert float(analytic.sel(timing_kernel="triton:fa2:gproj_dq")) > float(analytic.sel(timing_kernel="triton:fa2")) > 0
     assert ds["timing_analytic_fwd_bwd_ms"].sel(timing_kernel="sdpa:math").isnull().all()
     assert ds.attrs["real_timing_heads"] == 2 and ds.attrs["timing_gpu"] == "none"
-    table = readings.measured_cost_table(ds)
+    table = readings_costs.measured_cost_table(ds)
     assert table.loc[("sdpa:math", "bf16", 16, False), "fwd+bwd ms"] > 0
+    assert table.loc[("fa4", "bf16", 16, True), "status"].startswith("unavailable")  # refused, kept as a row
+    assert readings_costs.call_targets_table(ds) is None  # no GPU timings
 
 
 def test_triton_fa2_cost_counts_the_kernels_gemms():
@@ -255,28 +305,42 @@ def _claims_dataset(gproj_ms=10.4, fp32_ms=40.0):
 
 def test_seed004_claims_from_measured_times():
     ds = _claims_dataset()
-    assert readings.has_timings(ds)
-    claims = prose.seed004_claims(ds)
-    assert claims.loc["GProj costs +4.7% of a training step", "reproduced?"].startswith("yes")
-    fp32 = claims.loc["FP32 attention costs +33.4% of a training step"]
-    assert "+300%" in fp32["ours"] and fp32["reproduced?"].startswith("no")  # 300 / 4 = 75x GProj's, theirs 7.1x
-    before_after = claims.loc["median dQ error 219% -> 0.34% with GProj (emulator, gproj_dq)"]
-    assert before_after["ours"] == "2.5 -> 0.002 (|mu| <= 1000, trusted)"
-    assert before_after["reproduced?"].startswith("yes")
-    assert claims.loc["median dQ error 219% -> 0.34% with GProj (our Triton kernel)", "ours"] == "not measured here"
-    assert claims.loc["fused scale-max: P at the row max is not exactly 1", "ours"].startswith("50%-50%")
+    assert readings_costs.has_timings(ds)
+    claims = readings_claims.seed004_claims(ds)
+    assert tuple(claims.columns) == readings_claims.CLAIM_COLUMNS
+    assert claims.loc["call_gproj", "ours"] == pytest.approx(0.04) and claims.loc["call_gproj", "reproduced"] is True
+    assert claims.loc["call_gproj", "over"] == "triton:fa2" and claims.loc["call_gproj", "theirs"] == 0.047
+    fp32 = claims.loc["call_fp32_ratio"]  # ours fed fp32: +300%, 300 / 4 = 75x GProj's extra, theirs 7.1x
+    assert fp32["kernel"] == "triton:fa2" and fp32["ours"] == pytest.approx(75.0) and fp32["reproduced"] is False
+    emu = claims.loc["dq_emulator"]  # nearest 219%: sharpness 1, |mu| 1000 (trusted: no exact change)
+    assert (emu["sharpness"], emu["|mu|"], emu["trusted"]) == (1.0, 1000.0, True)
+    assert (emu["ours"], emu["ours after"], emu["reproduced"]) == (2.5, 2e-3, True)
+    assert "dq_emulator_changed" not in claims.index and "dq_triton" not in claims.index  # our kernel did not run
+    values = readings_claims.claims_values(claims)
+    assert values["dq_emulator_verdict"] == "reproduced" and values["dq_triton_verdict"] == "not measured"
+    assert values["dq_triton_ours"] is None and values["step_gproj_verdict"] == "not measured"  # no step timings
+    assert values["call_gproj_flash_verdict"] == "not measured"  # sdpa:flash not timed
+    assert readings_claims.p_max_values(ds) == {"p_max_not_one_min": 0.5, "p_max_not_one_max": 0.5,
+                                                "p_max_not_one_occurs": True}
     # when rounding changed the exact problem beyond |mu| = 100, the claim is judged there first
     changed = _claims_dataset()
     changed["grid_exact_dq_change"].loc[dict(mu_norm=1000.0)] = 1.0
-    row = prose.seed004_claims(changed).loc["median dQ error 219% -> 0.34% with GProj (emulator, gproj_dq)"]
-    assert row["ours"].startswith("0.6 -> 0.002 (|mu| <= 100, trusted); 2.5 -> 0.002 at |mu| 1000 (changed problem)")
-    assert row["reproduced?"].startswith("partly") and "beyond them (a changed exact problem): yes" in row["reproduced?"]
-    slow = prose.seed004_claims(_claims_dataset(gproj_ms=11.0, fp32_ms=19.0))
-    assert slow.loc["GProj costs +4.7% of a training step", "reproduced?"].startswith("not at the step level")
-    assert "within 2x" in slow.loc["FP32 attention costs +33.4% of a training step", "reproduced?"]  # 9x vs 7.1x
-    table = readings.measured_cost_table(ds)
+    claims = readings_claims.seed004_claims(changed)
+    row, far = claims.loc["dq_emulator"], claims.loc["dq_emulator_changed"]
+    assert (row["|mu|"], row["sharpness"], row["ours"], row["reproduced"]) == (100.0, 8.0, 0.6, False)
+    assert (far["|mu|"], far["trusted"], far["ours"], far["reproduced"]) == (1000.0, False, 2.5, True)
+    slow = readings_claims.seed004_claims(_claims_dataset(gproj_ms=11.0, fp32_ms=19.0))
+    assert slow.loc["call_gproj", "reproduced"] is False  # +10% per call: above +4.7%
+    assert slow.loc["call_fp32_ratio", "ours"] == pytest.approx(9.0) and slow.loc["call_fp32_ratio", "reproduced"]
+    table = readings_costs.measured_cost_table(ds)
     assert table.loc[("triton:fa2:gproj_dq", "bf16", 128, False), "fwd+bwd / triton:fa2 (measured)"] == pytest.approx(1.04)
     assert table.loc[("triton:fa2", "fp32", 128, False), "fwd+bwd / triton:fa2 (measured)"] == pytest.approx(4.0)
+
+
+def test_before_after_criterion():
+    assert readings_claims.before_after_reproduced(2.19 * 1.9, 0.0034 * 2.9)
+    assert not readings_claims.before_after_reproduced(2.19 * 2.1, 0.001)  # not within 2x of 219%
+    assert not readings_claims.before_after_reproduced(2.19, 0.0034 * 3.1)  # above 3x 0.34%
 
 
 def test_bench_summary_reads_the_benchmark_file(tmp_path):
@@ -287,25 +351,35 @@ def test_bench_summary_reads_the_benchmark_file(tmp_path):
     cases.append({"impl": "sdpa_efficient_attention", "n": 4096, "d": 128, "causal": False, "status": "refused"})
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"environment": {"gpu": "test"}, "cases": cases}))
-    table, env = readings.bench_summary(path)
-    row = table.loc[(4096, 128, False)]
-    assert row["GProj dq extra"] == pytest.approx(0.05) and row["FP32 backward extra"] == pytest.approx(4.0)
-    assert row["/ sdpa:flash"] == pytest.approx(1.25) and env == {"gpu": "test"}
-    assert np.isnan(row["fwd / sdpa:flash"])  # no per-pass times in these cases
-    assert readings.bench_summary(tmp_path / "absent.json") == (None, None)
+    table, env = readings_costs.bench_summary(path)
+    row = table.loc[(4096, 128, False)]  # columns name kernels by their registry names
+    assert row["triton:fa2:gproj_dq / triton:fa2 - 1"] == pytest.approx(0.05)
+    assert row["triton:fa2:fp32_bwd / triton:fa2 - 1"] == pytest.approx(4.0)
+    assert row["triton:fa2 / sdpa:flash"] == pytest.approx(1.25) and env == {"gpu": "test"}
+    assert row["triton:fa2 / flex"] == pytest.approx(10 / 6) and row["triton:fa2 / sdpa:cudnn"] == pytest.approx(2.0)
+    assert np.isnan(row["fwd: triton:fa2 / sdpa:flash"])  # no per-pass times in these cases
+    assert readings_costs.bench_summary(tmp_path / "absent.json") == (None, None)
     for case in cases:
         if case["impl"] in ("triton_fa2", "sdpa_flash_attention"):
             case.update(fwd_ms=case["fwd_bwd_ms"] / 4, bwd_ms=case["fwd_bwd_ms"] * 3 / 4)
         if case["impl"] == "triton_fa2_gproj_dq":
             case["fwd_bwd_ms"] = 10.4  # +4%: within the target
     path.write_text(json.dumps({"environment": {"gpu": "test"}, "cases": cases}))
-    table, _ = readings.bench_summary(path)
-    assert table.loc[(4096, 128, False), "bwd / sdpa:flash"] == pytest.approx(1.25)
-    text = prose.bench_targets_summary(table)
-    assert "is met at 1 of 1 shapes: N 4096, d 128, no mask)" in text
-    assert "1.25-1.25x PyTorch's FlashAttention-2 time (target: at most 1x at N >= 4096; met at 0 of 1 shapes)" in text
-    assert "d = 128: forward 1.25-1.25x, backward 1.25-1.25x" in text
-    assert prose.bench_targets_summary(None) == ""
+    table, _ = readings_costs.bench_summary(path)
+    assert table.loc[(4096, 128, False), "bwd: triton:fa2 / sdpa:flash"] == pytest.approx(1.25)
+    values = readings_costs.bench_target_values(table)
+    assert (values["gproj_met"], values["flash_met"], values["flash_shapes"], values["flex_met"]) == (1, 0, 1, 0)
+    assert values["gproj_dq_dk_min"] == pytest.approx(0.2) and values["over_cudnn_max"] == pytest.approx(2.0)
+    assert readings_costs.bench_gproj_met_table(table).index.tolist() == [(4096, 128, False)]
+    passes = readings_costs.bench_pass_table(table)
+    assert passes.loc[128, ("bwd: triton:fa2 / sdpa:flash", "max")] == pytest.approx(1.25)
+    absent = readings_costs.bench_target_values(None)
+    assert absent["gproj_met"] == 0 and np.isnan(absent["over_flex_min"])
+    assert readings_costs.bench_pass_table(None) is None
+    cases.append({"impl": "someone_elses_kernel", "n": 4096, "d": 128, "causal": False, "status": "ok", "fwd_bwd_ms": 1.0})
+    path.write_text(json.dumps({"environment": {}, "cases": cases}))
+    with pytest.raises(ValueError, match="someone_elses_kernel"):
+        readings_costs.bench_summary(path)
 
 
 @pytest.mark.gpu
@@ -341,11 +415,49 @@ def test_gpu_real_kernels_on_the_grid_and_timed():
     assert steps["step_status"].sel(step_kernel="triton:fa2", step_dtype="fp32").item() == "ok"
 
 
+@pytest.mark.gpu
+def test_gpu_fa4_on_the_grid_and_timed_beside_our_kernel():
+    """FlashAttention-4 (FlashAttention-3's design on Hopper) through the study's grid and timings: it runs, or
+    its refusal is recorded with the reason; its unfixed dQ error grows with the key offset, as seed 004 says
+    of FlashAttention-3, while our kernel's GProj does not."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    for name in ("fa4", "triton:fa2"):
+        reason = kernels.get(name).unavailable_reason("cuda")
+        if reason:
+            pytest.skip(f"{name}: {reason}")
+    real = ["fa4", "triton:fa2:gproj_dq"]
+    ds = experiments.fix_grid([16.0], [0.0, 100.0], [1024], [64, 128], [0], fixes=["none", "gproj_dq"], block_q=128,
+                              block_k=128, stable_beta=2.0, golden_chunk=1024, real_kernels=real, device="cuda",
+                              progress=False)
+    status = ds["real_status"].sel(real_kernel="fa4")
+    assert all(str(x) == "ok" or str(x).startswith("refused") for x in status.values.ravel()), status.values
+    assert (ds["real_status"].sel(real_kernel="triton:fa2:gproj_dq") == "ok").all()
+    ok = (status == "ok").squeeze()
+    err = ds["real_dq_err"].squeeze()
+    for d in ds["head_dim"].values:
+        if bool(ok.sel(head_dim=d)):
+            fa4 = err.sel(real_kernel="fa4", head_dim=d)
+            assert float(fa4.sel(mu_norm=100.0)) > 5 * float(fa4.sel(mu_norm=0.0))
+            assert float(err.sel(real_kernel="triton:fa2:gproj_dq", head_dim=d, mu_norm=100.0)) < float(
+                fa4.sel(mu_norm=100.0)) / 5
+    t = real_kernels.real_timings(["fa4", "triton:fa2", "sdpa:flash"], seq_len=1024, tokens=8192, head_dims=[128],
+                                  causal=[False], fp32_kernels=[], warmup=1, repeats=3, device="cuda", progress=False)
+    fa4_t = t["timing_status"].sel(timing_kernel="fa4", timing_dtype="bf16")
+    assert all(str(x) == "ok" or str(x).startswith("refused") for x in fa4_t.values.ravel())
+    assert (t["timing_status"].sel(timing_kernel="fa4", timing_dtype="fp32") == "not requested").all()
+    call = readings_costs.call_extras(t)
+    assert np.isfinite(call["call_ours_over_flash"])
+
+
 def test_failures_are_recorded_by_kind():
     from attnum.kernels.sdpa import BackendRefused
 
     assert real_kernels._failure(BackendRefused("sdpa:flash refused fp32")).startswith("refused: BackendRefused")
     assert real_kernels._failure(ValueError("head_dim <= 256")).startswith("refused: ValueError")
+    assert real_kernels._failure(AssertionError("head_dim must be a multiple of 8")).startswith("refused: AssertionError")
 
     class OutOfResources(Exception):  # Triton's compile errors are not RuntimeErrors
         pass
@@ -365,9 +477,9 @@ def test_step_timings_on_a_cpu_and_fp32_attention_under_autocast():
     assert status.sel(step_kernel="triton:fa2", step_dtype="bf16").item().startswith("unavailable")
     assert status.sel(step_kernel="triton:fa2", step_dtype="fp32").item() == "not requested"
     assert (ds["step_ms"].where(status == "ok") > 0).sum() == 3
-    table = readings.step_cost_table(ds)
+    table = readings_costs.step_cost_table(ds)
     assert table.loc[(gproj_fix.STEP_NO_ATTENTION, "bf16"), "attention share of the step"] == 0.0
-    assert not readings.has_step_timings(ds)  # a CPU run: no GPU step times to compare with seed 004's
+    assert not readings_costs.has_step_timings(ds)  # a CPU run: no GPU step times to compare with seed 004's
     seen = []
 
     class Spy(kernels.Kernel):
@@ -395,15 +507,16 @@ def test_seed004_step_claims_from_step_times():
     ds = xr.merge([ds, step])
     ds.attrs.update(timing_gpu="NVIDIA H200", real_timing_seq_len=4096, real_timing_heads=64, step_n_layer=4,
                     step_d_model=1024, step_n_head=8, step_context=4096, step_batch_size=4)
-    assert readings.has_step_timings(ds)
-    claims = prose.seed004_claims(ds)
-    gproj = claims.loc["GProj costs +4.7% of a training step (a step of our model)"]
-    assert gproj["ours"] == "+4.0% of a step (GProj dq)" and gproj["reproduced?"].startswith("yes")
-    assert "attention 40% of the step" in gproj["basis"]
-    fp32 = claims.loc["FP32 attention costs +33.4% of a training step (a step of our model)"]
-    assert fp32["ours"].startswith("+200.0%") and fp32["reproduced?"].startswith("no: 6x theirs")
-    table = readings.step_cost_table(ds)
+    assert readings_costs.has_step_timings(ds)
+    claims = readings_claims.seed004_claims(ds)
+    gproj = claims.loc["step_gproj"]
+    assert gproj["ours"] == pytest.approx(0.04) and gproj["reproduced"] is True and gproj["over"] == "triton:fa2"
+    assert claims.loc["step_gproj_flash", "reproduced"] is None  # no sdpa:flash step
+    fp32 = claims.loc["step_fp32"]  # our kernel fed fp32: +200% of a step, 6x theirs
+    assert fp32["kernel"] == "triton:fa2" and fp32["ours"] == pytest.approx(2.0) and fp32["reproduced"] is False
+    table = readings_costs.step_cost_table(ds)
     assert table.loc[("triton:fa2:gproj_dq", "bf16"), "extra over triton:fa2"] == pytest.approx(0.04)
+    assert table.loc[("triton:fa2", "bf16"), "attention share of the step"] == pytest.approx(0.4)
 
 
 def test_triton_code_paths_in_the_cpu_interpreter():
@@ -471,15 +584,24 @@ def _floor_dataset(ratio=1.02):
     return xr.merge([grid, real])
 
 
-def test_sharp_floor_summary_compares_our_gproj_with_the_emulators():
-    text = prose.sharp_floor_summary(_floor_dataset(1.02))
-    assert "sharpness 16" in text and "|mu| = 1000 (changed problem)" in text
-    assert "1.020x the emulator's GProj" in text and "unfixed kernel 30.0%" in text
-    assert "the emulator's within 2.0% (it falls to the emulator's GProj floor)" in text
-    assert "bitwise equal 97.0%" in text and "beyond: 40.0%" in text
-    far = prose.sharp_floor_summary(_floor_dataset(1.5))
-    assert "does not fall to the emulator's GProj floor" in far
-    assert prose.sharp_floor_summary(_grid_like()) == ""  # no real kernels
+def test_sharp_floor_compares_our_gproj_with_the_emulators():
+    table = readings.sharp_floor_table(_floor_dataset(1.02))
+    assert table.index.tolist() == [0.0, 100.0, 1000.0]
+    assert table["changed problem"].tolist() == [False, False, True]
+    assert table["/ emulator gproj_dq max"].tolist() == pytest.approx([1.02] * 3)
+    assert table["triton:fa2 min"].tolist() == pytest.approx([0.3] * 3)
+    values = readings.sharp_floor_values(_floor_dataset(1.02))
+    assert values["floor_sharpness"] == 16.0 and values["floor_gap"] == pytest.approx(0.02)
+    assert values["floor_reached"] is True and values["floor_verdict"] == "falls to"
+    assert values["floor_bitwise_min"] == pytest.approx(0.97)  # 0.4 lies beyond the trusted offset
+    far = readings.sharp_floor_values(_floor_dataset(1.5))
+    assert far["floor_reached"] is False and far["floor_verdict"] == "does not fall to"
+    assert far["floor_gap"] == pytest.approx(0.5)
+    fidelity = readings.fidelity_table(_floor_dataset(1.02))
+    assert fidelity.loc["triton:fa2:gproj_dq", "bitwise equal, trusted min"] == pytest.approx(0.97)
+    assert fidelity.loc["triton:fa2:gproj_dq", "bitwise equal, beyond max"] == pytest.approx(0.4)
+    assert fidelity.loc["triton:fa2", "equivalent"] == "emulator:a"
+    assert readings.sharp_floor_table(_grid_like()) is None  # no real kernels
 
 
 def _cost_dataset():
@@ -505,15 +627,22 @@ def _cost_dataset():
     return ds
 
 
-def test_measured_cost_summary_states_the_targets():
-    text = prose.measured_cost_summary(_cost_dataset(), label="the GPU run")
-    assert text.startswith("**Measured on the GPU run** (NVIDIA H200, N = 4096, 64 heads")
-    assert "GProj dq +4.0% (analytic count of the kernel's structure +8.0%; target at most +5%: met)" in text
-    assert "1.25x PyTorch's FlashAttention-2 (target at most 1x: missed)" in text
-    assert "our kernel fed fp32 +3900%" in text and "the fastest other kernel fed fp32, sdpa:efficient, +500%" in text
-    assert "with our kernel +25.0% over the same step with `sdpa:flash`, with our kernel's GProj dq +30.0%" in text
-    assert "leaving PyTorch's faster kernel" in text
-    assert prose.measured_cost_summary(_grid_like()) == ""  # no GPU timings
+def test_call_targets_state_gproj_over_our_kernel_and_over_sdpa_flash():
+    table = readings_costs.call_targets_table(_cost_dataset())
+    row = table.loc[(128, False)]
+    assert row["triton:fa2:gproj_dq / triton:fa2 - 1"] == pytest.approx(0.04) and row["GProj target met"]
+    assert row["analytic"] == pytest.approx(0.08)
+    assert row["triton:fa2:gproj_dq / sdpa:flash - 1"] == pytest.approx(0.3)
+    assert row["triton:fa2 / sdpa:flash"] == pytest.approx(1.25) and not row["sdpa:flash target met"]
+    assert row["triton:fa2 fp32 / triton:fa2 - 1"] == pytest.approx(39.0)
+    assert row["fastest other fp32"] == "sdpa:efficient"
+    assert row["fastest other fp32 / triton:fa2 - 1"] == pytest.approx(5.0)
+    assert np.isnan(row["triton:fa2 / fa4"])  # fa4 not timed
+    call = readings_costs.call_extras(_cost_dataset())
+    assert call["call_gproj_over_ours"] == pytest.approx(0.04) and call["call_gproj_over_flash"] == pytest.approx(0.3)
+    assert call["call_fp32_fastest"] == "sdpa:efficient" and call["call_fp32_over_gproj"] == pytest.approx(5.0 / 0.04)
+    assert (call["call_d"], call["call_causal"], call["call_n"], call["call_heads"]) == (128, False, 4096, 64)
+    assert readings_costs.call_targets_table(_grid_like()) is None  # no GPU timings
 
 
 def _claims_with_steps(gproj_ms=10.4):
@@ -523,21 +652,37 @@ def _claims_with_steps(gproj_ms=10.4):
     return ds
 
 
-def test_claims_take_the_fastest_fp32_attention_and_say_it_plainly():
+def test_claims_take_the_fastest_fp32_attention_and_state_both_bases():
     ds = _claims_with_steps()
-    claims = prose.seed004_claims(ds)
-    step = claims.loc["FP32 attention costs +33.4% of a training step (a step of our model)"]
+    claims = readings_claims.seed004_claims(ds)
+    step = claims.loc["step_fp32"]
     # sdpa:efficient fed fp32 (+50% of a step) is faster than our kernel fed fp32 (+200%): it decides, within 2x
-    assert step["ours"].startswith("+50.0% of a step (sdpa:efficient fed fp32, the fastest FP32 attention timed)")
-    assert "our kernel fed fp32 +200.0%" in step["ours"] and step["reproduced?"].startswith("yes")
-    per_call = prose.seed004_claims(_claims_with_steps(gproj_ms=11.0)).loc["GProj costs +4.7% of a training step"]
-    assert per_call["reproduced?"].startswith("not at the step level (a step of our model: the row below)")
-    plain = prose.seed004_headline(claims, ds)
-    assert plain.startswith("**Plainly** (the run of commit abcdef0, cuda:0 test GPU)")
-    assert "**+4.7% of a training step for GProj**: **reproduced** on a training step of our model" in plain
-    assert "**+33.4% of a training step for FP32 attention**: **reproduced** on a training step of our model" in plain
-    assert "**219% -> 0.34% (median dQ error before -> after GProj)**: not measured on this run" not in plain
-    assert "on the emulator" in plain  # our kernel gave no dQ errors here: the emulator's row stands in
+    assert step["kernel"] == "sdpa:efficient" and step["ours"] == pytest.approx(0.5) and step["reproduced"] is True
+    # GProj per step: +4% over our own kernel (reproduced), +30% over sdpa:flash (not)
+    assert claims.loc["step_gproj", "reproduced"] is True
+    flash = claims.loc["step_gproj_flash"]
+    assert flash["over"] == "sdpa:flash" and flash["ours"] == pytest.approx(0.3) and flash["reproduced"] is False
+    assert np.isnan(claims.loc["call_gproj_flash", "ours"]) and claims.loc["call_gproj_flash", "reproduced"] is None
+    values = readings_claims.claims_values(claims)
+    assert values["step_gproj_verdict"] == "reproduced" and values["step_gproj_flash_verdict"] == "not reproduced"
+    assert values["step_fp32_kernel"] == "sdpa:efficient" and values["step_gproj_flash_ours"] == pytest.approx(0.3)
+
+
+def test_training_values_against_fp32_attention():
+    runs_ = ["fp32", "none", "forward_fix", "gproj_dq"]
+    loss = np.array([[1.0] * 4, [1.01] * 4, [1.0] * 4, [1.002] * 4])
+    grad = np.array([[1.0] * 4, [3.0] * 4, [1.0] * 4, [1.0] * 4])
+    coords = {"run": runs_, "step": [0, 1, 2, 3], "layer": [0]}
+    ds = xr.Dataset({"train_loss": (("run", "step"), loss), "train_grad_norm_total": (("run", "step"), grad),
+                     "train_key_mean_norm": (("run", "step", "layer"), np.full((4, 4, 1), 2.0))}, coords=coords)
+    ds = xr.merge([ds, _grid_like()])  # the grid's unfixed error exceeds 10% first at |mu| = 100
+    values = readings_claims.training_values(ds)
+    assert values["train_gproj_gap"] == pytest.approx(0.002) and values["train_none_gap"] == pytest.approx(0.01)
+    assert values["train_discriminating"] is True  # 0.01 > 2 x 0.002 + 1e-3
+    assert values["train_none_ratio"] == 3.0 and values["train_none_grows"] is True
+    assert values["train_forward_fix_ratio"] == 1.0
+    assert (values["train_key_mean_max"], values["train_regime_mu"], values["train_regime_reached"]) == (2.0, 100.0, False)
+    assert readings.training_gap_max(ds) == pytest.approx(0.01)
 
 
 def test_emulator_timing_is_labelled_with_its_device():
@@ -546,10 +691,12 @@ def test_emulator_timing_is_labelled_with_its_device():
                     coords={"fix": fixes}, attrs={"device": "cuda:0 NVIDIA H200", "timing_seq_len": 1024,
                                                   "timing_head_dim": 64})
     assert readings.emulation_device(ds) == "GPU"
-    text = prose.emulator_timing_summary(ds)
-    assert "the emulator on the GPU" in text and "slowest fix is `gproj_dq_dk` at 1.40x" in text
+    values = readings.emulator_timing_values(ds)
+    assert values["emul_device"] == "GPU" and values["emul_slowest_fix"] == "gproj_dq_dk"
+    assert values["emul_slowest_ratio"] == pytest.approx(1.4) and values["emul_gproj_dq_dk_ratio"] == pytest.approx(1.4)
+    assert (values["emul_ratio_min"], values["emul_n"], values["emul_d"]) == (1.0, 1024, 64)
     ds.attrs["device"] = "cpu AMD EPYC"
-    assert "the emulator on the CPU" in prose.emulator_timing_summary(ds)
+    assert readings.emulator_timing_values(ds)["emul_device"] == "CPU"
 
 
 def _schema_rules(values: dict) -> list[str]:
@@ -579,7 +726,7 @@ def test_the_package_root_is_light():
 
 
 def test_step_extras_count_gproj_over_our_kernel_and_over_sdpa_flash():
-    extras = readings.step_extras(_cost_dataset())  # steps: rest 60, flash 80, ours 100, GProj 104; fp32: ours 300, eff. 150
+    extras = readings_costs.step_extras(_cost_dataset())  # steps: rest 60, flash 80, ours 100, GProj 104; fp32: ours 300, eff. 150
     assert extras["gproj_over_ours"] == pytest.approx(0.04)
     assert extras["gproj_over_flash"] == pytest.approx(0.30) and extras["ours_over_flash"] == pytest.approx(0.25)
     assert extras["fp32_fastest"] == "sdpa:efficient"
@@ -589,7 +736,7 @@ def test_step_extras_count_gproj_over_our_kernel_and_over_sdpa_flash():
     assert extras["attention_share_ours"] == pytest.approx(0.4)
     assert extras["attention_share_flash"] == pytest.approx(0.25)
     assert np.isnan(extras["gproj_dq_dk_over_ours"]) and np.isnan(extras["fp32_bwd_over_ours"])
-    absent = readings.step_extras(_grid_like())  # no step timings: every extra NaN
+    absent = readings_costs.step_extras(_grid_like())  # no step timings: every extra NaN
     assert all(np.isnan(v) for k, v in absent.items() if k != "fp32_fastest") and absent["fp32_fastest"] == ""
     assert readings.within_factor(0.04, readings.SEED004_GPROJ_STEP_COST) is True
     assert readings.within_factor(0.30, readings.SEED004_GPROJ_STEP_COST) is False
@@ -603,13 +750,13 @@ def test_bench_extras_state_gproj_over_sdpa_flash(tmp_path):
                               ("sdpa_flash_attention", 8.0 if n == 1024 else 5.0))]
     path = tmp_path / "bench.json"
     path.write_text(json.dumps({"environment": {}, "cases": cases}))
-    extras = readings.bench_extras(readings.bench_summary(path)[0])
+    extras = readings_costs.bench_extras(readings_costs.bench_summary(path)[0])
     assert extras["shapes"] == 2
     assert extras["gproj_over_ours_min"] == pytest.approx(0.025) and extras["gproj_over_ours_max"] == pytest.approx(0.1)
     assert extras["ours_over_flash_min"] == pytest.approx(0.25) and extras["ours_over_flash_max"] == pytest.approx(1.0)
     assert extras["gproj_over_flash_min"] == pytest.approx(1.025 * 1.25 - 1)
     assert extras["gproj_over_flash_max"] == pytest.approx(1.1 * 2.0 - 1)
-    assert readings.bench_extras(None)["shapes"] == 0
+    assert readings_costs.bench_extras(None)["shapes"] == 0
 
 
 @pytest.mark.slow

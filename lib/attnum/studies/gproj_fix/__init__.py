@@ -17,8 +17,9 @@ Every fix is one change of a base kernel, the emulated BF16 FlashAttention-3 of 
     D path is removed); the fraction of rows whose output collapsed to zero. Per point, the
     fraction of rows where the fused scale-max forward's P at the row max is not exactly 1
     (seed 004's cause 1). With ``real_kernels``: every real kernel of the registry (our Triton
-    kernel with GProj off / dq / dq_dk and its FP32 backward, PyTorch's SDPA backends) on the same
-    operands, beside its emulated equivalent (``emulator_equivalent``).
+    kernel with GProj off / dq / dq_dk and its FP32 backward, PyTorch's SDPA backends, FlashAttention-4)
+    on the same operands, beside its emulated equivalent (``emulator_equivalent``); a kernel that cannot run
+    or refuses an input keeps its row, with the reason in ``real_status``.
 
 ``regime_comparison``
     study 04's regimes (``attnum.operands.regime_operands``): seed 004's key offset beside
@@ -38,8 +39,10 @@ Every fix is one change of a base kernel, the emulated BF16 FlashAttention-3 of 
     BF16 flash emulator and each fix (``attnum.train.train_runs``).
 
 Modules: ``experiments`` (the emulated measurements), ``real_kernels`` (registry kernels on the grid,
-their measured times and a training step's), ``readings`` (numbers and tables the notebook states),
-``figures``. This module stays light (no torch): the runner reads ``STUDY``, ``VARIABLES``, ``rules``
+their measured times and a training step's), ``readings`` (numbers and tables of the grid, the exact
+problem, the real kernels' errors and training), ``readings_costs`` (measured costs: attention calls,
+training steps, the committed benchmark), ``readings_claims`` (seed 004's claims: one table with a
+boolean verdict per claim, and the values the prose glues), ``figures``. This module stays light (no torch): the runner reads ``STUDY``, ``VARIABLES``, ``rules``
 and ``memory_estimate`` before a run.
 """
 from __future__ import annotations

@@ -194,7 +194,7 @@ def plot_fix_training(ds: xr.Dataset, baseline: str = "fp32", window: int = 5):
 
 REAL_COLORS = {"triton:fa2": "#c0392b", "triton:fa2:gproj_dq": "#17a589", "triton:fa2:gproj_dq_dk": "#117a65",
                "triton:fa2:fp32_bwd": "#2874a6", "sdpa:flash": "#d68910", "sdpa:efficient": "#7d3c98",
-               "sdpa:cudnn": "#f1948a", "sdpa:math": "#000000"}
+               "sdpa:cudnn": "#f1948a", "sdpa:math": "#000000", "fa4": "#34495e"}
 
 
 def plot_real_kernels(ds: xr.Dataset, var: str = "real_dq_err"):

@@ -14,6 +14,7 @@ SEED004_DQ_ERR_BEFORE = 2.19  # [src] seed 004: median relative dQ error before 
 SEED004_DQ_ERR_AFTER = 0.0034  # [src] seed 004: after GProj
 SEED004_GPROJ_STEP_COST = 0.047  # [src] seed 004: GProj, + of a full training step
 SEED004_FP32_STEP_COST = 0.334  # [src] seed 004: fused FP32 attention kernel, + of a full training step
+SEED004_LOSS_GAP = 0.2  # [src] seed 004: final loss of BF16 FlashAttention-3 above FP32 attention's, nat
 NOTES_P_MAX_NOT_ONE = 0.42  # [derived] papers.md section 4: the notes' own numpy check (not seed 004's number)
 
 
@@ -161,22 +162,6 @@ def has_real(ds: xr.Dataset) -> bool:
     return "real_status" in ds and bool((ds["real_status"] == "ok").any())
 
 
-def has_timings(ds: xr.Dataset) -> bool:
-    """True when the dataset holds measured times of our Triton kernel on a GPU."""
-    return ("timing_status" in ds and "triton:fa2" in ds["timing_kernel"].values
-            and bool((ds["timing_status"].sel(timing_kernel="triton:fa2", timing_dtype="bf16") == "ok").any())
-            and ds.attrs.get("timing_gpu", "none") != "none")
-
-
-def has_step_timings(ds: xr.Dataset) -> bool:
-    """True when the dataset holds training-step times on a GPU with our Triton kernel and without attention."""
-    if "step_status" not in ds or ds.attrs.get("timing_gpu", "none") == "none":
-        return False
-    names = ds["step_kernel"].values
-    return ("triton:fa2" in names and str(ds["step_status"].sel(step_kernel="triton:fa2", step_dtype="bf16").item()) == "ok"
-            and str(ds["step_status"].sel(step_kernel=STEP_NO_ATTENTION, step_dtype="bf16").item()) == "ok")
-
-
 def real_kernel_table(ds: xr.Dataset):
     """Per real kernel that ran and sharpness (largest N and d of the grid, median over seeds): its
     median row dQ error at |mu| = 0, at the largest trusted |mu| and at the largest |mu|, its emulated
@@ -207,47 +192,6 @@ def real_kernel_table(ds: xr.Dataset):
     return pd.DataFrame(rows).set_index(["kernel", "sharpness"]) if rows else pd.DataFrame()
 
 
-def attention_flops(seq_len: int, head_dim: int, heads: int, causal: bool) -> tuple[float, float]:
-    """(forward, backward) FLOPs by the usual count: 4 N^2 d per head forward (halved causal), backward 2.5x."""
-    fwd = 4.0 * seq_len ** 2 * head_dim * heads * (0.5 if causal else 1.0)
-    return fwd, 2.5 * fwd
-
-
-def measured_cost_table(ds: xr.Dataset):
-    """One row per timed kernel, format, head dim and mask that ran: measured forward, backward and
-    forward + backward times, TFLOP/s (the usual count), forward + backward relative to our Triton
-    kernel without GProj (same d, mask, bf16), and the analytic arithmetic time's ratio beside it."""
-    import pandas as pd
-
-    n, heads = int(ds.attrs["real_timing_seq_len"]), int(ds.attrs["real_timing_heads"])
-    rows = []
-    for name in ds["timing_kernel"].values:
-        for dtype in ds["timing_dtype"].values:
-            for d in ds["timing_head_dim"].values:
-                for c in ds["timing_causal"].values:
-                    at = dict(timing_kernel=name, timing_dtype=dtype, timing_head_dim=d, timing_causal=c)
-                    status = str(ds["timing_status"].sel(**at).item())
-                    if status == "not requested":
-                        continue
-                    base = dict(timing_kernel="triton:fa2", timing_dtype="bf16", timing_head_dim=d, timing_causal=c)
-                    has_base = "triton:fa2" in ds["timing_kernel"].values
-                    f_fwd, f_bwd = attention_flops(n, int(d), heads, bool(c))
-                    row = {"kernel": str(name), "dtype": str(dtype), "d": int(d), "causal": bool(c),
-                           "fwd ms": float(ds["timing_fwd_ms"].sel(**at)),
-                           "bwd ms": float(ds["timing_bwd_ms"].sel(**at)),
-                           "fwd+bwd ms": float(ds["timing_fwd_bwd_ms"].sel(**at))}
-                    row["fwd+bwd TFLOP/s"] = (f_fwd + f_bwd) / (row["fwd+bwd ms"] * 1e-3) / 1e12
-                    row["fwd+bwd / triton:fa2 (measured)"] = (row["fwd+bwd ms"] / float(ds["timing_fwd_bwd_ms"].sel(**base))
-                                                              if has_base else math.nan)
-                    row["fwd+bwd / triton:fa2 (analytic)"] = (float(ds["timing_analytic_fwd_bwd_ms"].sel(**at))
-                                                              / float(ds["timing_analytic_fwd_bwd_ms"].sel(**base))
-                                                              if has_base else math.nan)
-                    row["status"] = status[:120]
-                    rows.append(row)
-    return pd.DataFrame(rows).set_index(["kernel", "dtype", "d", "causal"]) if rows else pd.DataFrame()
-
-
-
 def regime_offset(ds: xr.Dataset, level: float = 0.1) -> float:
     """The smallest grid |mu| at which the unfixed kernel's median dQ error exceeds ``level`` at any
     sharpness (largest N, first d; median over seeds); inf if never."""
@@ -257,124 +201,261 @@ def regime_offset(ds: xr.Dataset, level: float = 0.1) -> float:
 
 
 
-BENCH_JSON = "outputs/kernels/h200/triton_fa2_bench.json"
-
-
-def bench_summary(path=None):
-    """Our Triton kernel's committed H200 benchmark (``attnum.kernels.triton_fa2_bench``, default
-    ``outputs/kernels/h200/triton_fa2_bench.json``), one row per shape: its forward + backward time,
-    the extra time of GProj dq / dq_dk and of the FP32 backward over it, and its time relative to
-    PyTorch's FlashAttention-2 backend, cuDNN and compiled FlexAttention. ``(table, environment)``,
-    or ``(None, None)`` when the file is absent."""
-    import json
-
-    import pandas as pd
-
-    from ...paths import project_root
-
-    path = project_root() / BENCH_JSON if path is None else path
-    if not path.exists():
-        return None, None
-    record = json.loads(path.read_text())
-    times = {}
-    for case in record["cases"]:
-        if case.get("status") == "ok":
-            times[(case["n"], case["d"], bool(case["causal"]), case["impl"])] = (
-                case["fwd_bwd_ms"], case.get("fwd_ms", math.nan), case.get("bwd_ms", math.nan))
-    rows = []
-    for n, d, causal in sorted({key[:3] for key in times}):
-        get = lambda impl, i=0: times.get((n, d, causal, impl), (math.nan,) * 3)[i]
-        base = get("triton_fa2")
-        rows.append({"N": n, "d": d, "causal": causal, "triton:fa2 fwd+bwd ms": base,
-                     "GProj dq extra": get("triton_fa2_gproj_dq") / base - 1,
-                     "GProj dq_dk extra": get("triton_fa2_gproj_dq_dk") / base - 1,
-                     "FP32 backward extra": get("triton_fa2_fp32_backward") / base - 1,
-                     "/ sdpa:flash": base / get("sdpa_flash_attention"),
-                     "fwd / sdpa:flash": get("triton_fa2", 1) / get("sdpa_flash_attention", 1),
-                     "bwd / sdpa:flash": get("triton_fa2", 2) / get("sdpa_flash_attention", 2),
-                     "/ sdpa:cudnn": base / get("sdpa_cudnn_attention"),
-                     "/ flex (compiled)": base / get("flex_attention_compiled")})
-    return pd.DataFrame(rows).set_index(["N", "d", "causal"]), record["environment"]
-
-
-
-def step_cost_table(ds: xr.Dataset):
-    """One row per step timing that ran: the step time, its extra over the step with our Triton
-    kernel without GProj in bf16 (else ``sdpa:flash``), and attention's share of that base step
-    (1 - the no-attention step / the base step)."""
-    import pandas as pd
-
-    ok = ds["step_status"] == "ok"
-    base_name = next((k for k in ("triton:fa2", "sdpa:flash") if k in ds["step_kernel"].values
-                      and bool(ok.sel(step_kernel=k, step_dtype="bf16"))), None)
-    base = float(ds["step_ms"].sel(step_kernel=base_name, step_dtype="bf16")) if base_name else math.nan
-    rest = float(ds["step_ms"].sel(step_kernel=STEP_NO_ATTENTION, step_dtype="bf16"))
-    rows = []
-    for name in ds["step_kernel"].values:
-        for dtype in ds["step_dtype"].values:
-            status = str(ds["step_status"].sel(step_kernel=name, step_dtype=dtype).item())
-            if status == "not requested":
-                continue
-            t = float(ds["step_ms"].sel(step_kernel=name, step_dtype=dtype))
-            rows.append({"attention": str(name), "dtype": str(dtype), "step ms": t,
-                         f"extra over {base_name or 'base'}": t / base - 1,
-                         "attention share of the step": (t - rest) / t if name != STEP_NO_ATTENTION else 0.0,
-                         "status": status[:120]})
-    return pd.DataFrame(rows).set_index(["attention", "dtype"]) if rows else pd.DataFrame()
-
-
-
-def step_extras(ds: xr.Dataset) -> dict[str, float]:
-    """A whole training step's time with each attention, as extras (``t / t_base - 1``): GProj dq
-    through our Triton kernel over the same kernel without it (what seed 004's +4.7% counts) and over
-    ``sdpa:flash`` (what using the fix through our kernel costs against PyTorch's faster kernel), our
-    kernel without GProj over ``sdpa:flash``, two-pass GProj and the FP32 backward over ours, the
-    fastest FP32 attention (kernels fed fp32) over ours and over ``sdpa:flash``, and attention's share
-    of the step (1 - no-attention step / step) with ours and with ``sdpa:flash``. NaN where a time is
-    absent (no step timings, a kernel that gave none)."""
-    nan = math.nan
-    names = ds["step_kernel"].values.tolist() if "step_ms" in ds else []
-
-    def t(name, dtype="bf16"):
-        if name not in names or str(ds["step_status"].sel(step_kernel=name, step_dtype=dtype).item()) != "ok":
-            return nan
-        return float(ds["step_ms"].sel(step_kernel=name, step_dtype=dtype))
-
-    ours, flash, gq, rest = t("triton:fa2"), t("sdpa:flash"), t("triton:fa2:gproj_dq"), t(STEP_NO_ATTENTION)
-    fp32 = {name: t(name, "fp32") for name in names}
-    fp32 = {k: v for k, v in fp32.items() if np.isfinite(v)}
-    fastest = min(fp32, key=fp32.get) if fp32 else None
-    fast = fp32[fastest] if fastest else nan
-    return {"gproj_over_ours": gq / ours - 1, "gproj_over_flash": gq / flash - 1, "ours_over_flash": ours / flash - 1,
-            "gproj_dq_dk_over_ours": t("triton:fa2:gproj_dq_dk") / ours - 1,
-            "fp32_bwd_over_ours": t("triton:fa2:fp32_bwd") / ours - 1,
-            "fp32_fastest_over_ours": fast / ours - 1, "fp32_fastest_over_flash": fast / flash - 1,
-            "fp32_ours_over_ours": fp32.get("triton:fa2", nan) / ours - 1,
-            "attention_share_ours": (ours - rest) / ours, "attention_share_flash": (flash - rest) / flash,
-            "fp32_fastest": fastest or ""}
-
-
-def bench_extras(bench) -> dict[str, float]:
-    """From ``bench_summary``'s table, over its shapes (min and max): GProj dq's forward + backward
-    extra over our kernel without it, our kernel's time over ``sdpa:flash``'s, and our kernel with
-    GProj dq over ``sdpa:flash`` (``(1 + extra) x ratio - 1``: the attention call's cost of the fix
-    through our kernel against PyTorch's FlashAttention-2); with the number of shapes. NaN when the
-    benchmark is absent."""
-    keys = ("gproj_over_ours", "ours_over_flash", "gproj_over_flash")
-    if bench is None or len(bench) == 0:
-        return {**{f"{k}_{e}": math.nan for k in keys for e in ("min", "max")}, "shapes": 0}
-    cols = {"gproj_over_ours": bench["GProj dq extra"], "ours_over_flash": bench["/ sdpa:flash"] - 1,
-            "gproj_over_flash": (1 + bench["GProj dq extra"]) * bench["/ sdpa:flash"] - 1}
-    out = {}
-    for k in keys:
-        out[f"{k}_min"], out[f"{k}_max"] = float(cols[k].min()), float(cols[k].max())
-    out["shapes"] = len(bench)
-    return out
-
-
 def within_factor(ours: float, theirs: float, factor: float = 2.0) -> bool | None:
     """True when ``ours`` is ``theirs`` within ``factor`` either way (both positive), False when not,
     None when ``ours`` was not measured (NaN)."""
     if not np.isfinite(ours):
         return None
     return bool(ours > 0 and abs(math.log(ours / theirs)) <= math.log(factor))
+
+
+# -- values the prose states (glued), and the tables behind them --------------------------------------
+
+FLOOR_WORDS = {True: "falls to", False: "does not fall to", None: "was not compared with"}
+"""The verdict words of ``sharp_floor_values``."""
+FLOOR_TOLERANCE = 0.1
+"""Our kernel's GProj dQ error 'falls to the emulator's GProj floor' when, at every trusted offset, N and d of
+the sharpest rows, it is the emulator's within this relative margin (in log: |log(ratio)| <= log(1 + margin))."""
+
+
+def _lo_hi(values) -> tuple[float | None, float | None]:
+    """(min, max) of the finite values, (None, None) when there are none."""
+    values = [float(v) for v in np.ravel(values) if np.isfinite(v)]
+    return (min(values), max(values)) if values else (None, None)
+
+
+def emulator_timing_values(ds: xr.Dataset) -> dict:
+    """The emulator's forward + backward time of each fix over the base's (an emulation, not a kernel
+    timing): where it ran (``emul_device``), at which N and d, the slowest fix and its ratio, two-pass
+    GProj's ratio, and the span of the ratios."""
+    emul = ds["emul_forward_seconds"] + ds["emul_backward_seconds"]
+    rel = (emul / emul.sel(fix="none")).to_series()
+    slow = rel.drop("none").idxmax()
+    return {"emul_device": emulation_device(ds), "emul_n": ds.attrs.get("timing_seq_len"),
+            "emul_d": ds.attrs.get("timing_head_dim"), "emul_slowest_fix": str(slow),
+            "emul_slowest_ratio": float(rel[slow]),
+            "emul_gproj_dq_dk_ratio": float(rel["gproj_dq_dk"]) if "gproj_dq_dk" in rel.index else None,
+            "emul_ratio_min": float(rel.min()), "emul_ratio_max": float(rel.max())}
+
+
+def exact_problem_values(ds: xr.Dataset) -> dict:
+    """Section 1b's numbers: the trusted offset and the limit that defines it; at the largest |mu|, the
+    largest key perturbation (relative), the fewest distinct values of a key component (a count over the
+    largest N's keys), the largest change of the exact dQ, the span of the exact dQ's median row norm
+    relative to |mu| = 0; the fewest distinct key vectors anywhere (fraction of N); whether every offset
+    is trusted."""
+    trusted, top = trusted_offset(ds), float(ds["mu_norm"][-1])
+    others = [d for d in ds["grid_exact_dq_change"].dims if d != "mu_norm"]
+    n = int(ds["seq_len"][-1])
+    norm = (ds["grid_exact_dq_norm"] / ds["grid_exact_dq_norm"].isel(mu_norm=0)).sel(mu_norm=top)
+    return {"trusted_mu": trusted, "top_mu": top, "exact_change_limit": EXACT_CHANGE_LIMIT, "exact_n": n,
+            "top_key_perturbation": float(ds["grid_key_perturbation"].max(others).sel(mu_norm=top)),
+            "top_distinct_values": float(ds["grid_distinct_key_values"].min(others).sel(mu_norm=top)) * n,
+            "top_exact_dq_change": float(ds["grid_exact_dq_change"].max(others).sel(mu_norm=top)),
+            "top_exact_dq_norm_min": float(norm.min()), "top_exact_dq_norm_max": float(norm.max()),
+            "distinct_keys_min": float(ds["grid_distinct_keys"].min()), "all_trusted": bool(trusted >= top)}
+
+
+def stable_table(ds: xr.Dataset):
+    """Per regime (median over seeds): the coherence of the output errors across rows and the output error,
+    for the unfixed kernel and STABLE; None without ``stable_max``."""
+    import pandas as pd
+
+    reg = ds[["regime_out_err_coherence", "regime_out_err"]].median("seed")
+    if "stable_max" not in reg["fix"].values:
+        return None
+    return pd.DataFrame({"coherence, none": reg["regime_out_err_coherence"].sel(fix="none").values,
+                         "coherence, stable_max": reg["regime_out_err_coherence"].sel(fix="stable_max").values,
+                         "output error, none": reg["regime_out_err"].sel(fix="none").values,
+                         "output error, stable_max": reg["regime_out_err"].sel(fix="stable_max").values},
+                        index=pd.Index(reg["regime"].values, name="regime"))
+
+
+def real_kernel_summary_table(ds: xr.Dataset):
+    """One row per real kernel (largest N and d of the grid, median over seeds): its status there; its
+    median dQ error over the sharpness values (min, max) at |mu| = 0 and at the largest trusted |mu|; its
+    emulated equivalent (registry name) and that one's error at the trusted |mu|; over the whole grid the
+    span of the correlation of their dQ errors and the median fraction of bitwise-equal dQ elements. A
+    kernel that gave no gradients keeps its row, with its status and NaN errors."""
+    import pandas as pd
+
+    at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][-1]))
+    trusted = trusted_offset(ds)
+    rows = []
+    for name in ds["real_kernel"].values:
+        status = str(ds["real_status"].sel(real_kernel=name, **at).item())
+        row = {"kernel": str(name), "status": status[:160],
+               "equivalent": str(ds["real_equivalent"].sel(real_kernel=name).item())}
+        err = ds["real_dq_err"].sel(real_kernel=name, **at).median("seed")
+        emul = ds["real_emul_dq_err"].sel(real_kernel=name, **at).median("seed")
+        ok = status == "ok"
+        for label, values in (("dQ err |mu|=0", err.isel(mu_norm=0)), ("dQ err trusted", err.sel(mu_norm=trusted)),
+                              ("equivalent's dQ err trusted", emul.sel(mu_norm=trusted)),
+                              ("dQ error corr.", ds["real_dq_err_corr"].sel(real_kernel=name))):
+            lo, hi = _lo_hi(values.values) if ok and (row["equivalent"] or "equivalent" not in label
+                                                      and "corr" not in label) else (None, None)
+            row[f"{label} min"], row[f"{label} max"] = (math.nan if lo is None else lo), (math.nan if hi is None else hi)
+        bit = ds["real_dq_bitwise"].sel(real_kernel=name)
+        row["dQ bitwise equal (median)"] = float(bit.median()) if ok and row["equivalent"] else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("kernel") if rows else None
+
+
+def _floor_parts(ds: xr.Dataset, kernel: str):
+    """(sharpness, trusted, our kernel's error, the emulator's gproj_dq error or None, the equivalent's
+    error, the unfixed kernel's error or None) at the largest sharpness (median over seeds); None when
+    ``kernel`` did not run everywhere."""
+    if not has_real(ds) or kernel not in ds["real_kernel"].values:
+        return None
+    if not bool((ds["real_status"].sel(real_kernel=kernel) == "ok").all()):
+        return None
+    s = float(ds["sharpness"][-1])
+    med = lambda var, **sel: ds[var].sel(sharpness=s, **sel).median("seed")  # noqa: E731
+    emul_fix = med("grid_dq_err", fix="gproj_dq") if "gproj_dq" in ds["fix"].values else None
+    unfixed = med("real_dq_err", real_kernel="triton:fa2") if "triton:fa2" in ds["real_kernel"].values else None
+    return (s, trusted_offset(ds), med("real_dq_err", real_kernel=kernel), emul_fix,
+            med("real_emul_dq_err", real_kernel=kernel), unfixed)
+
+
+def sharp_floor_table(ds: xr.Dataset, kernel: str = "triton:fa2:gproj_dq"):
+    """Per |mu| at the largest sharpness, over every N and d of the grid (median over seeds): whether the
+    offset is beyond the trusted one, ``kernel``'s median dQ error (min, max), its ratio to the emulator's
+    ``gproj_dq`` fix and to its emulated equivalent, and the unfixed kernel's (``triton:fa2``) error. None
+    when ``kernel`` did not run."""
+    import pandas as pd
+
+    parts = _floor_parts(ds, kernel)
+    if parts is None:
+        return None
+    s, trusted, err, emul_fix, equiv, unfixed = parts
+    rows = []
+    for mu in ds["mu_norm"].values:
+        e = err.sel(mu_norm=mu)
+        row = {"|mu|": float(mu), "changed problem": bool(mu > trusted)}
+        row[f"{kernel} min"], row[f"{kernel} max"] = _lo_hi(e.values)
+        if emul_fix is not None:
+            row["/ emulator gproj_dq min"], row["/ emulator gproj_dq max"] = _lo_hi((e / emul_fix.sel(mu_norm=mu)).values)
+        row["/ equivalent min"], row["/ equivalent max"] = _lo_hi((e / equiv.sel(mu_norm=mu)).values)
+        if unfixed is not None:
+            row["triton:fa2 min"], row["triton:fa2 max"] = _lo_hi(unfixed.sel(mu_norm=mu).values)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("|mu|")
+
+
+def sharp_floor_values(ds: xr.Dataset, kernel: str = "triton:fa2:gproj_dq") -> dict:
+    """Does ``kernel``'s GProj dQ error in the sharpest rows fall to the emulator's GProj floor? At the largest
+    sharpness and the trusted offsets (every N and d): the largest relative gap to the emulator's ``gproj_dq``
+    fix (to the emulated equivalent when the grid lacks that fix), whether it is within ``FLOOR_TOLERANCE``
+    (and its word, ``FLOOR_WORDS``), and the smallest fraction of its dQ elements bitwise equal to its
+    equivalent's at the trusted offsets (every sharpness, N and d); None when the kernel did not run."""
+    parts = _floor_parts(ds, kernel)
+    if parts is None:
+        return {"floor_sharpness": None, "floor_gap": None, "floor_reached": None, "floor_verdict": FLOOR_WORDS[None],
+                "floor_tolerance": FLOOR_TOLERANCE, "floor_bitwise_min": None}
+    s, trusted, err, emul_fix, equiv, _ = parts
+    near = err / (emul_fix if emul_fix is not None else equiv)
+    worst = float(np.nanmax(np.abs(np.log(near.sel(mu_norm=near["mu_norm"] <= trusted).values))))
+    reached = bool(worst <= math.log1p(FLOOR_TOLERANCE))
+    bit = ds["real_dq_bitwise"].sel(real_kernel=kernel)
+    return {"floor_sharpness": s, "floor_gap": math.exp(worst) - 1, "floor_reached": reached,
+            "floor_verdict": FLOOR_WORDS[reached], "floor_tolerance": FLOOR_TOLERANCE,
+            "floor_bitwise_min": float(bit.sel(mu_norm=bit["mu_norm"] <= trusted).min())}
+
+
+def fidelity_table(ds: xr.Dataset, family: str = "triton:fa2"):
+    """Per kernel of ``family`` that ran everywhere: its emulated equivalent, and the span of its fraction
+    of bitwise-equal dQ elements and of its dQ-error correlation with it, at the trusted offsets and beyond
+    (every sharpness, N and d). None when none ran."""
+    import pandas as pd
+
+    trusted = trusted_offset(ds)
+    rows = []
+    for name in [str(k) for k in ds["real_kernel"].values if str(k).startswith(family)]:
+        if not bool((ds["real_status"].sel(real_kernel=name) == "ok").all()):
+            continue
+        row = {"kernel": name, "equivalent": str(ds["real_equivalent"].sel(real_kernel=name).item())}
+        for label, var in (("bitwise equal", "real_dq_bitwise"), ("error corr.", "real_dq_err_corr")):
+            x = ds[var].sel(real_kernel=name)
+            for where, sel in (("trusted", x["mu_norm"] <= trusted), ("beyond", x["mu_norm"] > trusted)):
+                lo, hi = _lo_hi(x.sel(mu_norm=sel).values)
+                row[f"{label}, {where} min"] = math.nan if lo is None else lo
+                row[f"{label}, {where} max"] = math.nan if hi is None else hi
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("kernel") if rows else None
+
+
+GRID_MU_MAX = 1000.0
+"""The largest |mu| of the grid statements 'wherever |mu| <= ...' (the grid's offsets up to 10^3)."""
+
+
+def grid_values(ds: xr.Dataset) -> dict:
+    """Sections 1 and 3's numbers (median over seeds): GProj's largest median dQ error (either variant) over
+    the whole grid with |mu| <= ``GRID_MU_MAX``; GProj dq's error at the largest |mu| and sharpness (largest N,
+    first d); the span of GProj's error at the points nearest seed 004's 219% (``seed004_comparison``) and of
+    those points' |mu|; two-pass
+    GProj's largest 99th-percentile dK error in the sharpest rows (largest N, first d); STABLE's median dK and
+    dV errors at the first sharpness and the largest |mu| and its largest fraction of zeroed rows."""
+    gp = [f for f in ("gproj_dq", "gproj_dq_dk") if f in ds["fix"].values]
+    err = ds["grid_dq_err"].median("seed")
+    at = dict(seq_len=int(ds["seq_len"][-1]), head_dim=int(ds["head_dim"][0]))
+    out = {"grid_mu_max": GRID_MU_MAX, "gproj_max_mu_max": None, "gproj_top": None, "gproj_near_min": None,
+           "gproj_near_max": None, "near_mu_min": None, "near_mu_max": None, "gproj_dq_dk_dk_p99": None,
+           "stable_dk_top": None, "stable_dv_top": None,
+           "stable_zero_rows_max": None}
+    if gp:
+        out["gproj_max_mu_max"] = float(err.sel(fix=gp).where(ds["mu_norm"] <= GRID_MU_MAX).max())
+        out["gproj_top"] = float(err.sel(fix=gp[0], **at).isel(sharpness=-1, mu_norm=-1))
+        comparison = seed004_comparison(ds)
+        near = comparison[[f"ours: {f}" for f in gp]].values
+        mus = comparison.index.get_level_values("|mu|")
+        out.update(gproj_near_min=float(near.min()), gproj_near_max=float(near.max()), near_mu_min=float(mus.min()),
+                   near_mu_max=float(mus.max()))
+    if "gproj_dq_dk" in ds["fix"].values:
+        p99 = ds["grid_dk_err_p99"].median("seed").sel(fix="gproj_dq_dk", **at).isel(sharpness=-1)
+        out["gproj_dq_dk_dk_p99"] = float(p99.max())
+    if "stable_max" in ds["fix"].values:
+        pick = lambda var: float(ds[var].median("seed").sel(fix="stable_max", **at)  # noqa: E731
+                                 .isel(sharpness=0, mu_norm=-1))
+        out.update(stable_dk_top=pick("grid_dk_err"), stable_dv_top=pick("grid_dv_err"),
+                   stable_zero_rows_max=float(ds["grid_zero_rows"].sel(fix="stable_max").max()))
+    return out
+
+
+def stable_coherence_ratio(ds: xr.Dataset, regime: str = "tied_max_negative_v") -> float | None:
+    """The unfixed kernel's coherence of the output errors across rows over STABLE's, in ``regime`` (median
+    over seeds); None without ``stable_max``."""
+    table = stable_table(ds)
+    if table is None or regime not in table.index:
+        return None
+    return float(table.loc[regime, "coherence, none"] / table.loc[regime, "coherence, stable_max"])
+
+
+def analytic_cost_values(ds: xr.Dataset) -> dict:
+    """Section 5's analytic counts (``attnum.cost``, arithmetic at H100 datasheet peaks): each fix's extra
+    arithmetic time over the base's backward and over its forward + backward; the datasheet's bf16
+    tensor-core / fp32 CUDA-core rate ratio and the peaks themselves (TFLOP/s, the datasheet's numbers)."""
+    from ...cost import H100_SXM
+
+    out = {"peak_bf16_tflops": H100_SXM["low_gemm_flops_per_s"] / 1e12,
+           "peak_fp32_tflops": H100_SXM["fp32_flops_per_s"] / 1e12, "peak_exp_tflops": H100_SXM["exp_per_s"] / 1e12,
+           "peak_bf16_over_fp32": H100_SXM["low_gemm_flops_per_s"] / H100_SXM["fp32_flops_per_s"]}
+    from ...kernels.fixes import FIXES
+
+    for fix in FIXES:  # every fix's keys, None for a fix this run did not count
+        have = fix in ds["fix"].values
+        out[f"cost_{fix}_vs_backward"] = float(ds["cost_extra_compute_vs_backward"].sel(fix=fix)) if have else None
+        out[f"cost_{fix}_vs_attention"] = float(ds["cost_extra_compute_vs_attention"].sel(fix=fix)) if have else None
+    return out
+
+
+def training_gap_max(ds: xr.Dataset, last: int = 10) -> float | None:
+    """The largest |final loss - FP32 attention's| over every run (mean of the last ``last`` records)."""
+    if "train_loss" not in ds:
+        return None
+    final = ds["train_loss"].isel(step=slice(-last, None)).mean("step")
+    return float(abs(final - final.sel(run="fp32")).max())
+
+
+def keyed(prefix: str, values: dict) -> dict:
+    """``values`` with every key prefixed (the notebook's glue keys: ``s05_``, ``s05_gpu_``)."""
+    return {prefix + k: v for k, v in values.items()}

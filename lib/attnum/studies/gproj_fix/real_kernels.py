@@ -29,7 +29,10 @@ def emulator_equivalent(name: str):
     (``aten/src/ATen/native/transformers/cuda/flash_attn/softmax.h``): ``exp2(round(s c) - round(m c))``,
     exactly 1 at the row max like subtract-then-scale, but rounded differently elsewhere; the efficient
     and cuDNN backends' tiles and exponent are not documented. ``sdpa:math``: FP32 attention (it
-    computes in fp32 inside; its gradients are rounded to bf16 on the way out, the emulator's are not)."""
+    computes in fp32 inside; its gradients are rounded to bf16 on the way out, the emulator's are not).
+    ``fa4`` (FlashAttention-4, whose SM90 kernels follow FlashAttention-3's design): study 05's base kernel,
+    seed 004's BF16 FlashAttention-3 as the emulator models it (``fa2_bf16``, fused scale-max), with 128 x 128
+    tiles: an approximation (the package's tiles depend on the head dim and are not a parameter here)."""
     from ...precision import PRESETS
 
     family, *options = name.split(":")
@@ -44,12 +47,15 @@ def emulator_equivalent(name: str):
         return AttentionImpl("emulator", "fa2_bf16", block_q=128, block_k=128)
     if family == "sdpa" and options[:1] == ["math"]:
         return AttentionImpl("emulator", "fp32")
+    if family == "fa4" and not options:
+        return AttentionImpl("emulator", "fa2_bf16", block_q=128, block_k=128, fused_scale_max=True)
     return None
 
 
 def _failure(exc: BaseException) -> str:
     """Why a real kernel gave no result, with the first line of the reason: out of memory; refused (a
-    pinned SDPA backend's ``BackendRefused``, or an input the kernel rejects, ``ValueError``); or
+    pinned SDPA backend's ``BackendRefused``, an input the kernel rejects, ``ValueError``, or one the
+    package asserts against, ``AssertionError``, as flash-attn-4 does for dtypes and head dims); or
     error (anything else, e.g. a Triton compile error such as ``OutOfResources``)."""
     from ...kernels.sdpa import BackendRefused
 
@@ -58,7 +64,7 @@ def _failure(exc: BaseException) -> str:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return f"out of memory: {first[:200]}"
-    kind = "refused" if isinstance(exc, (BackendRefused, ValueError)) else "error"
+    kind = "refused" if isinstance(exc, (BackendRefused, ValueError, AssertionError)) else "error"
     return f"{kind}: {type(exc).__name__}: {first[:300]}"
 
 
