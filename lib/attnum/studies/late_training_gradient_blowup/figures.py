@@ -347,11 +347,24 @@ GPU_PANELS = (("loss", "loss (nats/byte): training, validation dashed"), ("grad_
               ("tokens_per_s", "throughput (tokens/s)"))
 
 
-def plot_gpu_training(ds: xr.Dataset):
+def no_records_figure(what: str):
+    """An empty panel that says ``what`` is absent (a run without the GPU training records)."""
+    from ...plots import subplots
+
+    fig, ax = subplots(1, 1, figsize=(6, 1.5))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"no {what} in this run", ha="center", va="center")
+    return fig
+
+
+def plot_gpu_training(ds: xr.Dataset | None):
     """The gathered GPU training records (gpu_training tier): per run, over training, the mean over
     layers (line) and the range over layers (band) of each per-layer series; loss and throughput
-    per run (validation loss dashed)."""
+    per run (validation loss dashed). ``no_records_figure`` without records."""
     from ...plots import subplots
+
+    if ds is None or "dq_rel_err" not in ds:
+        return no_records_figure("GPU training records")
 
     fig, axes = subplots(2, 3, figsize=(14, 7.5))
     runs = [str(r) for r in ds["run"].values]
@@ -385,7 +398,7 @@ def plot_gpu_training(ds: xr.Dataset):
     return fig
 
 
-def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | None = "key_mean_norm",
+def plot_gpu_dq_by_layer(ds: xr.Dataset | None, var: str = "dq_rel_err", offset: str | None = "key_mean_norm",
                          per_row: int = 4):
     """``var`` per layer over training, one column per run (member a), layers coloured from first to last;
     with ``offset``, a second row gives that variable (the common key offset) per layer, so that a layer
@@ -397,6 +410,8 @@ def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | 
 
     from ...plots import subplots
 
+    if ds is None or var not in ds:
+        return no_records_figure("GPU training records")
     runs = [str(r) for r in ds["run"].values]
     shown = [v for v in (var, offset) if v is not None and v in ds]
     cols = max(1, min(per_row, len(runs)))
