@@ -43,6 +43,12 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     params = runs.load_param_set(STUDY, "smoke")
     assert ds["mech_dq_err"].dims == ("variant", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
     assert ds["variant"].values.tolist() == params["variants"]
+    # one name per kernel: each variant's own kernel name at the tier's tiles, a registry name where one exists
+    names = [experiments.variant_kernel(v, params["block_q"], params["block_k"]).name for v in params["variants"]]
+    assert ds["variant_kernel"].values.tolist() == names
+    assert kernels.get(str(ds["variant_kernel"].sel(variant="bf16_fused").item())).name == names[5]
+    assert ds["real_variant_kernel"].values.tolist() == [n for v, n in zip(params["variants"], names)
+                                                         if v in params["real_variants"]]
     assert ds["mu_norm"].values.tolist() == params["mu_norms"]
     assert ds["train_loss"].dims == ("run", "step") and ds["run"].values.tolist() == ["bf16", "fp32"]
     assert ds["train_key_mean_norm"].dims == ("run", "step", "layer")
@@ -145,6 +151,9 @@ def test_real_grid_records_a_cuda_only_kernel_as_unavailable(real_grid):
 
 
 def test_real_grid_emulator_against_itself(real_grid):
+    # the variant "bf16" at these tiles is the registry's emulator:fa2_bf16:bk16:bq16 (one name per kernel)
+    assert kernels.get(str(real_grid["real_variant_kernel"].sel(real_variant="bf16").item())).name == \
+        kernels.get("emulator:fa2_bf16:bk16:bq16").name
     same = real_grid.sel(real_kernel="emulator:fa2_bf16:bk16:bq16")
     np.testing.assert_allclose(same["real_mech_dq_err_corr"].sel(real_variant="bf16"), 1.0, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(same["real_mech_dq_err"], real_grid["real_mech_emulator_dq_err"].sel(real_variant="bf16"))

@@ -140,6 +140,7 @@ def real_mechanism_grid(kernel_names, sharpness, mu_norms, seq_lens, head_dims, 
         ds[f"real_mech_emulator_{m}"] = (("real_variant",) + dims, emu[m])
     ds["real_mech_dq_err_corr"] = (("real_kernel", "real_variant") + dims, corr)
     ds["real_mech_status"] = (("real_kernel", "real_seq_len", "real_head_dim"), status.astype(str))
+    ds["real_variant_kernel"] = ("real_variant", [impl.name for impl in emulated])
     return ds
 
 
