@@ -304,7 +304,7 @@ def test_rounded_offset_changes_the_exact_problem_and_the_axis_offset_does_not()
     assert float(ds["mech_exact_dq_shift"].sel(mu_norm=1e4).min()) > 0.5  # measured ~1.5-4 on such grids
     assert float(xo["xo_exact_dq_shift"].max()) < 1e-9
     assert float(xo["xo_dq_err"].sel(mu_norm=1e4).min()) > 100 * float(xo["xo_dq_err"].sel(mu_norm=0.0).max())
-    assert set(xo.data_vars) == {f"xo_{m}" for m in experiments.AXIS_OFFSET_VARS} | {"variant_description"}
+    assert set(xo.data_vars) == {f"xo_{m}" for m in experiments.AXIS_OFFSET_VARS} | {"variant_description", "variant_kernel"}
 
 
 def test_same_problem_limit():
