@@ -6,10 +6,10 @@ import pytest
 import torch
 import xarray as xr
 
-from attnum import ncio, runs
+from attnum import kernels, ncio, runs
 from attnum.operands import regime_operands
 from attnum.studies import late_training_gradient_blowup as study
-from attnum.studies.late_training_gradient_blowup import (experiments, gpu_training, prose, prose_gpu, readings,
+from attnum.studies.late_training_gradient_blowup import (experiments, gpu_training, readings,
                                                          readings_gpu, real_kernels)
 
 STUDY = "late_training_gradient_blowup"
@@ -33,6 +33,9 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     late = readings.late_diagnostic(ncio.open_results(path / "results.nc", squeeze_sweep_dims=True))
     assert values["s04_late_global_max"] == pytest.approx(late["global_max"])
     assert values["s04_late_row_verdict"] == ("passes" if late["row_passes_100"] else "stays below")
+    assert values["s04_late_global_pass_fraction"] == pytest.approx(late["global_pass_fraction"])
+    assert values["s04_late_row_pass_fraction"] == pytest.approx(late["row_pass_fraction"])
+    assert values["s04_late_level"] == late["level"] == 1.0
     assert {"error_vs_offset.png", "row_sums.png", "error_vs_size.png", "training.png", "checkpoint_offsets.png",
             "tied_maxima.png", "real_vs_emulator.png", "real_correlation.png",
             "real_diagnostics.png", "exact_problem.png"} <= {p.name for p in path.glob("*.png")}
@@ -40,6 +43,12 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     params = runs.load_param_set(STUDY, "smoke")
     assert ds["mech_dq_err"].dims == ("variant", "sharpness", "mu_norm", "seq_len", "head_dim", "seed")
     assert ds["variant"].values.tolist() == params["variants"]
+    # one name per kernel: each variant's own kernel name at the tier's tiles, a registry name where one exists
+    names = [experiments.variant_kernel(v, params["block_q"], params["block_k"]).name for v in params["variants"]]
+    assert ds["variant_kernel"].values.tolist() == names
+    assert kernels.get(str(ds["variant_kernel"].sel(variant="bf16_fused").item())).name == names[5]
+    assert ds["real_variant_kernel"].values.tolist() == [n for v, n in zip(params["variants"], names)
+                                                         if v in params["real_variants"]]
     assert ds["mu_norm"].values.tolist() == params["mu_norms"]
     assert ds["train_loss"].dims == ("run", "step") and ds["run"].values.tolist() == ["bf16", "fp32"]
     assert ds["train_key_mean_norm"].dims == ("run", "step", "layer")
@@ -142,6 +151,9 @@ def test_real_grid_records_a_cuda_only_kernel_as_unavailable(real_grid):
 
 
 def test_real_grid_emulator_against_itself(real_grid):
+    # the variant "bf16" at these tiles is the registry's emulator:fa2_bf16:bk16:bq16 (one name per kernel)
+    assert kernels.get(str(real_grid["real_variant_kernel"].sel(real_variant="bf16").item())).name == \
+        kernels.get("emulator:fa2_bf16:bk16:bq16").name
     same = real_grid.sel(real_kernel="emulator:fa2_bf16:bk16:bq16")
     np.testing.assert_allclose(same["real_mech_dq_err_corr"].sel(real_variant="bf16"), 1.0, rtol=0, atol=1e-12)
     np.testing.assert_array_equal(same["real_mech_dq_err"], real_grid["real_mech_emulator_dq_err"].sel(real_variant="bf16"))
@@ -222,6 +234,31 @@ def test_diagnostic_with_a_real_kernel_as_the_models_attention(small_checkpoint)
     assert float(ratio.min()) > 0.5 and float(ratio.max()) < 2.0
 
 
+def test_fa4_and_a_forward_only_kernel_are_recorded_never_replaced(small_checkpoint):
+    # FlashAttention-4 is CUDA-only: refused here with its own reason; FlashInfer's prefill has no backward:
+    # not applicable on any device (this study measures gradients)
+    names = ["fa4", "flashinfer:prefill", "sdpa:math"]
+    grid = real_kernels.real_mechanism_grid(names, [1.0], [0.0, 100.0], [32], [16], [0], variants=["bf16"],
+                                            block_q=16, block_k=16, golden_chunk=1024, device="cpu", progress=False)
+    status = {k: str(grid["real_mech_status"].sel(real_kernel=k).item()) for k in names}
+    assert status["fa4"] == "unavailable: " + kernels.get("fa4").unavailable_reason("cpu")
+    assert "CUDA" in status["fa4"]
+    assert status["flashinfer:prefill"].startswith(real_kernels.NOT_APPLICABLE + ": flashinfer")
+    assert "no backward" in status["flashinfer:prefill"] and status["sdpa:math"] == "ok"
+    for k in ("fa4", "flashinfer:prefill"):
+        assert np.isnan(grid["real_mech_dq_err"].sel(real_kernel=k)).all()
+    assert np.isfinite(grid["real_mech_dq_err"].sel(real_kernel="sdpa:math")).all()
+    assert real_kernels.kernel_status(kernels.get("flashinfer:prefill"), "cuda").startswith(real_kernels.NOT_APPLICABLE)
+    result, cfg, batch = small_checkpoint
+    diag = real_kernels.real_kernel_diagnostics(result, cfg, batch, names, [0.0], threshold=0.1, seed=0,
+                                                device="cpu", progress=False)
+    assert [str(x) for x in diag["real_diag_status"].values] == [status[k] for k in names]
+    assert np.isnan(diag["real_diag_dq_rel_err"].sel(real_kernel=["fa4", "flashinfer:prefill"])).all()
+    # the gpu tier measures FA4's backward beside sdpa:flash and our Triton FA2
+    gpu = runs.load_param_set(STUDY, "gpu")["real_kernels"]
+    assert {"fa4", "sdpa:flash", "triton:fa2"} <= set(gpu) and all(kernels.get(k).has_backward for k in gpu)
+
+
 def test_in_format_feeds_the_kernel_bf16_and_the_recompute_what_it_read():
     import torch
 
@@ -267,7 +304,7 @@ def test_rounded_offset_changes_the_exact_problem_and_the_axis_offset_does_not()
     assert float(ds["mech_exact_dq_shift"].sel(mu_norm=1e4).min()) > 0.5  # measured ~1.5-4 on such grids
     assert float(xo["xo_exact_dq_shift"].max()) < 1e-9
     assert float(xo["xo_dq_err"].sel(mu_norm=1e4).min()) > 100 * float(xo["xo_dq_err"].sel(mu_norm=0.0).max())
-    assert set(xo.data_vars) == {f"xo_{m}" for m in experiments.AXIS_OFFSET_VARS} | {"variant_description"}
+    assert set(xo.data_vars) == {f"xo_{m}" for m in experiments.AXIS_OFFSET_VARS} | {"variant_description", "variant_kernel"}
 
 
 def test_same_problem_limit():
@@ -306,7 +343,7 @@ def test_source_checks_measure_both_masks_against_their_own_exact_gradients():
     # (the causal errors are below 1% only because each is against the causal fp64 gradients)
 
 
-def test_real_kernel_summary_and_sentences(real_grid):
+def test_real_kernel_summary(real_grid):
     summary = readings.real_kernel_summary(real_grid)
     assert bool(summary.loc["sdpa:flash", "grows"]) and not summary.loc["sdpa:math", "grows"]
     assert summary.loc["sdpa:cudnn", "grows"] is None
@@ -314,10 +351,8 @@ def test_real_kernel_summary_and_sentences(real_grid):
     assert summary.loc["sdpa:flash", "corr with bf16, median"] > 0.5 > abs(summary.loc["sdpa:math", "corr with bf16, median"])
     growth = readings.dq_growth(real_grid)
     assert summary.loc["sdpa:flash", "growth max"] == pytest.approx(growth.xs("real: sdpa:flash", level="kernel")["growth"].max())
-    sentences = prose.real_kernel_sentences(summary)
-    assert any(s.startswith("`sdpa:cudnn` gave no gradients") and ": unavailable" in s for s in sentences)
-    assert any(s.startswith("`sdpa:flash` shows") for s in sentences)
-    assert any(s.startswith("`sdpa:math` does not show") for s in sentences)
+    assert np.isnan(summary.loc["sdpa:cudnn", "growth min"]) and np.isnan(summary.loc["sdpa:cudnn", "growth max"])
+    assert summary.loc["sdpa:flash", "growth min"] >= 10 > summary.loc["sdpa:math", "growth min"]
 
 
 def test_committed_runs_are_read_only_from_the_right_device():
@@ -383,10 +418,7 @@ def test_real_kernel_details_point_by_point_and_within_the_same_problem_limit(re
     expected = float(err.sel(mu_norm=100.0) / err.sel(mu_norm=0.0))
     assert limited.loc["sdpa:flash", "same-problem growth, min"] == pytest.approx(expected)
     assert limited.loc["sdpa:flash", "same-problem growth, max"] == pytest.approx(expected)
-    sentences = prose.real_kernel_detail_sentences(limited)
-    assert not any(s.startswith("`sdpa:cudnn`") for s in sentences)
-    flash = next(s for s in sentences if s.startswith("`sdpa:flash`"))
-    assert f"grows {expected:.3g}x over sharpness" in flash and "at d = 16" in flash
+    assert np.isnan(limited.loc["sdpa:cudnn", "same-problem growth, min"])  # unavailable: nothing to read
 
 
 def _trained(flag_at_last, params):
@@ -410,18 +442,26 @@ def _trained(flag_at_last, params):
                       attrs={"parameters": json.dumps(params)})
 
 
-def test_trained_model_and_same_training_sentences():
+def test_trained_model_and_same_training():
     params = {k: 1 for k in readings.TRAINING_PARAMS}
     quiet, flagged = _trained(False, params), _trained(True, params)
-    text = prose.trained_model_sentence(quiet)
-    assert "without an offset at none of the 2 checkpoints" in text
-    assert "at a common key offset of 30" in text and "0.5, 2 at the largest offset (30)" in text
-    assert "without an offset at checkpoints [10]" in prose.trained_model_sentence(flagged)
+    table = readings.trained_model(quiet)
+    assert list(table.index) == [0, 1] and (table["checkpoint"] == 10).all()
+    assert list(table["global dQ err, no offset"]) == [0.01, 0.01]
+    assert list(table["median row dQ err, no offset"]) == pytest.approx([0.03, 0.03])
+    assert list(table["global dQ err, offset 30"]) == [0.5, 2.0]
+    assert np.isnan(table.loc[0, "smallest offset flagged"]) and table.loc[1, "smallest offset flagged"] == 30.0
+    assert list(table["checkpoints flagged, no offset"]) == [0, 0]
+    again = readings.trained_model(flagged)
+    assert list(again["checkpoints flagged, no offset"]) == [0, 1] and again.loc[1, "smallest offset flagged"] == 0.0
     other = _trained(False, params)
     other["train_loss"][0, 0] = 2.002
-    same = prose.same_training_sentence(quiet, other)
-    assert "differ by at most 1.0e-03" in same and "final losses are 1 here and 1 on the GPU" in same
-    assert prose.same_training_sentence(quiet, _trained(False, {**params, "steps": 2})) is None
+    same = readings.same_training(quiet, other)
+    assert same["first steps"] == 3
+    assert same["largest relative loss difference"] == pytest.approx(1 - 2.0 / 2.002)
+    assert (same["final loss here"], same["final loss there"]) == (1.0, 1.0)
+    assert readings.same_training(quiet, _trained(False, {**params, "steps": 2})) is None
+    assert readings.same_training(quiet, quiet) is None and readings.same_training(quiet, None) is None
 
 
 # -- the gpu_training tier's computed text (section 10) ----------------------------------------------------
@@ -483,19 +523,26 @@ def s04_records(tmp_path_factory):
 FLASH, FP32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
 
 
-def test_gpu_sentences_say_fp32_attention_has_zero_dq_error_not_nan(s04_records):
+def test_gpu_late_growth_counts_only_members_with_a_growth(s04_records):
     ds = s04_records.copy(deep=True)
     ds["dq_rel_err"].loc[{"run": FP32}] = 0.0  # as on the GPU: the diagnostic recomputes FP32 attention exactly
     ds["sum_max_dq_rel_err"].loc[{"run": FP32}] = 0.0
     ds["sum_dq_err_growth"].loc[{"run": FP32}] = np.nan
-    text = "\n".join(prose_gpu.gpu_training_sentences(ds))
-    assert "nanx" not in text and " nan" not in text
-    grow = next(s for s in prose_gpu.gpu_training_sentences(ds) if s.startswith("**Does the dQ error grow late?**"))
-    assert f"{FP32} (sdpa:math@fp32): no growth: its dQ error is 0" in grow
-    assert "recomputes this kernel itself" in grow
+    table = readings_gpu.gpu_training_table(ds)
+    assert table.loc[(FP32, "a"), "max dq_rel_err"] == 0.0 and np.isnan(table.loc[(FP32, "a"), "dq_rel_err growth"])
     assert np.isfinite(float(ds["sum_dq_err_growth"].sel(run=FLASH, member="a")))
-    # only the member with a finite growth is counted
-    assert "of the 1 trained member(s) with a growth" in grow
+    growth = float(ds["sum_dq_err_growth"].sel(run=FLASH, member="a"))
+    late = readings_gpu.late_growth(ds)
+    assert late["with growth"] == 1 and late["level"] == gpu_training.GPU_GROWTH
+    assert late["grew"] == int(growth > gpu_training.GPU_GROWTH)
+    ds["sum_dq_err_growth"].loc[{"run": FLASH}] = 10 * gpu_training.GPU_GROWTH
+    assert readings_gpu.late_growth(ds)["grew"] == 1 and readings_gpu.late_growth(ds)["grew_runs"] == f"{FLASH}/a"
+    assert np.isnan(readings_gpu.late_growth(None)["grew"])
+    # nothing blew up: the losses fall
+    blew = readings_gpu.blowup_by_family(ds)
+    assert blew.loc["sdpa:flash", "members"] == 1 and blew.loc["FP32", "members"] == 1 and blew["blew up"].sum() == 0
+    ds["sum_diverged"].loc[{"run": FLASH}] = 1
+    assert readings_gpu.blowup_by_family(ds).loc["sdpa:flash", "blew up"] == 1
 
 
 def test_gpu_equal_step_table_takes_the_largest_common_logged_step(s04_records):
@@ -512,25 +559,23 @@ def test_gpu_equal_step_table_takes_the_largest_common_logged_step(s04_records):
         assert row["val step"] == 15 and row["val loss"] == float(one["val_loss"].sel(step=15))  # last eval <= 20
         assert row["key_mean_norm"] == pytest.approx(float(one["key_mean_norm"].sel(step=20).mean()))
         assert row["grad norm"] == float(one["grad_norm"].sel(step=20))
-    (sentence,) = prose_gpu.gpu_equal_step_sentences(ds)
-    assert "at step 20, the largest logged step they all reached, against " + FP32 in sentence
-    assert f"{FLASH}: step 30, {FP32}: step 23" in sentence
     # a setting with a single run gives no comparison
     alone = ds.sel(run=[FLASH])
     assert readings_gpu.gpu_equal_step_table(alone).empty
-    assert "no comparison at equal steps" in prose_gpu.gpu_equal_step_sentences(alone)[0]
+    assert readings_gpu.gpu_equal_step_table(None).empty
 
 
-def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
+def test_gpu_memorisation_and_throughput_are_computed(s04_records):
     ds = s04_records
-    text = prose_gpu.gpu_memorisation_sentence(ds)
     split = float(ds["run_corpus_train_bytes"].sel(run=FLASH))
     passes = 30 * 8 * 32 / split
     assert float(ds["sum_train_passes"].sel(run=FLASH)) == pytest.approx(passes)
-    assert f"{passes:.3g} passes over the data" in text and f"{split:.3g} bytes" in text
+    table = readings_gpu.memorisation(ds)
     low = ds["val_loss"].sel(run=FLASH, member="a")
     step = int(low["step"][int(low.fillna(np.inf).argmin("step"))])
-    assert f"lowest {float(low.min()):.3g} at step {step}" in text
+    row = table.loc[(FLASH, "a")]
+    assert row["passes"] == pytest.approx(passes) and row["min val step"] == step
+    assert row["min val loss"] == pytest.approx(float(low.min()))
     # a validation loss that ends 50% above a minimum at step 15 while the training loss keeps falling: memorising
     rose = ds.copy(deep=True)
     v15 = float(low.sel(step=15))
@@ -538,23 +583,26 @@ def test_gpu_memorisation_and_throughput_sentences_are_computed(s04_records):
     rose["sum_min_val_loss_step"].loc[{"run": FLASH, "member": "a"}] = 15
     rose["sum_final_val_loss"].loc[{"run": FLASH, "member": "a"}] = 1.5 * v15
     assert float(rose["sum_final_loss"].sel(run=FLASH, member="a")) < float(ds["loss"].sel(run=FLASH, member="a", step=15))
-    memo = prose_gpu.gpu_memorisation_sentence(rose)
-    assert f"lowest {v15:.3g} at step 15" in memo and "50% above its minimum" in memo
-    assert f"({FLASH}) ended with a validation loss more than 5% above its minimum" in memo
-    assert "memorise their training split" in memo
+    memo = readings_gpu.memorisation(rose).loc[(FLASH, "a")]
+    assert memo["min val step"] == 15 and memo["val rise"] == pytest.approx(0.5) and bool(memo["memorises"])
     # the memorising member's layer-mean dQ error at its minimum (step 15) and at its end
     dq = ds["dq_rel_err"].sel(run=FLASH, member="a").mean("layer").dropna("step")
     a, b = float(dq.sel(step=15)), float(dq[-1])
-    assert f"{FLASH} {a:.3g} at step 15, {b:.3g} at step {int(dq['step'][-1])} ({b / a:.3g}x)" in memo
-    assert f"after the minimum in {int(b > 1.1 * a)} of 1" in memo
+    assert (memo["dq at min"], memo["dq at end"]) == pytest.approx((a, b))
+    assert memo["dq grew after min"] == bool(b > (1 + gpu_training.GPU_DQ_LATE_RISE) * a)
     grown = rose.copy(deep=True)
     grown["dq_rel_err"].loc[{"run": FLASH, "member": "a", "step": int(dq["step"][-1])}] = 2 * a
-    assert "after the minimum in 1 of 1: for those, the late dQ growth" in prose_gpu.gpu_memorisation_sentence(grown)
-    assert "validation minimum" not in text  # not memorising: no such comparison
+    assert readings_gpu.memorisation(grown).loc[(FLASH, "a"), "dq grew after min"] is True
+    assert not bool(table.loc[(FLASH, "a"), "memorises"]) and np.isnan(table.loc[(FLASH, "a"), "dq at min"])
+    assert readings_gpu.memorisation(None).empty
     rate = float(ds["sum_median_tokens_per_s"].sel(run=FP32))
-    throughput = prose_gpu.gpu_throughput_sentence(ds)
-    assert f"{FP32} (sdpa:math@fp32): {rate:.3g} tokens/s" in throughput and "23 steps" in throughput
-    assert "attention share not timed" in throughput  # time_attention off: no share
+    throughput = readings_gpu.throughput(ds)
+    assert throughput.loc[FP32, "tokens/s"] == rate and throughput.loc[FP32, "steps"] == 23
+    assert throughput.loc[FP32, "attention"] == "sdpa:math@fp32"
+    assert np.isnan(throughput.loc[FP32, "attention share"])  # time_attention off: no share
+    assert throughput["over the slowest"].min() == 1.0
+    assert throughput.loc[FLASH, "over the slowest"] == pytest.approx(
+        float(ds["sum_median_tokens_per_s"].sel(run=FLASH)) / throughput["tokens/s"].min())
 
 
 def _layered_records(n_steps=40, n_layers=4, grow_layer=2):
@@ -593,17 +641,19 @@ def test_layer_growth_finds_the_layer_whose_keys_drift_and_skips_a_zero_error_me
     assert sub.loc[0, "dq growth"] == pytest.approx(1.0)
     assert sub.loc[2, "late_corr"] == pytest.approx(1.0)
     assert np.isnan(sub.loc[0, "late_corr"])  # a flat layer: no correlation to speak of
-    text = " ".join(prose_gpu.gpu_layer_sentences(ds))
-    assert "grew most in layer 2" in text and f"{expected:.3g}x" in text
-    assert "more than 2x late in 1 of 4 layers (layer 2)" in text
-    assert "fp32_run" not in text
+    across = readings_gpu.layers_across(ds)
+    assert list(across.index) == [("flash_run", "a")]  # FP32: dQ error 0, left out
+    row = across.loc[("flash_run", "a")]
+    assert row["top layer"] == 2 and row["top dq growth"] == pytest.approx(expected)
+    assert (row["layers grown"], row["layers"]) == (int(expected > gpu_training.GPU_GROWTH), 4)
+    assert row["across-layer corr (logs)"] == pytest.approx(1.0)  # only layer 2 grows, in both
 
 
 def test_layer_growth_with_no_trained_member_says_so():
     ds = _layered_records()
     ds["dq_rel_err"][:] = 0.0
     assert len(readings_gpu.gpu_layer_growth(ds)) == 0
-    assert "nothing to say by layer" in prose_gpu.gpu_layer_sentences(ds)[0]
+    assert readings_gpu.layers_across(ds).empty and readings_gpu.layers_across(None).empty
 
 
 def _diagnosed(glob, row, flagged):
@@ -625,8 +675,14 @@ def test_late_diagnostic_states_each_measure_on_its_own():
     assert (late["layer"], late["first_checkpoint"], late["last_checkpoint"], late["n_checkpoints"]) == (1, 20, 30, 2)
     assert (late["global_min"], late["global_max"]) == (1.3, 3.1) and (late["row_min"], late["row_max"]) == (0.077, 0.099)
     assert late["global_passes_100"] is True and late["row_passes_100"] is False  # only the global error passes
+    assert (late["global_pass_fraction"], late["row_pass_fraction"]) == (1.0, 0.0) and late["level"] == 1.0
+    half = readings.late_diagnostic(_diagnosed([0.01, 0.5, 0.9, 3.1], [0.01, 0.05, 0.077, 0.099], [0, 1, 1, 1]))
+    assert half["global_pass_fraction"] == 0.5 and half["global_passes_100"] is True
+    assert readings.late_diagnostic(_diagnosed([0.01, 0.5, 0.9, 3.1], [0.01, 0.05, 0.077, 0.099], [0, 1, 1, 1]),
+                                    level=0.08)["row_pass_fraction"] == 0.5
     assert late["flagged"] == 2 and (late["qk_ratio_min"], late["qk_ratio_max"]) == (1.2, 1.5)
     both = readings.late_diagnostic(_diagnosed([0.01, 0.5, 1.3, 3.1], [0.01, 0.5, 1.7, 2.7], [0, 1, 1, 1]))
     assert both["row_passes_100"] is True
     nothing = readings.late_diagnostic(None)
     assert np.isnan(nothing["global_max"]) and nothing["row_passes_100"] is None
+    assert np.isnan(nothing["global_pass_fraction"]) and np.isnan(nothing["row_pass_fraction"])

@@ -11,7 +11,7 @@ import xarray as xr
 from attnum import ncio
 from attnum.train import record
 from attnum.train import CorpusConfig as TrainConfig, train_corpus as train
-from attnum.studies.late_training_gradient_blowup import figures, gpu_training, prose_gpu, readings, readings_gpu
+from attnum.studies.late_training_gradient_blowup import figures, gpu_training, readings, readings_gpu
 
 RUNS = {
     "s04_flash_lr1e-3": dict(kernel="sdpa:flash"),
@@ -86,11 +86,18 @@ def test_study04_gathers_the_per_layer_series_and_answers_from_them(records):
     assert set(ds["prov_version_torch"].values) == {__import__("torch").__version__}
     sha = record.open_record(records / f"{flash}.nc").attrs["corpus_sha256"]
     assert str(ds["prov_corpus_sha256"].sel(run=flash).values) == sha
-    text = "\n".join(prose_gpu.gpu_training_sentences(ds))
-    assert "dq_rel_err" in text and ("the layer mean grow more than" in text or "grew more than" in text)
-    assert "Nothing blew up" in text and "No mechanism grid" in text
     table = readings_gpu.gpu_training_table(ds)
     assert list(table["attention"]) == ["sdpa:flash@bf16", "sdpa:math@fp32"]
+    late = readings_gpu.late_growth(ds)
+    assert late["with growth"] == int(np.isfinite(table["dq_rel_err growth"]).sum()) >= 1
+    assert late["grew"] == int((table["dq_rel_err growth"] > gpu_training.GPU_GROWTH).sum())
+    assert readings_gpu.blowup_by_family(ds)["blew up"].sum() == 0  # nothing blew up
+    camp = readings_gpu.campaign(ds)
+    assert camp["runs"] == 2 and camp["records_in_folder"] == len(RUNS)
+    assert camp["gpu_s"] == pytest.approx(sum(walls)) and camp["missing"] == len(json.loads(ds.attrs["missing_runs"]))
+    bound = readings_gpu.grid_bound(ds)  # no mechanism grid: its side is NaN, the runs' side is read
+    assert np.isnan(bound["grid_mu"]) and np.isnan(bound["spread_ratio"])
+    assert bound["tokens"] == 30 * 8 * 32 and bound["dq_err"] == pytest.approx(float(table["max dq_rel_err"].max()))
 
 
 def test_study04_blowup_and_the_grid_bound_are_computed(records):
@@ -105,76 +112,55 @@ def test_study04_blowup_and_the_grid_bound_are_computed(records):
     below = err.sel(mu_norm=err["mu_norm"] < mu).values
     assert (below < 0.1).all() and float(err.sel(mu_norm=err["mu_norm"] > mu).max()) >= 0.1
     assert float(ds["grid_offset_spread_at_level"]) == pytest.approx(mu / math.sqrt(int(mech["head_dim"][0])))
-    assert "The bound" in "\n".join(prose_gpu.gpu_training_sentences(ds))
+    bound = readings_gpu.grid_bound(ds)
+    assert bound["grid_mu"] == mu and bound["spread_ratio"] == pytest.approx(
+        float(ds["grid_offset_spread_at_level"]) / bound["offset_spread"])
 
 
-def test_study04_offset_sentence_orders_the_runs_by_dq_error_and_key_offset(records):
+def test_study04_offset_table_orders_the_runs_by_dq_error_and_key_offset(records):
     ds = gpu_training.gpu_training_dataset(records, mech=None, level=0.1)
     flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
-    lines = prose_gpu.gpu_offset_sentences(ds)
-    assert len(lines) == 1 and "Over the 6 logged steps all its runs reached (steps 5-30)" in lines[0]
-    assert "FP32 0 < sdpa:flash" in lines[0]  # by dQ error: FP32 is its own recompute
-    assert "One run per attention" in lines[0] and "s04_triton_lr1e-3" not in lines[0]
+    table = readings_gpu.offset_order(ds).droplevel("setting")
+    assert list(table.index) == [(flash, "a"), (fp32, "a")]
+    assert (table["steps"] == 6).all() and (table["first step"] == 5).all() and (table["last step"] == 30).all()
+    steps = slice(5, 30)
+    for run in (flash, fp32):
+        one = ds.sel(run=run, member="a", step=steps)
+        assert table.loc[(run, "a"), "mean key_mean_norm"] == pytest.approx(float(one["key_mean_norm"].mean("layer").mean()))
+        assert table.loc[(run, "a"), "mean dq_rel_err"] == pytest.approx(float(one["dq_rel_err"].mean("layer").mean()))
+    # by dQ error FP32 comes first: it is its own recompute
+    assert table.loc[(fp32, "a"), "rank by dq_rel_err"] == 1 and table.loc[(flash, "a"), "rank by dq_rel_err"] == 2
+    assert np.isnan(table.loc[(fp32, "a"), "steps above FP32"])
 
     def shifted(by):
         out = ds.copy(deep=True)
         out["key_mean_norm"].loc[dict(run=flash)] = out["key_mean_norm"].sel(run=fp32).values + by
-        return out
+        return readings_gpu.offset_order(out).droplevel("setting")
 
-    up = prose_gpu.gpu_offset_sentences(shifted(1.0))[0]
-    assert "is above FP32's at 6 of the 6 steps (never below it)" in up and "in the same order by both" in up
-    down = prose_gpu.gpu_offset_sentences(shifted(-1.0))[0]
-    assert "is above FP32's at 0 of the 6 steps (last below it at step 30)" in down and "The two orders differ" in down
-    # a GProj run without a Triton run of its setting: the forward kernel is named as the other difference
-    gproj = shifted(1.0)
-    names = gproj["member_attention"].values.astype(object)
-    names[list(gproj["run"].values).index(flash)] = "triton:fa2:gproj_dq@bf16"
-    gproj = gproj.assign_coords(member_attention=(("run", "member"), names.astype(str)))
-    assert "has no record here" in prose_gpu.gpu_offset_sentences(gproj)[0]
-    assert lines[0] in prose_gpu.gpu_training_sentences(ds)
-    # a second flash run of the setting: the run-to-run spread is stated, and the runs named apart
-    import xarray as xr
-
-    again = ds.sel(run=[flash]).assign_coords(run=["lm_s04_flash_lr1e-3_b_s0_d0"])
-    again["key_mean_norm"] = again["key_mean_norm"] * 1.5
-    both = xr.concat([ds, again], "run", data_vars="all")
-    text = prose_gpu.gpu_offset_sentences(both)[0]
-    first = float(ds["key_mean_norm"].sel(run=flash, member="a", step=slice(5, 30)).mean("layer").mean())
-    assert "One run per attention" not in text and "the 2 sdpa:flash runs' mean key_mean_norm" in text
-    assert f"{first:.3g}, {1.5 * first:.3g} (1.5x apart)" in text
-    assert f"sdpa:flash ({flash})" in text and "sdpa:flash (lm_s04_flash_lr1e-3_b_s0_d0)" in text
-    second = float(again["dq_rel_err"].sel(member="a", step=slice(5, 30)).mean("layer").mean())
-    assert f"mean dq_rel_err {float(ds['dq_rel_err'].sel(run=flash, member='a', step=slice(5, 30)).mean('layer').mean()):.3g}, {second:.3g}" in text
-    # GProj beside our Triton kernel without it: the two are compared, and set beside the repeat's spread
-    third = ds.sel(run=[flash]).assign_coords(run=["lm_s04_triton_lr1e-3_s0_d0"])
-    third["dq_rel_err"] = third["dq_rel_err"] * 4
-    trio = xr.concat([both, third], "run", data_vars="all")
-    names = trio["member_attention"].values.astype(object)
-    names[list(trio["run"].values).index(flash)] = "triton:fa2:gproj_dq@bf16"
-    names[list(trio["run"].values).index("lm_s04_triton_lr1e-3_s0_d0")] = "triton:fa2@bf16"
-    trio = trio.assign_coords(member_attention=(("run", "member"), names.astype(str)))
-    text = prose_gpu.gpu_offset_sentences(trio)[0]
-    assert "has no record here" not in text
-    assert "GProj against the same Triton kernel without it (lm_s04_triton_lr1e-3_s0_d0)" in text
-    assert "(4x lower with GProj)" in text and "(1x)." in text
-    # the spread now is the flash_b run alone (one sdpa:flash run left): no repeat, so no spread comparison
-    assert "repeat's spread" not in text
-    # with a second sdpa:flash run: its spread (1.1x in key offset, 1x in dQ error) is the yardstick
-    fourth = again.assign_coords(run=["lm_s04_flash_lr1e-3_c_s0_d0"])
-    fourth["key_mean_norm"] = fourth["key_mean_norm"] * 1.1
-    text = prose_gpu.gpu_offset_sentences(xr.concat([trio, fourth], "run", data_vars="all"))[0]
-    assert "repeat's spread (1x in dq_rel_err, 1.1x in key_mean_norm)" in text
-    assert "GProj's dQ difference is outside it and its key offset difference within it" in text
+    up, down = shifted(1.0), shifted(-1.0)
+    assert up.loc[(flash, "a"), "steps above FP32"] == 6 and np.isnan(up.loc[(flash, "a"), "last below FP32"])
+    assert up["same order"].all()
+    assert down.loc[(flash, "a"), "steps above FP32"] == 0 and down.loc[(flash, "a"), "last below FP32"] == 30
+    assert not down["same order"].any()
+    # a setting without an FP32-attention run has no row
+    assert readings_gpu.offset_order(ds.sel(run=[flash])).empty and readings_gpu.offset_order(None).empty
 
 
 # -- the notebooks, through the runner ------------------------------------------------------------------
 
 def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path):
-    study, figure, needle = "late_training_gradient_blowup", "gpu_training.png", "Does the dQ error grow late?"
+    study, figure = "late_training_gradient_blowup", "gpu_training.png"
+    import shutil
+    from pathlib import Path
+
     import nbformat
 
     from attnum import runs
 
+    # sections 1-9 of this tier read the committed gpu run: the outputs root of this run holds a copy of it
+    committed = Path(__file__).resolve().parents[2] / "outputs" / study / "gpu"
+    shutil.copytree(committed, tmp_path / study / "gpu")
+    needle = f"sections 1-9 read: {study}/gpu (cuda"
     folder = runs.run(study, "gpu_training", {"gpu_records": str(records)}, outputs=tmp_path, progress=False)
     folder = __import__("pathlib").Path(folder)
     ds = ncio.open_results(folder / "results.nc")
@@ -184,7 +170,7 @@ def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path):
     assert (folder / figure).exists()
     nb = nbformat.read(folder / "notebook.ipynb", 4)
     text = json.dumps([c.get("outputs", []) for c in nb.cells])
-    assert needle in text and '"ename"' not in text and "nothing is trained here" in text
+    assert needle in text and '"ename"' not in text and "section 10 reads: this run" in text
     from attnum import glue
 
     executed = json.loads((folder / "notebook.ipynb").read_text())
@@ -195,6 +181,10 @@ def test_notebook_gpu_training_tier_gathers_the_records(records, tmp_path):
     assert values["s04_dq_pass_level"] == gpu_training.GPU_DQ_PASS
     assert values["s04_repeat_runs"] == (grow["runs"] if grow["attention"] else "n/a")
     assert values["s04_repeat_grown"] == (grow["grown"] if grow["attention"] else "n/a")
+    camp = readings_gpu.campaign(ds)
+    assert values["s04_campaign_runs"] == camp["runs"] == 2 and values["s04_campaign_gpu_s"] == pytest.approx(camp["gpu_s"])
+    assert values["s04_blown_up"] == int(readings_gpu.blowup_by_family(ds)["blew up"].sum())
+    assert values["s04_memorising"] == int(readings_gpu.memorisation(ds)["memorises"].sum())
 
 
 def test_notebook_gpu_training_tier_stops_at_once_without_records(tmp_path):
@@ -218,8 +208,7 @@ def test_study04_names_the_layers_whose_dq_error_passed_the_level(records):
     is_flash = dq["run"] == flash
     dq = xr.where(is_flash & dq.notnull(), 0.01, dq).transpose(*ds[gpu_training.GPU_DQ_METRIC].dims)
     calm = ds.assign({gpu_training.GPU_DQ_METRIC: dq})
-    text = prose_gpu.gpu_dq_pass_sentence(calm)
-    assert "in no layer of any run" in text and f"{flash} (0.01)" in text
+    assert readings_gpu.layer_passes(calm).empty
     # raise one layer's dQ error above the level from the second logged step after 0 on
     steps = dq.sel(run=flash, member="a", layer=1).dropna("step")
     steps = steps["step"].values[steps["step"].values > 0]
@@ -227,11 +216,12 @@ def test_study04_names_the_layers_whose_dq_error_passed_the_level(records):
     raised = dq.copy()
     for k, st in enumerate(steps[1:]):
         raised.loc[dict(run=flash, member="a", layer=1, step=st)] = 0.2 + 0.1 * k
-    text = prose_gpu.gpu_dq_pass_sentence(calm.assign({gpu_training.GPU_DQ_METRIC: raised}))
-    assert f"{flash} (sdpa:flash@bf16): layer 1 passed 0.1 at step {first} " in text
-    assert f"reached {0.2 + 0.1 * (len(steps) - 2):.3g} at step {top} " in text
-    assert "layer 0 passed" not in text and "its other layers stayed at or below 0.01." in text
-    assert "In the other runs" not in text  # the FP32 run's dQ error is 0: it has none to pass
+    passes = readings_gpu.layer_passes(calm.assign({gpu_training.GPU_DQ_METRIC: raised}))
+    assert len(passes) == 1  # layer 1 of the flash run only: the FP32 run's dQ error is 0
+    row = passes.iloc[0]
+    assert (row["run"], row["attention"], row["layer"], row["pass_step"]) == (flash, "sdpa:flash@bf16", 1, first)
+    assert (row["top_dq_rel_err"], row["top_step"]) == (pytest.approx(0.2 + 0.1 * (len(steps) - 2)), top)
+    assert row["other_layers_max_dq"] == pytest.approx(0.01)
 
 
 def test_study04_sets_a_layer_that_passed_beside_the_same_layer_of_its_setting(records):
@@ -239,7 +229,7 @@ def test_study04_sets_a_layer_that_passed_beside_the_same_layer_of_its_setting(r
     flash, fp32 = "lm_s04_flash_lr1e-3_s0_d0", "lm_s04_fp32_lr1e-3_s0_d0"
     dq = ds[gpu_training.GPU_DQ_METRIC]
     calm = ds.assign({gpu_training.GPU_DQ_METRIC: xr.where((dq["run"] == flash) & dq.notnull(), 0.01, dq).transpose(*dq.dims)})
-    assert prose_gpu.gpu_pass_setting_sentences(calm) == []
+    assert readings_gpu.layer_passes(calm).empty
     steps = calm[gpu_training.GPU_DQ_METRIC].sel(run=flash, member="a", layer=1).dropna("step")["step"].values
     steps = steps[steps > 0]
     first = int(steps[2])
@@ -247,17 +237,19 @@ def test_study04_sets_a_layer_that_passed_beside_the_same_layer_of_its_setting(r
     for st in steps[2:]:
         raised.loc[dict(run=flash, member="a", layer=1, step=st)] = 0.5
     # the two tiny runs share one setting: one of its two runs passed, and the FP32 run's layer 1 is read at that step
-    (text,) = prose_gpu.gpu_pass_setting_sentences(calm.assign({gpu_training.GPU_DQ_METRIC: raised}))
+    passed = calm.assign({gpu_training.GPU_DQ_METRIC: raised})
+    assert list(readings_gpu.layer_passes(passed)[["run", "layer", "pass_step"]].itertuples(index=False, name=None)) \
+        == [(flash, 1, first)]
     km = float(ds["key_mean_norm"].sel(run=fp32, member="a", layer=1, step=first))
-    assert "1 of the 2 trained runs of this setting had a layer whose dq_rel_err passed 0.1" in text
-    assert f"{flash}'s layer 1 passed at step {first} " in text
-    assert f"{fp32} (sdpa:math@fp32) at step {first}: dq_rel_err 0, key_mean_norm {km:.3g};" in text
+    (beside,) = readings_gpu.same_layer_elsewhere(passed, flash, 1, first).to_dict("records")
+    assert (beside["run"], beside["attention"], beside["read_at"]) == (fp32, "sdpa:math@fp32", first)
+    assert beside["dq_rel_err"] == 0.0 and beside["key_mean_norm"] == pytest.approx(km) and not beside["stopped_before"]
     # a run of the setting that stopped before the step is read at its last logged step, and says so
     cut = calm.assign({gpu_training.GPU_DQ_METRIC: raised})
     for var in ("key_mean_norm", gpu_training.GPU_DQ_METRIC):
         cut[var] = cut[var].where(~((cut["run"] == fp32) & (cut["step"] >= first)))
-    (text,) = prose_gpu.gpu_pass_setting_sentences(cut)
-    assert "(it stopped before step" in text and f"{fp32} (sdpa:math@fp32) at step {first}" not in text
+    (beside,) = readings_gpu.same_layer_elsewhere(cut, flash, 1, first).to_dict("records")
+    assert beside["stopped_before"] and beside["read_at"] < first
 
 
 def test_study04_per_layer_figure_wraps_runs_into_blocks_on_one_y_axis_per_variable(records):

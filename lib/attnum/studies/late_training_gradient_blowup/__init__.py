@@ -11,14 +11,18 @@ mean key. The modules of this package:
     Yao's tied-maximum regime (arXiv 2510.04212), the sources' gradient checks (seeds 000 and 003) and
     the FP32 backward-recompute diagnostic at the trained model's checkpoints.
 ``real_kernels``
-    registry kernels (PyTorch SDPA backends, our Triton FlashAttention-2, ...) on the mechanism grid's
-    operands and as the trained model's attention in the diagnostic.
+    registry kernels (PyTorch SDPA backends, our Triton FlashAttention-2, FlashAttention-4, ...) on the
+    mechanism grid's operands and as the trained model's attention in the diagnostic; a forward-only
+    kernel is recorded as not applicable.
 ``trainer``
     every name this study takes from the training code, in one place.
 ``gpu_training``
     the ``gpu_training`` tier: the GPU training campaign's records gathered into one Dataset.
+``measure``
+    one tier's measurements in one call: the experiments at the tier's sizes, or the GPU records gathered.
 ``readings``, ``readings_gpu``
-    numbers and tables read from a run's Dataset (CPU tiers and committed ``gpu`` run; GPU records).
+    numbers and tables read from a run's Dataset (CPU tiers and committed ``gpu`` run; GPU records), no
+    English: the notebook's markdown states them through ``attnum.glue``.
 ``figures``
     the notebook's figures.
 

@@ -105,6 +105,9 @@ ATTRS = {
     "src_dq_cos": ("1", "cosine between dQ and the fp64 dQ over all elements"),
     "src_kernel": ("1", "emulator kernel of the source checks (registry name) per format"),
     "variant_description": ("1", "what the variant switches on"),
+    "variant_kernel": ("1", "the kernel's own name of the variant at the grid's tiles (a registry name, except for "
+                            "the two variants whose policy switches one stage: fp32+ds=bf16, fa2_bf16+bwd=fp32)"),
+    "real_variant_kernel": ("1", "the kernel's own name of the emulator variant beside the real kernels"),
     "qy_dq_err": ("1", "median row relative L2 error of dQ against fp64"),
     "qy_out_err": ("1", "relative L2 error of the forward output against fp64"),
     "qy_out_err_coherence": ("1", "mean over columns of |mean_i e_ic| / rms_i e_ic of the output error e "
@@ -247,8 +250,9 @@ def mechanism_grid(sharpness, mu_norms, seq_lens, head_dims, seeds, *, variants,
     for name, values in problem.items():
         ds[f"mech_{name}"] = (dims[1:], values)
     ds["variant_description"] = ("variant", [KERNEL_VARIANTS[v][3] for v in variants])
+    ds["variant_kernel"] = ("variant", [impl.name for impl in impls])
     if operands == "axis_offset":
-        ds = ds[[f"mech_{m}" for m in AXIS_OFFSET_VARS] + ["variant_description"]]
+        ds = ds[[f"mech_{m}" for m in AXIS_OFFSET_VARS] + ["variant_description", "variant_kernel"]]
         ds = ds.rename({f"mech_{m}": f"xo_{m}" for m in AXIS_OFFSET_VARS})
     return ds
 

@@ -23,6 +23,14 @@ VARIANT_STYLE = {"fp32": ("#1e8449", "-"), "fp32_fused": ("#58d68d", "--"), "fp3
                  "reference_bf16": ("#7f8c8d", ":")}
 
 
+def variant_label(ds: xr.Dataset, variant, coord: str = "variant") -> str:
+    """A variant's legend entry: its study name and, where the run records it, the kernel's own name."""
+    var = {"variant": "variant_kernel", "real_variant": "real_variant_kernel"}[coord]
+    if var in ds and variant in ds[coord].values:
+        return f"{variant} ({ds[var].sel({coord: variant}).item()})"
+    return str(variant)
+
+
 def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
     """One panel per sharpness: median (over seeds) error vs |mu| for every variant, at the largest N
     and the first d."""
@@ -36,7 +44,7 @@ def plot_error_vs_offset(ds: xr.Dataset, var: str = "mech_dq_err"):
         for variant in ds["variant"].values:
             color, style = VARIANT_STYLE.get(str(variant), ("grey", "-"))
             ax.plot(x, sub.sel(sharpness=s, variant=variant).values, style, color=color, marker="o", ms=3,
-                    label=str(variant))
+                    label=variant_label(ds, variant))
         pmax = float(ds["mech_max_prob"].sel(sharpness=s).isel(seq_len=-1, head_dim=0).median())
         ax.set_title(f"sharpness {s:g} (median max P {pmax:.2f})")
         offset_axis(ax)
@@ -80,7 +88,7 @@ def plot_row_sums(ds: xr.Dataset):
         for ax, var in zip(axes[0], ("mech_ds_row_sum", "mech_dq_err_cos_mu")):
             vals = ds[var].sel(variant=variant).isel(sharpness=0, seq_len=-1, head_dim=0).median("seed").values
             if np.isfinite(vals).any():
-                ax.plot(x, vals, style, color=color, marker="o", ms=3, label=str(variant))
+                ax.plot(x, vals, style, color=color, marker="o", ms=3, label=variant_label(ds, variant))
     for ax in axes[0]:
         offset_axis(ax)
     axes[0][0].set_yscale("log")
@@ -217,7 +225,7 @@ def plot_real_vs_emulator(ds: xr.Dataset):
             for variant in ds["real_variant"].values:
                 color, _ = VARIANT_STYLE.get(str(variant), ("grey", "-"))
                 ax.plot(x, emu.sel(real_variant=variant, sharpness=s).values, "--", color=color, marker="s", ms=3,
-                        label=f"emulator {variant}")
+                        label=f"emulator {variant_label(ds, variant, 'real_variant')}")
             for i, kernel in enumerate(ds["real_kernel"].values):
                 vals = real.sel(real_kernel=kernel, sharpness=s)
                 if _ran(vals):
@@ -347,11 +355,24 @@ GPU_PANELS = (("loss", "loss (nats/byte): training, validation dashed"), ("grad_
               ("tokens_per_s", "throughput (tokens/s)"))
 
 
-def plot_gpu_training(ds: xr.Dataset):
+def no_records_figure(what: str):
+    """An empty panel that says ``what`` is absent (a run without the GPU training records)."""
+    from ...plots import subplots
+
+    fig, ax = subplots(1, 1, figsize=(6, 1.5))
+    ax.axis("off")
+    ax.text(0.5, 0.5, f"no {what} in this run", ha="center", va="center")
+    return fig
+
+
+def plot_gpu_training(ds: xr.Dataset | None):
     """The gathered GPU training records (gpu_training tier): per run, over training, the mean over
     layers (line) and the range over layers (band) of each per-layer series; loss and throughput
-    per run (validation loss dashed)."""
+    per run (validation loss dashed). ``no_records_figure`` without records."""
     from ...plots import subplots
+
+    if ds is None or "dq_rel_err" not in ds:
+        return no_records_figure("GPU training records")
 
     fig, axes = subplots(2, 3, figsize=(14, 7.5))
     runs = [str(r) for r in ds["run"].values]
@@ -385,7 +406,7 @@ def plot_gpu_training(ds: xr.Dataset):
     return fig
 
 
-def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | None = "key_mean_norm",
+def plot_gpu_dq_by_layer(ds: xr.Dataset | None, var: str = "dq_rel_err", offset: str | None = "key_mean_norm",
                          per_row: int = 4):
     """``var`` per layer over training, one column per run (member a), layers coloured from first to last;
     with ``offset``, a second row gives that variable (the common key offset) per layer, so that a layer
@@ -397,6 +418,8 @@ def plot_gpu_dq_by_layer(ds: xr.Dataset, var: str = "dq_rel_err", offset: str | 
 
     from ...plots import subplots
 
+    if ds is None or var not in ds:
+        return no_records_figure("GPU training records")
     runs = [str(r) for r in ds["run"].values]
     shown = [v for v in (var, offset) if v is not None and v in ds]
     cols = max(1, min(per_row, len(runs)))

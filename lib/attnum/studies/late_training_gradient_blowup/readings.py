@@ -16,6 +16,14 @@ SEED000_MIN_COS, SEED000_MAX_ANGLE = 0.99, 5.0
 """Seed 000's gradient check: cosine similarity above 0.99 and angle below 5 degrees."""
 
 
+def seed000_limits() -> dict:
+    """What seed 000's two conditions allow, in the other's terms: the angle (degrees) its cosine limit
+    permits, arccos(``SEED000_MIN_COS``), and the relative L2 error between two vectors of equal norm at
+    its angle limit, 2 sin(``SEED000_MAX_ANGLE`` / 2)."""
+    return {"cos_angle": math.degrees(math.acos(SEED000_MIN_COS)),
+            "angle_error": 2 * math.sin(math.radians(SEED000_MAX_ANGLE) / 2)}
+
+
 def seed003_verdicts(ds: xr.Dataset, prefix: str = "src") -> xr.DataArray:
     """1 where dQ, dK and dV all pass seed 003's thresholds on the largest absolute error, else 0."""
     ok = xr.ones_like(ds[f"{prefix}_dq_max_abs_err"], dtype=bool)
@@ -328,29 +336,109 @@ def tied_cos_pk(ds: xr.Dataset) -> xr.DataArray:
     return ds["qy_dq_err_cos_pk"].sel(variant=flash).median("seed").min(["variant", "tiling"])
 
 
-def late_diagnostic(ds: xr.Dataset | None) -> dict:
+def late_diagnostic(ds: xr.Dataset | None, level: float = 1.0) -> dict:
     """The FP32 recompute diagnostic without an offset over the last third of training (the checkpoints
     at or past two thirds of the last), in the layer with the largest global dQ
     error there: its global relative L2 dQ error (``diag_dq_rel_err``, what the flag reads) and its median
-    row error (``diag_dq_row_rel_err``), each min and max over those checkpoints, whether each reaches 1
-    (100%), how many of those checkpoints flag the layer, and its query/key gradient-norm ratio. NaN
-    values for a run without the diagnostic."""
+    row error (``diag_dq_row_rel_err``), each min and max over those checkpoints, per measure whether it
+    reaches ``level`` at some checkpoint (``*_passes_100``) and the fraction of those checkpoints at which
+    it does (``*_pass_fraction``), how many of those checkpoints flag the layer, and its query/key
+    gradient-norm ratio. NaN values (None verdicts) for a run without the diagnostic."""
     keys = ("layer", "first_checkpoint", "last_checkpoint", "n_checkpoints", "flagged", "global_min", "global_max",
-            "row_min", "row_max", "qk_ratio_min", "qk_ratio_max")
+            "row_min", "row_max", "qk_ratio_min", "qk_ratio_max", "global_pass_fraction", "row_pass_fraction")
     if ds is None or "diag_dq_rel_err" not in ds:
-        return {**{k: math.nan for k in keys}, "global_passes_100": None, "row_passes_100": None}
+        return {**{k: math.nan for k in keys}, "level": level, "global_passes_100": None, "row_passes_100": None}
     checkpoints = ds["checkpoint"].values
     late = checkpoints[checkpoints >= checkpoints.max() * 2 / 3]
     at = dict(offset_norm=0.0, checkpoint=late)
     glob, row = ds["diag_dq_rel_err"].sel(**at), ds["diag_dq_row_rel_err"].sel(**at)
     layer = int(glob["layer"].values[int(np.argmax(glob.max("checkpoint").values))])
     qk = ds["diag_grad_norm_qk_ratio"].sel(**at, layer=layer)
+    g, r = glob.sel(layer=layer).values, row.sel(layer=layer).values
     out = {"layer": layer, "first_checkpoint": int(late[0]), "last_checkpoint": int(late[-1]),
            "n_checkpoints": len(late), "flagged": int(ds["diag_flagged"].sel(**at, layer=layer).sum()),
-           "global_min": float(glob.sel(layer=layer).min()), "global_max": float(glob.sel(layer=layer).max()),
-           "row_min": float(row.sel(layer=layer).min()), "row_max": float(row.sel(layer=layer).max()),
-           "qk_ratio_min": float(qk.min()), "qk_ratio_max": float(qk.max())}
-    out["global_passes_100"] = out["global_max"] >= 1.0
-    out["row_passes_100"] = out["row_max"] >= 1.0
+           "global_min": float(g.min()), "global_max": float(g.max()),
+           "row_min": float(r.min()), "row_max": float(r.max()),
+           "qk_ratio_min": float(qk.min()), "qk_ratio_max": float(qk.max()),
+           "global_pass_fraction": float(np.mean(g >= level)), "row_pass_fraction": float(np.mean(r >= level)),
+           "level": level}
+    out["global_passes_100"] = out["global_max"] >= level
+    out["row_passes_100"] = out["row_max"] >= level
     return out
 
+
+def trained_model(ds: xr.Dataset):
+    """The model a run trained, as the real-kernel diagnostic's model, one row per layer: at the last
+    checkpoint, with the trained emulated kernel, without an offset its global relative L2 and median
+    row dQ errors, its global relative L2 dQ error at the largest offset, whether it is flagged there
+    without an offset, the smallest offset at which it is flagged (NaN: at none), the number of
+    checkpoints at which it is flagged without an offset, and its largest attention logit at the last
+    recorded step of the trained (``bf16``) run."""
+    import pandas as pd
+
+    last = int(ds["checkpoint"].values.max())
+    offsets = ds["offset_norm"].values
+    at_last = ds.sel(checkpoint=last)
+    rows = []
+    for layer in ds["layer"].values:
+        flags = at_last["diag_flagged"].sel(layer=layer).values > 0
+        rows.append({"layer": int(layer), "checkpoint": last,
+                     "global dQ err, no offset": float(at_last["diag_dq_rel_err"].sel(layer=layer, offset_norm=0.0)),
+                     "median row dQ err, no offset": float(at_last["diag_dq_row_rel_err"].sel(layer=layer,
+                                                                                              offset_norm=0.0)),
+                     f"global dQ err, offset {offsets.max():g}":
+                         float(at_last["diag_dq_rel_err"].sel(layer=layer, offset_norm=offsets.max())),
+                     "smallest offset flagged": float(offsets[flags].min()) if flags.any() else math.nan,
+                     "checkpoints flagged, no offset": int((ds["diag_flagged"].sel(layer=layer, offset_norm=0.0)
+                                                            > 0).sum()),
+                     "max logit, last step": float(ds["train_max_logit"].sel(run="bf16", layer=layer).isel(step=-1))})
+    return pd.DataFrame(rows).set_index("layer")
+
+
+def same_training(ds: xr.Dataset, other: xr.Dataset | None) -> dict | None:
+    """When ``ds`` and ``other`` (two runs of this study, e.g. a CPU tier and the committed GPU run) trained
+    the same model the same way (``TRAINING_PARAMS`` equal): the number of first recorded steps compared,
+    the largest relative difference of their BF16 runs' losses over them, and each run's final loss;
+    None otherwise."""
+    import json
+
+    if other is None or other is ds or "train_loss" not in ds or "train_loss" not in other:
+        return None
+    p, q = (json.loads(x.attrs["parameters"]) if isinstance(x.attrs.get("parameters"), str)
+            else dict(x.attrs.get("parameters", {})) for x in (ds, other))
+    if not p or not q or any(p.get(k) != q.get(k) for k in TRAINING_PARAMS):
+        return None
+    a, b = (x["train_loss"].sel(run="bf16") for x in (ds, other))
+    n = min(4, a.sizes["step"], b.sizes["step"])
+    return {"first steps": n,
+            "largest relative loss difference": float(abs(a.isel(step=slice(0, n)).values
+                                                          / b.isel(step=slice(0, n)).values - 1).max()),
+            "final loss here": float(a.isel(step=-1)), "final loss there": float(b.isel(step=-1))}
+
+
+EXPERIMENT_VARS = ("mech_dq_err", "train_loss", "diag_dq_rel_err", "real_mech_status")
+"""Variables that mark a run of the study's own experiments (sections 1-9), not a gathering of records."""
+
+
+def experiments_run(ds: xr.Dataset, committed_gpu: xr.Dataset | None) -> xr.Dataset:
+    """The run sections 1-9 read: ``ds`` when it made the experiments (every tier but ``gpu_training``),
+    else the committed ``gpu`` run (``committed_gpu``, when it ran on CUDA). Raises, naming the file,
+    when neither holds them."""
+    if all(v in ds for v in EXPERIMENT_VARS):
+        return ds
+    if committed_gpu is not None and on_cuda(committed_gpu) and all(v in committed_gpu for v in EXPERIMENT_VARS):
+        return committed_gpu
+    raise FileNotFoundError("this run made none of the study's experiments and the committed gpu run "
+                            "(outputs/late_training_gradient_blowup/gpu/results.nc, from a CUDA device) is absent: "
+                            "sections 1-9 have nothing to read")
+
+
+def kernel_status_in(ds: xr.Dataset | None, kernel: str) -> str | None:
+    """The real-kernel grid's status of ``kernel`` in ``ds`` ("ok", or its first reason for giving no
+    gradients), "not in this run" when the run's kernel list lacks it, None without a run."""
+    if ds is None or "real_mech_status" not in ds:
+        return None
+    if kernel not in [str(k) for k in ds["real_kernel"].values]:
+        return "not in this run"
+    bad = [str(x) for x in ds["real_mech_status"].sel(real_kernel=kernel).values.ravel() if str(x) != "ok"]
+    return bad[0] if bad else "ok"

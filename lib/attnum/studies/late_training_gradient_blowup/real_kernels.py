@@ -9,7 +9,8 @@
     trained checkpoint with a real kernel as every layer's attention (``InFormat``:
     q, k, v and dO handed to it in bf16, as the emulator rounds them). A kernel that
     cannot run here, refuses the inputs or runs out of memory is recorded with the
-    reason, never replaced by another.
+    reason, never replaced by another; a forward-only kernel (``has_backward`` False, e.g.
+    FlashInfer's) is recorded as not applicable.
 """
 from __future__ import annotations
 
@@ -44,6 +45,19 @@ def error_correlation(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a @ b / den).item() if den > 0 else math.nan
 
 
+NOT_APPLICABLE = "not applicable"
+"""The status prefix of a kernel without a backward (an inference kernel): this study measures gradients."""
+
+
+def kernel_status(kernel: kernels.Kernel, device: str) -> str:
+    """"ok", or why ``kernel`` gives no gradients on ``device`` before anything runs: "not applicable: ..."
+    for a forward-only kernel (on any device), "unavailable: ..." with the kernel's own reason."""
+    if not getattr(kernel, "has_backward", True):
+        return f"{NOT_APPLICABLE}: {kernel.name} has a forward only (no backward), and this study measures gradients"
+    reason = kernel.unavailable_reason(device)
+    return f"unavailable: {reason}" if reason else "ok"
+
+
 def _failure(exc: BaseException) -> str:
     """The status of a kernel that raised: out of memory or refused, with the first line of the reason."""
     first = (str(exc).splitlines() or [""])[0]
@@ -66,8 +80,8 @@ def real_mechanism_grid(kernel_names, sharpness, mu_norms, seq_lens, head_dims, 
     ``mechanism_grid``. Measured with ``gradient_errors`` against the fp64 gradients: median row
     dQ, dK, dV errors, the dQ error's alignment with mu, and the correlation over all elements of
     each real kernel's dQ error with each variant's. ``real_mech_status`` per (kernel, N, d): "ok",
-    or the first reason it gave no gradients there ("unavailable: ...", "refused: ...",
-    "out of memory: ..."); after a failure the kernel is skipped for the rest of that (N, d).
+    or the first reason it gave no gradients there ("not applicable: ...", "unavailable: ...",
+    "refused: ...", "out of memory: ..."); after a failure the kernel is skipped for the rest of that (N, d).
     """
     real = [kernels.get(name) for name in kernel_names]
     emulated = [variant_kernel(name, block_q, block_k) for name in variants]
@@ -77,9 +91,7 @@ def real_mechanism_grid(kernel_names, sharpness, mu_norms, seq_lens, head_dims, 
     corr = np.full((len(real), len(emulated)) + grid, np.nan)
     status = np.full((len(real), len(seq_lens), len(head_dims)), "ok", dtype=object)
     for r, kernel in enumerate(real):
-        reason = kernel.unavailable_reason(device)
-        if reason:
-            status[r] = f"unavailable: {reason}"
+        status[r] = kernel_status(kernel, device)
     low = FORMATS[REAL_FORMAT]
     work = [(c, n, e, d, f, seed, a, s, b, m) for c, n in enumerate(seq_lens) for e, d in enumerate(head_dims)
             for f, seed in enumerate(seeds) for a, s in enumerate(sharpness) for b, m in enumerate(mu_norms)]
@@ -128,6 +140,7 @@ def real_mechanism_grid(kernel_names, sharpness, mu_norms, seq_lens, head_dims, 
         ds[f"real_mech_emulator_{m}"] = (("real_variant",) + dims, emu[m])
     ds["real_mech_dq_err_corr"] = (("real_kernel", "real_variant") + dims, corr)
     ds["real_mech_status"] = (("real_kernel", "real_seq_len", "real_head_dim"), status.astype(str))
+    ds["real_variant_kernel"] = ("real_variant", [impl.name for impl in emulated])
     return ds
 
 
@@ -178,15 +191,12 @@ def real_kernel_diagnostics(result, model_cfg: GPTConfig, batch, kernel_names, o
     names = [n for n in DIAG_ATTRS if n != "threshold"]
     n_layer = model_cfg.n_layer
     data = {n: np.full((len(kernel_names), len(offset_norms), n_layer), np.nan) for n in names}
-    status = np.full(len(kernel_names), "ok", dtype=object)
     real = [kernels.get(name) for name in kernel_names]
+    status = np.array([kernel_status(kernel, device) for kernel in real], dtype=object)
     work = [(r, o, norm) for r in range(len(real)) for o, norm in enumerate(offset_norms)]
     with torch_threads(threads):
         for r, o, norm in tqdm(work, desc="real-kernel diagnostics", disable=not progress):
             kernel = real[r]
-            reason = kernel.unavailable_reason(device)
-            if reason:
-                status[r] = f"unavailable: {reason}"
             if status[r] != "ok":
                 continue
             model = load_checkpoint(model_cfg, result.checkpoints[step], device=device)
