@@ -319,7 +319,7 @@ def test_study03_gpu_figure_with_and_without_a_low_precision_pair(records, recor
             assert "their claim" in " ".join(t.get_text() for t in legend.get_texts())
             assert right.lines  # the ratio itself
         else:
-            assert "bf16_training or fp16_training" in texts and legend is None and not right.patches
+            assert "bf16_training or fp16_training" in texts.replace("\n", " ") and legend is None and not right.patches
             assert readings_gpu.gpu_lowprec_missing(ds) == "bf16_training or fp16_training"
             assert readings_gpu.gpu_golden_table(ds).empty
             assert readings_gpu.gpu_prose_values(ds)["lowprec_missing"] == "bf16_training or fp16_training"
@@ -387,4 +387,6 @@ def test_study03_ratio_by_every_metric_at_the_last_shared_snapshot(records):
         low = float(ds[f"gpu_model_{metric}"].sel(run="lm_s03_lowprec_s0_s0_d0", snapshot=10))
         den = math.sqrt(np.prod(ds[f"gpu_model_{metric}"].sel(run=flash, snapshot=10).values))
         assert r[metric] == pytest.approx(low / den)
-    assert all(math.isnan(v) for k, v in readings_gpu.gpu_prose_values(None).items() if not k.endswith("place"))
+    missing = readings_gpu.gpu_prose_values(None)
+    assert missing.pop("lowprec_missing") == "records" and missing.pop("merged_factor") == readings_gpu.MERGED_FACTOR
+    assert all(v == "n/a" if isinstance(v, str) else math.isnan(v) for v in missing.values()), missing
