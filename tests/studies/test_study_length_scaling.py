@@ -68,7 +68,7 @@ def test_smoke_results_obey_what_must_hold(smoke_run):
         "fixed_0.1pct", "dynamic_threshold", "reference_relative"}
     assert set(ds["stratum"].values) == {"first_10pct", "middle_80pct", "last_10pct"}
     # rounding attribution: keeping only the output in the low format is the smallest error at every N
-    attr = ds["attribution_rel_l2_err"].sel(attribution_dtype="bf16", kernel="flash")
+    attr = ds["attribution_rel_l2_err"].sel(attribution_dtype="bf16", kernel="emulator")
     assert (attr.sel(variant="only_output") <= attr.sel(variant="all_low")).all()
     frac = ds["p_below_min_normal_frac"]
     assert (frac.sel(attribution_dtype="bf16") == 0).all() and (frac.sel(attribution_dtype="fp16") > 0).all()
@@ -103,7 +103,7 @@ def test_the_prose_glues_every_value_it_states(smoke_run):
     values = glue.read_glued(executed)
     ds = ncio.open_results(path / "results.nc", squeeze_sweep_dims=True)
     assert values["s01_commit"] == ds.attrs["git_commit"][:7]
-    assert values["s01_flash_all_bf16_growth"] == pytest.approx(readings.growth_values(ds)["flash_all_bf16_growth"])
+    assert values["s01_emulator_all_bf16_growth"] == pytest.approx(readings.growth_values(ds)["emulator_all_bf16_growth"])
     assert values["s01_seed000_tail_share"] == 0.62  # the source's own number, glued as the source's
 
 
@@ -150,6 +150,41 @@ def test_real_kernel_sweep_records_refusals_and_finds_the_emulator_in_itself():
     math_err = ds["real_rel_l2_err"].sel(real_kernel="sdpa:math")
     assert ((math_err > 0) & (math_err < 1e-2)).all()  # bf16 inputs and output: about the unit roundoff
     assert set(ds["rule"].values) == {"fixed_0.1pct", "dynamic_threshold", "reference_relative"}
+
+
+def test_real_kernel_sweep_refuses_cuda_only_kernels_on_cpu_and_records_a_refusal(monkeypatch):
+    from attnum import kernels as registry
+    from attnum.kernels.registry import Kernel
+
+    class Picky(Kernel):
+        """A kernel that takes head dim 16 only and refuses others by assertion, as flash-attn-4 does."""
+        name = "picky"
+
+        def forward(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+            assert q.shape[-1] == 16, f"head dim {q.shape[-1]} not supported"
+            return registry.get("sdpa:math").forward(q, k, v, causal=causal)
+
+    get = registry.get
+    monkeypatch.setattr(registry, "get", lambda name, **kw: Picky() if name == "picky" else get(name, **kw))
+    ds = real_kernels.real_kernel_sweep(["fa4", "flashinfer:prefill", "picky"], [64], ["bf16"], [16, 32], [False], [0],
+                                        block_ks=(32,), progress=False, batch=1, heads=1, device="cpu",
+                                        golden_chunk=1024, reference_chunk=4096)
+    for name in ("fa4", "flashinfer:prefill"):
+        status = ds["real_status"].sel(real_kernel=name).values.ravel()
+        assert all(s.startswith("unavailable:") and "CUDA" in s for s in status), status
+        assert ds["real_rel_l2_err"].sel(real_kernel=name).isnull().all()
+    picky = ds["real_status"].sel(real_kernel="picky").isel(real_dtype=0, real_causal=0, real_seq_len=0)
+    assert str(picky.sel(real_head_dim=16).values) == "ok"
+    assert str(picky.sel(real_head_dim=32).values) == "refused: AssertionError: head dim 32 not supported"
+    err = ds["real_rel_l2_err"].sel(real_kernel="picky").isel(real_dtype=0, real_causal=0, real_seq_len=0)
+    assert float(err.sel(real_head_dim=16).max()) > 0 and err.sel(real_head_dim=32).isnull().all()  # no fallback
+
+
+def test_gpu_tier_measures_fa4_and_flashinfer_prefill():
+    names = runs.load_param_set("length_scaling", "gpu")["real_kernels"]
+    assert {"fa4", "flashinfer:prefill"} <= set(names)
+    from attnum import kernels as registry
+    assert [registry.get(n).name for n in ("fa4", "flashinfer:prefill")] == ["fa4", "flashinfer:prefill"]
 
 
 # -- issue 10 / issue 14 additions: fast unit tests of the new measurements ----------------------------
@@ -223,7 +258,7 @@ def test_fp32_inside_reference_is_the_fp32_reference_rounded_once():
     ds = experiments.length_sweep([64, 128, 256], ["bf16"], [0], head_dim=16, block_q=32, block_k=32, progress=False, batch=1, heads=2, device="cpu", golden_chunk=1024, reference_chunk=0)
     assert (ds["fp32_inside_rel_l2_err"] > 0).all()
     # the production flash kernel rounds P; the fp32-inside reference does not, so it errs less
-    assert (ds["rel_l2_err"].sel(kernel="flash", policy="fa2") > ds["fp32_inside_rel_l2_err"]).all()
+    assert (ds["rel_l2_err"].sel(kernel="emulator", policy="fa2") > ds["fp32_inside_rel_l2_err"]).all()
     assert ((ds["mean_rel_err"] > 0) & np.isfinite(ds["mean_rel_err"])).all()
 
 
@@ -295,22 +330,22 @@ def test_unmasked_strata_and_the_statement_helpers():
     assert strata["causal_last_over_first_max"] is None
     assert strata["nomask_last_over_first_max"] == pytest.approx(float(table["last / first"].max()))
     growth = readings.growth_table(lengths)
-    row = growth.loc[("flash", "all_bf16")]
-    med = lengths["rel_l2_err"].median("seed").sel(kernel="flash", policy="all", dtype="bf16")
+    row = growth.loc[("emulator", "all_bf16")]
+    med = lengths["rel_l2_err"].median("seed").sel(kernel="emulator", policy="all", dtype="bf16")
     assert row["last/first"] == pytest.approx(float(med.sel(seq_len=256) / med.sel(seq_len=64)))
     values = readings.growth_values(lengths)
-    assert values["flash_all_bf16_growth"] == pytest.approx(row["last/first"])
-    assert values["flash_all_bf16_exponent"] == pytest.approx(row["power-law exponent"])
-    assert values["flash_all_bf16_rise"] == ("rises at every step" if row["monotone rise"] else "does not rise at every step")
+    assert values["emulator_all_bf16_growth"] == pytest.approx(row["last/first"])
+    assert values["emulator_all_bf16_exponent"] == pytest.approx(row["power-law exponent"])
+    assert values["emulator_all_bf16_rise"] == ("rises at every step" if row["monotone rise"] else "does not rise at every step")
     r2 = {w: row[f"R2 {m}"] for w, m in (("a power law", "power_law"), ("√N", "sqrt_n"), ("log2 N", "log2_n"))}
-    assert values["flash_all_bf16_best_model"] == max(r2, key=r2.get)
-    assert values["flash_all_fp16_growth"] is None and set(values) == set(readings.growth_values(None))
-    rate, count = readings.false_alarm_rate(lengths, "fixed_0.1pct", "flash", "fa2", "bf16", min_len=128)
+    assert values["emulator_all_bf16_best_model"] == max(r2, key=r2.get)
+    assert values["emulator_all_fp16_growth"] is None and set(values) == set(readings.growth_values(None))
+    rate, count = readings.false_alarm_rate(lengths, "fixed_0.1pct", "emulator", "fa2", "bf16", min_len=128)
     assert count == 4 and rate == 1.0  # bf16's unit roundoff is above 0.1%: every output rejected
     comparison = readings.reference_comparison(lengths)
-    assert (comparison["flash / fp32 inside"].xs("bf16") > 1).all()
+    assert (comparison["emulator / fp32 inside"].xs("bf16") > 1).all()
     compared = readings.reference_comparison_values(lengths)
-    assert compared["bf16_over_inside_min"] == pytest.approx(float(comparison["flash / fp32 inside"].xs("bf16").min()))
+    assert compared["bf16_over_inside_min"] == pytest.approx(float(comparison["emulator / fp32 inside"].xs("bf16").min()))
     assert compared["versus_inside"] == "larger" and compared["fp16_over_inside_min"] is None
     seed000 = readings.seed000_metric_table(lengths)
     assert seed000.loc[("fa2_bf16", 128), "seed 000, MI210 port"] != seed000.loc[("fa2_bf16", 128), "seed 000, MI210 port"]
@@ -346,7 +381,7 @@ def test_attribution_table_shares():
     ds = experiments.stage_attribution([256, 1024], ["bf16"], [0], query_rows=8, head_dim=16, block_q=32, block_k=32,
                                  progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024)
     t = readings.attribution_table(ds)
-    a = ds["attribution_rel_l2_err"].sel(kernel="flash", attribution_dtype="bf16", attribution_seed=0)
+    a = ds["attribution_rel_l2_err"].sel(kernel="emulator", attribution_dtype="bf16", attribution_seed=0)
     n = 1024
     assert t.loc[n, "removed by promote_stats"] == pytest.approx(
         1 - float(a.sel(variant="promote_stats", attribution_seq_len=n) / a.sel(variant="all_low", attribution_seq_len=n)))

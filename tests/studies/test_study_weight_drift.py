@@ -68,7 +68,21 @@ def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
     # fp32 kernels differ far less per call than bf16 ones; fp16 (10 significand bits) less than bf16 (7)
     assert float(calls.sel(call_pair="flash_fp32").max()) < 1e-3 * float(calls.sel(call_pair="flash").min())
     assert float(calls.sel(call_pair="flash_fp16").median()) < float(calls.sel(call_pair="flash").median())
-    assert len(readings.call_statements(ds)) == 4 and len(readings.matched_statements(ds)) == 2
+    summary = readings.call_summary(ds)
+    assert summary["same_run_as"].tolist() == ["flash", "flash_fp32", "flash", "flash_fp16"]  # flash_bf16 is flash's run
+    dev = ds["call_max_abs"].sel(call_pair="flash_fp32").mean("layer").median("seed")
+    assert summary.loc["flash_fp32", "max_abs_last"] == pytest.approx(float(dev.isel(step=-1)))
+    assert summary.loc["flash_fp32", "non_decreasing"] == bool((dev.diff("step") >= 0).all())
+    ranges = readings.matched_ranges(ds)
+    assert ranges.loc[("bf16_training/flash_bf16", "wasserstein"), "matched_is_flash"]  # under fa2_bf16
+    assert not ranges.loc[("fp16_training/flash_fp16", "wasserstein"), "matched_is_flash"]
+    r = ds["drift_ratio"].sel(comparison="fp16_training/flash_fp16", metric="rel_l2")
+    assert ranges.loc[("fp16_training/flash_fp16", "rel_l2"), "max"] == pytest.approx(float(r.isel(step=slice(1, None)).max()))
+    contrast = readings.precision_contrast(ds)
+    assert list(contrast.index) == ["flash_fp32", "flash_fp16"] and (contrast["per_call"] > 1).all()
+    values = readings.prose_values(ds)
+    assert values["repeat_zero"] == "yes" and values["n_runs"] == 11 and values["n_seeds"] == 2 and values["dof"] == 1
+    assert values["n_params"] == sum(t.numel() for t in state.values())
     assert "per_call.png" in {p.name for p in path.glob("*.png")}
     assert ds.attrs["headline_figure"] == "drift_over_training.png" and ds.attrs["study"] == STUDY
     for name, var in ds.data_vars.items():
@@ -144,11 +158,23 @@ def test_first_step_above_needs_the_ratio_to_stay_above_one():
 
 
 def test_verdict_places_an_interval_against_the_claim():
-    assert readings.verdict(2.5, 4.0).startswith("inside")
-    assert readings.verdict(1.0, 3.0).startswith("overlaps")
-    assert readings.verdict(0.5, 1.5).startswith("below")
-    assert readings.verdict(6.0, 9.0).startswith("above")
-    assert readings.verdict(math.nan, math.nan).startswith("undetermined")
+    assert readings.verdict(2.5, 4.0) == "inside"
+    assert readings.verdict(1.0, 3.0) == "overlaps"
+    assert readings.verdict(0.5, 1.5) == "below"
+    assert readings.verdict(6.0, 9.0) == "above"
+    assert readings.verdict(math.nan, math.nan) == "n/a"
+    assert [readings.place(v) for v in (1.9, 2.0, 5.0, 5.1, math.nan)] == ["below", "inside", "inside", "above", "n/a"]
+
+
+def test_tables_and_values_of_a_run_without_cpu_drift_are_empty_or_missing():
+    assert readings.ratio_table(None).empty and readings.call_summary(None).empty and readings.checks(None) == {}
+    assert readings.matched_ranges(None).empty and readings.precision_contrast(None).empty
+    values = readings.prose_values(None)
+    assert math.isnan(values["n_params"]) and math.isnan(values["call_flash_max_abs_last"])
+    assert values["bf16_training_matched_is_flash"] == "n/a"
+    size = readings.run_size(None, dict(n_layer=2, d_model=16, steps=20, batch_size=4, context=16,
+                                        perturbation=1e-6, kernel_policy="fa2_bf16"))
+    assert math.isnan(size["tokens_per_run"]) and size["kernel_policy"] == "n/a"
 
 
 def test_drift_rate_and_rank_correlation():
@@ -227,6 +253,7 @@ def test_noise_floor_exceedances_and_ratio_extremes_are_read_from_the_drift():
     assert math.isnan(readings.ratio_extremes(ds, "fp16_training/flash", "wasserstein")["max"])
     values = readings.prose_values(ds)
     assert values["floor_largest_wasserstein"] == "no" and values["floor_exceeded_n_wasserstein"] == 2
+    assert math.isnan(values["n_params"]) and math.isnan(values["grows_wasserstein"])  # no per-tensor drift here
     assert values["floor_exceeded_first_wasserstein"] == 20 and values["floor_exceeded_seeds_wasserstein"] == "0, 1"
     assert values["bf16_training_over_flash_wasserstein_max"] == pytest.approx(math.sqrt(12))
     assert values["flash_over_init_seed_max"] == pytest.approx(math.sqrt(0.25 * 2 / 3))

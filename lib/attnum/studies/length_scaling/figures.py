@@ -26,7 +26,7 @@ def plot_stage_attribution(ds: xr.Dataset):
     return fig
 
 
-CURVES = (("reference", "all", "-"), ("flash", "all", "-"), ("reference", "fa2", "--"), ("flash", "fa2", "--"))
+CURVES = (("reference", "all", "-"), ("emulator", "all", "-"), ("reference", "fa2", "--"), ("emulator", "fa2", "--"))
 
 
 def plot_error_vs_length(ds: xr.Dataset, var: str = "rel_l2_err"):
@@ -41,7 +41,7 @@ def plot_error_vs_length(ds: xr.Dataset, var: str = "rel_l2_err"):
         for kernel, family, style in CURVES:
             vals = da.sel(kernel=kernel, policy=family, dtype=fmt).transpose("seq_len", "seed").values
             errorbar_over_seeds(ax, n, vals, f"{kernel}, {family}_*", linestyle=style)
-        anchor = float(np.nanmedian(da.sel(kernel="flash", policy="all", dtype=fmt).isel(seq_len=0)))
+        anchor = float(np.nanmedian(da.sel(kernel="emulator", policy="all", dtype=fmt).isel(seq_len=0)))
         add_growth_lines(ax, n, fmt, anchor=anchor)
         loglog_axes(ax, ylabel=da.attrs.get("long_name", var).split(" ||")[0] if ax is axes[0][0] else "")
         ax.set_title(fmt)

@@ -28,8 +28,8 @@ SEED000_TAIL_N = 4096
 SEED000_STRATA_EXCESS = {"last_10pct": 0.8, "middle_80pct": 0.3}
 """Seed 000: its port's error above NVIDIA's in the last 10% of positions and in the middle 80%."""
 
-GROWTH_CASES = (("flash", "all_bf16"), ("flash", "all_fp16"), ("flash", "fa2_bf16"), ("flash", "fa2_fp16"),
-                ("flash", "fa2_fp32"), ("reference", "all_bf16"), ("reference", "all_fp16"), ("reference", "all_fp32"),
+GROWTH_CASES = (("emulator", "all_bf16"), ("emulator", "all_fp16"), ("emulator", "fa2_bf16"), ("emulator", "fa2_fp16"),
+                ("emulator", "fa2_fp32"), ("reference", "all_bf16"), ("reference", "all_fp16"), ("reference", "all_fp32"),
                 ("reference", "fa2_fp16"))
 """The (kernel, policy) curves whose growth the prose states (keys ``<kernel>_<policy>_*``)."""
 POLICIES = tuple(f"{p}_{f}" for p in ("all", "fa2") for f in ("bf16", "fp16", "fp32"))
@@ -74,7 +74,7 @@ def long_sequence_table(ds: xr.Dataset, min_len: int = 8192):
     err = sel["rel_l2_err"].median("seed").to_dataframe()["rel_l2_err"].unstack("seq_len")
     ratio = sel["flash_to_reference_ratio"].median("seed").to_dataframe()["flash_to_reference_ratio"]
     ratio = ratio.unstack("seq_len")
-    ratio.index = pd.MultiIndex.from_tuples([("flash/reference", p, d) for p, d in ratio.index],
+    ratio.index = pd.MultiIndex.from_tuples([("emulator/reference", p, d) for p, d in ratio.index],
                                             names=err.index.names)
     return pd.concat({"rel_l2_err": err, "max_abs_ratio": ratio})
 
@@ -86,7 +86,7 @@ def long_sequence_values(ds: xr.Dataset | None, threshold: float = 10.0) -> dict
     if ds is None or not {"bf16"} <= set(ds["dtype"].values):
         return out
     ratio = ds["flash_to_reference_ratio"].median("seed").sel(policy="all", dtype="bf16")
-    err = ds["rel_l2_err"].median("seed").sel(kernel="flash", policy="all", dtype="bf16")
+    err = ds["rel_l2_err"].median("seed").sel(kernel="emulator", policy="all", dtype="bf16")
     n_max = int(ds["seq_len"].max())
     past = [int(n) for n in ds["seq_len"].values if float(ratio.sel(seq_len=n)) >= threshold]
     return {"n_max": n_max, "all_bf16_err": float(err.sel(seq_len=n_max)),
@@ -121,6 +121,14 @@ def growth_table(ds: xr.Dataset, metric: str = "rel_l2") -> "pd.DataFrame":
 MODEL_WORDS = {"a power law": "power", "√N": "sqrt", "log2 N": "log2"}
 
 
+def registry_names(ds: xr.Dataset | None) -> xr.Dataset | None:
+    """A run written before the ``kernel`` coordinate took the registry's family names (it called the tiled
+    emulator "flash"), with the registry's names ("emulator"), so that one reader serves old and new runs."""
+    if ds is None or "kernel" not in ds.coords or "flash" not in ds["kernel"].values:
+        return ds
+    return ds.assign_coords(kernel=["emulator" if str(k) == "flash" else str(k) for k in ds["kernel"].values])
+
+
 def growth_values(ds: xr.Dataset | None) -> dict:
     """For each curve of ``GROWTH_CASES``: ``<kernel>_<policy>_growth`` (median error at the longest N over
     the shortest), ``_exponent`` (power-law fit), ``_r2_power``, ``_r2_sqrt``, ``_r2_log2``, ``_best_model``
@@ -141,8 +149,8 @@ def growth_values(ds: xr.Dataset | None) -> dict:
                               "rises at every step" if row["monotone rise"] else "does not rise at every step")
         r2 = {name: out[f"{key}_r2_{short}"] for name, short in MODEL_WORDS.items()}
         out[f"{key}_best_model"] = None if None in r2.values() else max(r2, key=r2.get)
-    fa2 = [out[f"flash_fa2_{f}_growth"] for f in ("bf16", "fp16") if out[f"flash_fa2_{f}_growth"] is not None]
-    out["flash_fa2_low_growth_max"] = max(fa2) if fa2 else None
+    fa2 = [out[f"emulator_fa2_{f}_growth"] for f in ("bf16", "fp16") if out[f"emulator_fa2_{f}_growth"] is not None]
+    out["emulator_fa2_low_growth_max"] = max(fa2) if fa2 else None
     return out
 
 
@@ -160,10 +168,10 @@ def reference_comparison(ds: xr.Dataset, family: str = "fa2") -> "pd.DataFrame |
     rows = []
     for fmt in ds["dtype"].values:
         for n in ds["seq_len"].values:
-            fl, ref, ins = (float(x.sel(dtype=fmt, seq_len=n)) for x in (med.sel(kernel="flash"),
+            fl, ref, ins = (float(x.sel(dtype=fmt, seq_len=n)) for x in (med.sel(kernel="emulator"),
                                                                         med.sel(kernel="reference"), inside))
-            rows.append({"dtype": fmt, "N": int(n), "flash": fl, f"reference ({family}, P rounded)": ref,
-                         "reference (fp32 inside)": ins, "flash / reference": fl / ref, "flash / fp32 inside": fl / ins})
+            rows.append({"dtype": fmt, "N": int(n), "emulator": fl, f"reference ({family}, P rounded)": ref,
+                         "reference (fp32 inside)": ins, "emulator / reference": fl / ref, "emulator / fp32 inside": fl / ins})
     return pd.DataFrame(rows).set_index(["dtype", "N"])
 
 
@@ -173,7 +181,7 @@ def reference_comparison_values(ds: xr.Dataset | None) -> dict:
     out = {}
     for fmt in ("bf16", "fp16"):
         sub = t.xs(fmt) if t is not None and fmt in t.index.get_level_values("dtype") else None
-        for col, key in (("flash / reference", "over_reference"), ("flash / fp32 inside", "over_inside")):
+        for col, key in (("emulator / reference", "over_reference"), ("emulator / fp32 inside", "over_inside")):
             out[f"{fmt}_{key}_min"] = None if sub is None else float(sub[col].min())
             out[f"{fmt}_{key}_max"] = None if sub is None else float(sub[col].max())
     over_ref = [out[f"{f}_over_reference_max"] for f in ("bf16", "fp16") if out[f"{f}_over_reference_max"] is not None]
@@ -236,7 +244,7 @@ def strata_values(ds: xr.Dataset) -> dict:
     return out
 
 
-def false_alarm_rate(ds: xr.Dataset, rule: str = "reference_relative", kernel: str = "flash", policy: str = "all",
+def false_alarm_rate(ds: xr.Dataset, rule: str = "reference_relative", kernel: str = "emulator", policy: str = "all",
                      dtype: str = "bf16", min_len: int = LONG_SEQUENCE_MIN) -> tuple[float, int]:
     """The share of (N >= ``min_len``, seed) outputs the rule rejects, and how many outputs there are."""
     p = ds["passes"].sel(rule=rule, kernel=kernel, policy=policy, dtype=dtype)
@@ -252,7 +260,7 @@ def long_false_alarm_values(ds: xr.Dataset | None, rule: str = "reference_relati
     for policy in ("all_bf16", "all_fp16", "fa2_bf16", "fa2_fp16"):
         pol, fmt = policy.split("_")
         ok = ds is not None and fmt in ds["dtype"].values and int(ds["seq_len"].max()) >= min_len
-        rate, count = false_alarm_rate(ds, rule, "flash", pol, fmt, min_len) if ok else (None, None)
+        rate, count = false_alarm_rate(ds, rule, "emulator", pol, fmt, min_len) if ok else (None, None)
         out[f"{policy}_rate"], out[f"{policy}_outputs"] = rate, count
     return out
 
@@ -276,7 +284,7 @@ def acceptance_values(ds: xr.Dataset) -> dict:
     return out
 
 
-def seed000_metric_table(ds: xr.Dataset, kernel: str = "flash") -> "pd.DataFrame | None":
+def seed000_metric_table(ds: xr.Dataset, kernel: str = "emulator") -> "pd.DataFrame | None":
     """Seed 000's metric (mean elementwise relative error) beside ours (relative L2), median over seeds,
     for each policy; seed 000's own numbers where it gives them. None without ``mean_rel_err``."""
     import pandas as pd
@@ -295,7 +303,7 @@ def seed000_metric_table(ds: xr.Dataset, kernel: str = "flash") -> "pd.DataFrame
     return pd.DataFrame(rows).set_index(["policy", "N"])
 
 
-def seed000_growth_table(ds: xr.Dataset, kernel: str = "flash", lo: int = 512, hi: int = 4096) -> "pd.DataFrame | None":
+def seed000_growth_table(ds: xr.Dataset, kernel: str = "emulator", lo: int = 512, hi: int = 4096) -> "pd.DataFrame | None":
     """Seed 000's metric at N = ``lo`` and ``hi`` per policy and its factor, and seed 000's own row; None when
     the run lacks the metric or either length."""
     import pandas as pd
@@ -328,7 +336,7 @@ def seed000_values(ds: xr.Dataset | None, lo: int = 512, hi: int = 4096) -> dict
 
 # -- section 7: which rounding point --------------------------------------------------------------------
 
-def attribution_table(ds: xr.Dataset, dtype: str = "bf16", kernel: str = "flash") -> "pd.DataFrame":
+def attribution_table(ds: xr.Dataset, dtype: str = "bf16", kernel: str = "emulator") -> "pd.DataFrame":
     """Per N, the all-low error, the error of the statistics alone and of the output accumulator alone, and
     the share of the all-low error (and of its growth since the shortest N) each promotion removes."""
     import pandas as pd

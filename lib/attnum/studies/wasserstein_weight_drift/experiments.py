@@ -376,3 +376,18 @@ def gpu_training_dataset(folder, *, confidence: float) -> xr.Dataset:
             out[name].attrs.update(units=units, long_name=long_name)
     return out
 
+
+
+def measure(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, pairs, seeds, *, gpu_records: str,
+            confidence: float, **training) -> xr.Dataset:
+    """The run's dataset, from where its tier takes it: with ``gpu_records`` set (the ``gpu_training``
+    tier) the GPU pair records of that folder gathered (``gpu_training_dataset``; nothing is trained),
+    otherwise every pair trained here (``drift_experiment``, ``training`` its keyword arguments). The
+    dataset's ``headline_figure`` attribute names the figure that shows its data."""
+    if gpu_records:
+        ds = gpu_training_dataset(gpu_records, confidence=confidence)
+        ds.attrs["headline_figure"] = "gpu_drift.png"
+    else:
+        ds = drift_experiment(task, model_cfg, train_cfg, pairs, seeds, confidence=confidence, **training)
+        ds.attrs["headline_figure"] = "drift_over_training.png"
+    return ds

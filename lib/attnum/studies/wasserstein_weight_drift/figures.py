@@ -9,13 +9,35 @@ import xarray as xr
 from . import GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS
 from .aggregates import layer_statistic
 from .readings import group_table
-from .readings_gpu import gpu_common_step, gpu_kind_table, gpu_lowprec_absence
+from .readings_gpu import gpu_common_step, gpu_kind_table, gpu_lowprec_missing
 
 
 PAIR_STYLE = {"repeat": ("#7f8c8d", ":"), "flash": ("#c0392b", "-"), "flash_fp32": ("#f1948a", "--"),
               "init_seed": ("#000000", "-"), "init_perturbation": ("#7d3c98", "--"),
               "bf16_training": ("#2874a6", "-"), "fp16_training": ("#1e8449", "-"),
               "flash_bf16": ("#e67e22", "-."), "flash_fp16": ("#a04000", "-.")}
+
+
+def _or_blank(needs: str):
+    """A figure function that draws an empty figure saying so for a run without ``needs`` among its
+    variables (``ds`` None, or a tier that holds other data), so the notebook's cells run alike on every
+    tier."""
+    import functools
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def wrapped(ds, *args, **kwargs):
+            if ds is None or needs not in ds:
+                import matplotlib.pyplot as plt
+
+                fig, ax = plt.subplots(figsize=(6, 1.2))
+                ax.text(0.5, 0.5, f"no data: this run holds no {needs}", ha="center", va="center",
+                        transform=ax.transAxes)
+                ax.set_axis_off()
+                return fig
+            return fn(ds, *args, **kwargs)
+        return wrapped
+    return wrap
 
 
 METRIC_LABEL = {"wasserstein": "Wasserstein-1 of weight values", "wasserstein_rel": "W1 / RMS weight",
@@ -40,6 +62,7 @@ def _band(ax, x, values, pair, label=None):
         ax.fill_between(x, np.nanmin(values, -1), np.nanmax(values, -1), color=color, alpha=0.15, lw=0)
 
 
+@_or_blank("model_wasserstein")
 def plot_drift_over_training(ds: xr.Dataset, metrics=("wasserstein", "max_abs", "rel_l2")):
     """Model-level drift of every pair over training (Golden et al.'s Fig 7), one panel per metric:
     median over seeds, band from the smallest to the largest seed. Zero drift is not drawn."""
@@ -61,6 +84,7 @@ def plot_drift_over_training(ds: xr.Dataset, metrics=("wasserstein", "max_abs", 
     return fig
 
 
+@_or_blank("model_wasserstein_rate")
 def plot_drift_rates(ds: xr.Dataset, metric: str = "wasserstein"):
     """Left: rate of change of model-level drift per step since the previous checkpoint (Golden et
     al.'s Fig 8; negative rates are not drawn on the log axis). Right: its relative growth rate
@@ -95,6 +119,7 @@ def plot_drift_rates(ds: xr.Dataset, metric: str = "wasserstein"):
     return fig
 
 
+@_or_blank("drift_ratio")
 def plot_drift_ratios(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE):
     """Top: low-precision training drift over flash drift, per metric, geometric mean over seeds with
     its confidence interval (dotted: over the flash pair of the same format); Golden et al.'s 2-5x shaded. Bottom: flash drift over the noise floor
@@ -144,6 +169,7 @@ def plot_drift_ratios(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE):
     return fig
 
 
+@_or_blank("kind_wasserstein_rel")
 def plot_drift_by_group(ds: xr.Dataset, metric: str = "wasserstein_rel", step: int | None = None):
     """Heatmaps at one checkpoint (default the last), median over seeds: drift per kind of tensor
     and per transformer block, one row per pair (log colour scale; blank: exactly zero)."""
@@ -176,6 +202,7 @@ def plot_drift_by_group(ds: xr.Dataset, metric: str = "wasserstein_rel", step: i
     return fig
 
 
+@_or_blank("layer_rel_l2")
 def plot_drift_vs_attention(ds: xr.Dataset, pairs=("flash", "init_perturbation"), statistics=("max_logit", "entropy"),
                             metric: str = "rel_l2"):
     """Per-layer drift of a pair against the attention statistic its reference run recorded at the
@@ -208,6 +235,7 @@ def plot_drift_vs_attention(ds: xr.Dataset, pairs=("flash", "init_perturbation")
     return fig
 
 
+@_or_blank("train_loss")
 def plot_training_loss(ds: xr.Dataset):
     """Training loss of every run (median over seeds): the pairs' runs learn alike."""
     from ...plots import subplots
@@ -225,6 +253,7 @@ def plot_training_loss(ds: xr.Dataset):
     return fig
 
 
+@_or_blank("call_max_abs")
 def plot_per_call(ds: xr.Dataset):
     """Left: max |O_flash - O_reference| of each layer's attention call in the flash-trained model at
     every checkpoint (median over seeds; one line style per layer, one colour per flash pair). Right:
@@ -265,6 +294,7 @@ GPU_COLORS = {"flash_vs_fp32": "#c0392b", "noise_floor": "#2874a6", "gpu_repeat"
               "bf16_training": "#7d3c98", "fp16_training": "#d35400"}
 
 
+@_or_blank("gpu_drift")
 def plot_gpu_drift(ds: xr.Dataset):
     """The GPU pair records (gpu_training tier): model-level W1 over training per record (thin) and
     the geometric mean over seeds (thick); the relative W1 per kind of tensor at the last snapshot every
@@ -312,9 +342,9 @@ def plot_gpu_drift(ds: xr.Dataset):
                  else "per kind, each pair at its own last snapshot (no snapshot shared by all)", fontsize=9)
     ax.legend(fontsize=6)
     ax = axes[0, 2]
-    absent = gpu_lowprec_absence(ds)
+    absent = gpu_lowprec_missing(ds)
     if absent:
-        note = (f"{absent}: no low-precision / flash_vs_fp32 ratio to draw (Golden et al. claim "
+        note = (f"no record of {absent}: no low-precision / flash_vs_fp32 ratio to draw (Golden et al. claim "
                 f"{GOLDEN_RATIO_RANGE[0]:g}-{GOLDEN_RATIO_RANGE[1]:g}x; their claim, not tested here).")
         ax.text(0.5, 0.5, textwrap.fill(note, 38), ha="center", va="center", fontsize=8, transform=ax.transAxes)
         ax.set_xticks([])
@@ -347,6 +377,7 @@ def plot_gpu_drift(ds: xr.Dataset):
     return fig
 
 
+@_or_blank("gpu_layer_wasserstein")
 def plot_gpu_drift_by_layer(ds: xr.Dataset):
     """Relative W1 drift per transformer block over training, one panel per comparison (median over seeds)."""
     import matplotlib.pyplot as plt

@@ -11,12 +11,16 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from . import GOLDEN_RATIO_RANGE, GPU_LOW_PRECISION
-from .readings import verdict
+from . import GOLDEN_RATIO_RANGE, GPU_LOW_PRECISION, GPU_METRICS
+from ...glue import MISSING
+from .readings import place, verdict
 
-def gpu_drift_table(ds: xr.Dataset, metric: str = "wasserstein"):
-    """Per comparison at its last snapshot: the drift (geometric mean over seeds), its interval and seeds."""
+def gpu_drift_table(ds: xr.Dataset | None, metric: str = "wasserstein"):
+    """Per comparison at its last snapshot: the drift (geometric mean over seeds), its interval and seeds
+    (``metric``: one of ``GPU_METRICS``, which the records hold with intervals); empty without records."""
     rows = []
+    if not _has_gpu(ds):
+        return pd.DataFrame(columns=["comparison"]).set_index("comparison")
     for comp in ds["gpu_comparison"].values:
         sub = ds.sel(gpu_comparison=comp, gpu_metric=metric)
         ok = np.nonzero(np.isfinite(sub["gpu_drift"].values) & (ds["snapshot"].values > 0))[0]
@@ -56,9 +60,13 @@ def gpu_common_step(ds: xr.Dataset, comps=None) -> int | None:
     return int(steps[-1]) if len(steps) else None
 
 
-def gpu_kind_table(ds: xr.Dataset, step: int, metric: str = "wasserstein_rel"):
-    """Per comparison (rows) and kind of tensor (columns): the drift at ``step``, median over the
-    comparison's records (seeds); NaN where a record has no snapshot at that step."""
+def gpu_kind_table(ds: xr.Dataset | None, step: int | None = None, metric: str = "wasserstein_rel"):
+    """Per comparison (rows) and kind of tensor (columns): the drift at ``step`` (default: the last snapshot
+    every pair record shares, ``gpu_common_step``), median over the comparison's records (seeds); NaN where
+    a record has no snapshot at that step; empty without records or a shared snapshot."""
+    step = gpu_common_step(ds) if step is None and _has_gpu(ds) and f"gpu_kind_{metric}" in ds else step
+    if step is None:
+        return pd.DataFrame()
     rows = {}
     for comp in ds["gpu_comparison"].values:
         sub = ds[f"gpu_kind_{metric}"].sel(run=_runs_of(ds, str(comp)), snapshot=step)
@@ -80,78 +88,7 @@ def gpu_ratio_series(ds: xr.Dataset, a: str, b: str, metric: str = "wasserstein"
     return pd.Series(x[keep] / y[keep], index=pd.Index(steps[keep], name="step"), name=f"{a} / {b}")
 
 
-def _steps(steps) -> str:
-    steps = [int(s) for s in steps]
-    return f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
-
-
-def gpu_repeat_sentences(ds: xr.Dataset) -> list[str]:
-    """The repeat pair over the flash-vs-FP32 pair at every snapshot both share, and what it means: how
-    much of the flash pair's drift GPU non-determinism alone (two identical runs) reaches."""
-    rep = gpu_ratio_series(ds, "gpu_repeat", "flash_vs_fp32")
-    if not len(rep):
-        return []
-    steps, last, r = rep.index.values, int(rep.index[-1]), float(rep.iloc[-1])
-    if (rep.values == 0).all():
-        return [f"**GPU repeat:** the two identical runs are bitwise identical at every snapshot they share with the "
-                f"flash-vs-FP32 pair ({_steps(steps)}): none of the flash pair's drift is run-to-run non-determinism."]
-    above = steps[rep.values >= 1]
-    out = [f"**GPU repeat:** two identical GPU runs drift {rep.min():.3g}x to {rep.max():.3g}x as far as the "
-           f"flash-vs-FP32 pair (model-level W1, repeat / flash) over the {len(rep)} snapshots both pairs have "
-           f"({_steps(steps)}), and {r:.3g}x at step {last}, the last of them; the repeat pair drifts at least as far "
-           f"as the flash pair at {len(above)} of them" + (f" (step {', '.join(map(str, above))})" if len(above) else "")
-           + "."]
-    if r >= 1:
-        out.append(f"So at step {last} GPU non-determinism alone (two identical runs) moves the weights as far as "
-                   "changing the attention kernel from flash (bf16) to FP32, or farther: by weight drift the kernel's "
-                   "effect cannot be told apart from run-to-run noise.")
-    else:
-        out.append(f"So at step {last} GPU non-determinism alone (two identical runs, no change of kernel) reaches "
-                   f"{r:.0%} of the flash-vs-FP32 pair's drift: changing the attention kernel from flash (bf16) to "
-                   f"FP32 moves the weights only {1 / r:.3g}x as far as changing nothing (and the flash pair's own "
-                   "drift carries the same non-determinism).")
-    return out
-
-
-def gpu_kind_sentence(ds: xr.Dataset) -> str | None:
-    """The per-kind drift of the flash pair beside the repeat pair's and the noise floor's, at the last
-    snapshot every pair record shares (the middle panel of ``plot_gpu_drift``)."""
-    if "gpu_kind_wasserstein_rel" not in ds or "flash_vs_fp32" not in ds["gpu_comparison"].values:
-        return None
-    step = gpu_common_step(ds)
-    where = "the last snapshot every pair record shares"
-    if step is None:
-        step, where = gpu_common_step(ds, ["flash_vs_fp32"]), "the flash pair's own last snapshot: no snapshot is shared by every pair record"
-        if step is None:
-            return None
-    table = gpu_kind_table(ds, step)
-    flash = table.loc["flash_vs_fp32"]
-    others = [c for c in ("gpu_repeat", "noise_floor") if c in table.index and table.loc[c].notna().all()]
-    names = {"gpu_repeat": "repeat", "noise_floor": "noise floor"}
-    parts = []
-    for kind, value in flash.items():
-        text = f"{kind} " + " / ".join(f"{v:.3g}" for v in [value] + [table.loc[c, kind] for c in others])
-        if "gpu_repeat" in others:
-            rep = table.loc["gpu_repeat", kind]
-            text += f" ({value / rep:.3g}x)" if rep > 0 else " (repeat exactly 0)"
-        parts.append(text)
-    header = " / ".join(["flash"] + [names[c] for c in others]) + (" (flash over repeat)" if "gpu_repeat" in others else "")
-    out = (f"**Where the drift sits:** at step {step}, {where} (relative W1 per kind of tensor, median over "
-           f"seeds), the flash-vs-FP32 drift is largest for `{flash.idxmax()}`; per kind, {header}: "
-           + "; ".join(parts) + ".")
-    if "gpu_repeat" in others:
-        rep = table.loc["gpu_repeat"]
-        more = [str(k) for k in flash.index if flash[k] > rep[k]]
-        less = [str(k) for k in flash.index if flash[k] <= rep[k]]
-        out += (f" The flash pair drifts more than the repeat pair in {len(more)} of {len(flash)} kinds"
-                + (f" ({', '.join(more)})" if more else "") + (f", as far or less in {', '.join(less)}" if less else "")
-                + ".")
-    return out
-
-
-GPU_CHANGE = {"gpu_repeat": "no change", "flash_vs_fp32": "the attention kernel", "noise_floor": "the initial weights",
-              "bf16_training": "every matmul's precision, bf16", "fp16_training": "every matmul's precision, fp16"}
-MERGED_FACTOR = 2.0  # drifts within this factor of each other are called alike by gpu_spread_sentence
+MERGED_FACTOR = 2.0  # drifts within this factor of each other are called alike (``gpu_spread_table``)
 
 
 def _side_by_side(ds: xr.Dataset) -> list[str] | None:
@@ -170,244 +107,157 @@ def _drifts_at(ds: xr.Dataset, comps, step) -> tuple[dict, float]:
     return drift, (max(positive) / min(positive) if len(positive) >= 2 else math.nan)
 
 
-def gpu_spread_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | None:
-    """The repeat pair, the flash pair and the low-precision pairs (changes from nothing to every
-    matmul's precision) side by side at the last snapshot they all share, and at the first when
-    they share more than one: how far apart their drifts are, and what it means when they are alike
-    (None: no shared snapshot, or fewer than two of them with a drift > 0 there)."""
-    comps = _side_by_side(ds)
+def _has_gpu(ds) -> bool:
+    return ds is not None and "gpu_drift" in ds
+
+
+def gpu_provenance_table(ds: xr.Dataset | None) -> pd.DataFrame:
+    """The records' own provenance (``prov_*`` coordinates; rows: field, columns: record)."""
+    if not _has_gpu(ds):
+        return pd.DataFrame()
+    return pd.DataFrame({c.removeprefix("prov_"): ds[c].values for c in ds.coords if c.startswith("prov_")},
+                        index=ds["run"].values).T
+
+
+def gpu_record_table(ds: xr.Dataset | None) -> pd.DataFrame:
+    """Per pair record (rows): its comparison, its last snapshot with a drift, and the model-level drift
+    there by all three metrics the records hold (W1, relative L2, max |dw|); empty without records."""
+    cols = ["comparison", "last snapshot (step)", "wasserstein", "rel_l2", "max_abs"]
+    if not _has_gpu(ds):
+        return pd.DataFrame(columns=cols)
+    rows = {}
+    for run in map(str, ds["run"].values):
+        w = ds["gpu_model_wasserstein"].sel(run=run).values
+        ok = np.nonzero(np.isfinite(w) & (ds["snapshot"].values > 0))[0]
+        if not len(ok):
+            continue
+        k = ok[-1]
+        rows[run] = [str(ds["gpu_comparison_of_run"].sel(run=run).values), int(ds["snapshot"][k])] + [
+            float(ds[f"gpu_model_{m}"].sel(run=run)[k]) for m in GPU_PROSE_METRICS]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=cols).rename_axis("record")
+
+
+def gpu_pair_ratio_table(ds: xr.Dataset | None) -> pd.DataFrame:
+    """The repeat pair over the flash pair and the flash pair over the noise floor (model-level W1,
+    geometric means over seeds) at every snapshot both comparisons' records share (``gpu_ratio_series``);
+    a column per ratio, NaN where one is not defined; empty without records."""
+    if not _has_gpu(ds):
+        return pd.DataFrame(columns=["gpu_repeat / flash_vs_fp32", "flash_vs_fp32 / noise_floor"])
+    series = [gpu_ratio_series(ds, "gpu_repeat", "flash_vs_fp32"), gpu_ratio_series(ds, "flash_vs_fp32", "noise_floor")]
+    return pd.concat(series, axis=1)
+
+
+def gpu_spread_table(ds: xr.Dataset | None, merged: float = MERGED_FACTOR) -> pd.DataFrame:
+    """The repeat pair, the flash pair and the low-precision pairs (changes from nothing to every matmul's
+    precision) side by side at every snapshot all their records share: each comparison's model-level W1
+    (geometric mean over seeds), the largest over the smallest of those > 0 (``factor``) and whether that is
+    below ``merged`` (``alike``); empty without records or a shared snapshot."""
+    comps = _side_by_side(ds) if _has_gpu(ds) else None
     if comps is None:
-        return None
-    steps = gpu_common_steps(ds, comps)
-    if not len(steps):
-        return None
-
-    def at(step):
-        drift, factor = _drifts_at(ds, comps, step)
-        return drift, factor, any(v <= 0 for v in drift.values())
-
-    first, last = int(steps[0]), int(steps[-1])
-    drift, factor, zero = at(last)
-    if not math.isfinite(factor):
-        return None
-    listed = lambda d: ", ".join(f"{v:.3g} for `{c}` ({GPU_CHANGE[c]})" for c, v in d.items())
-    out = (f"**Changes of different size side by side:** at step {last}, the last snapshot these pairs share, the "
-           f"model-level W1 drift is {listed(drift)}: the largest is {factor:.3g}x the smallest"
-           + (" (the repeat pair is exactly 0 and left out of that factor)" if zero else "") + ".")
-    factor0 = factor
-    if first != last:
-        drift0, factor0, _ = at(first)
-        out += (f" At step {first}, the first they share: {listed(drift0)}"
-                + (f", {factor0:.3g}x apart." if math.isfinite(factor0) else "."))
-    if factor >= merged:
-        return out + f" The drifts differ by more than {merged:g}x, so at step {last} they rank the changes by size."
-    out += (f" Changes this different in size drifting within {merged:g}x of each other means that by step {last} "
-            "the weight drift measures how training amplifies any small difference, not the size of the change "
-            "that started it: a ratio of such drifts cannot rank the changes, and a ratio near 1 is what it gives.")
-    if first != last and math.isfinite(factor0) and factor0 >= merged:
-        return out + (f" At step {first} they were still {factor0:.3g}x apart: the drifts merge between steps "
-                      f"{first} and {last}, and only before that can a ratio of drifts rank the changes.")
-    earlier = ("the next sentence looks there, with the records that have early snapshots"
-               if gpu_early_sentence(ds, merged) else
-               "no snapshot before it is in a record of every one of these comparisons")
-    return out + (f" They are alike at every snapshot all their records share (from step {first}); whether they "
-                  f"differ earlier needs earlier snapshots (the campaign's `snapshot_early`): {earlier}.")
+        return pd.DataFrame(columns=["factor", "alike"])
+    rows = {}
+    for step in gpu_common_steps(ds, comps):
+        drift, factor = _drifts_at(ds, comps, int(step))
+        rows[int(step)] = {**drift, "factor": factor, "alike": bool(math.isfinite(factor) and factor < merged)}
+    return pd.DataFrame.from_dict(rows, orient="index", columns=comps + ["factor", "alike"]).rename_axis("step")
 
 
-def gpu_early_sentence(ds: xr.Dataset, merged: float = MERGED_FACTOR) -> str | None:
-    """The side-by-side comparison before the first snapshot all records share, at the snapshots where
-    every comparison (repeat, flash, low precision) has at least one record with a drift (records made
-    with ``snapshot_early``): each comparison's drift there (geometric mean over the records that have
-    it, their number given) and how far apart they are. None when there is no such snapshot."""
-    comps = _side_by_side(ds)
+def gpu_early_table(ds: xr.Dataset | None, merged: float = MERGED_FACTOR) -> pd.DataFrame:
+    """The side-by-side comparison before the first snapshot all records share, at the snapshots where every
+    comparison (repeat, flash, low precision) has at least one record with a drift (records made with
+    ``snapshot_early``): each comparison's drift (geometric mean over the records that have it), their number
+    of records (``n <comparison>``), the factor and ``alike`` as in ``gpu_spread_table``."""
+    comps = _side_by_side(ds) if _has_gpu(ds) else None
     if comps is None:
-        return None
+        return pd.DataFrame(columns=["factor", "alike"])
     common = gpu_common_steps(ds, comps)
     drift = ds["gpu_drift"].sel(gpu_comparison=comps, gpu_metric="wasserstein")
     count = ds["gpu_n_seeds"].sel(gpu_comparison=comps, gpu_metric="wasserstein")
-    snaps = ds["snapshot"].values
-    early = [int(s) for i, s in enumerate(snaps) if s > 0 and (not len(common) or s < common[0])
-             and np.isfinite(drift.values[:, i]).all()]
-    if not early:
-        return None
-
-    def listed(step):
-        vals, factor = _drifts_at(ds, comps, step)
-        n = {c: int(count.sel(gpu_comparison=c, snapshot=step)) for c in comps}
-        return (", ".join(f"{v:.3g} for `{c}` ({n[c]} record{'s' if n[c] != 1 else ''})" for c, v in vals.items())
-                + (f", {factor:.3g}x apart" if math.isfinite(factor) else ""))
-
-    first, last = early[0], early[-1]
-    out = (f"**Earlier, with the records that have early snapshots:** before step "
-           f"{int(common[0]) if len(common) else '(none shared)'}, every comparison has a drift at "
-           f"{_steps(early)} in at least one record (not all: a comparison's drift there is the geometric mean of "
-           f"the records it has). At step {first}: {listed(first)}"
-           + (f"; at step {last}: {listed(last)}." if last != first else "."))
-    factors = [_drifts_at(ds, comps, s)[1] for s in early]
-    apart = [s for s, f in zip(early, factors) if math.isfinite(f) and f >= merged]
-    if apart:
-        out += (f" They are more than {merged:g}x apart at {len(apart)} of these {len(early)} snapshots (up to step "
-                f"{apart[-1]}): there, a ratio of drifts still reflects the size of the change.")
-    else:
-        out += (f" They are within {merged:g}x of each other already at step {first}: the drifts are alike from the "
-                "first snapshot measured, so at no measured step does a ratio of drifts rank the changes by size.")
-    return out
+    rows = {}
+    for i, s in enumerate(ds["snapshot"].values):
+        if s > 0 and (not len(common) or s < common[0]) and np.isfinite(drift.values[:, i]).all():
+            vals, factor = _drifts_at(ds, comps, int(s))
+            rows[int(s)] = {**vals, **{f"n {c}": int(count.sel(gpu_comparison=c, snapshot=s)) for c in comps},
+                            "factor": factor, "alike": bool(math.isfinite(factor) and factor < merged)}
+    cols = comps + [f"n {c}" for c in comps] + ["factor", "alike"]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=cols).rename_axis("step")
 
 
-def gpu_seed_sentences(ds: xr.Dataset) -> list[str]:
-    """For each comparison with two seeds or more: its records' drifts at the last snapshot every one
-    of them has, their geometric mean and interval."""
-    conf = float(ds.attrs.get("confidence", 0.95))
-    out = []
+def gpu_seed_table(ds: xr.Dataset | None) -> pd.DataFrame:
+    """For each comparison with two seeds or more: the last snapshot every record of it has, the records'
+    smallest and largest model-level W1 there, their geometric mean and interval (NaN when a record is
+    exactly 0: bitwise identical members), how many are exactly 0, and the largest over the smallest."""
+    cols = ["step", "seeds", "min", "max", "geometric mean", "ci low", "ci high", "exactly 0", "max / min"]
+    if not _has_gpu(ds):
+        return pd.DataFrame(columns=cols)
+    rows = {}
     for comp in map(str, ds["gpu_comparison"].values):
         runs = _runs_of(ds, comp)
-        if len(runs) < 2:
-            continue
-        step = gpu_common_step(ds, [comp])
+        step = gpu_common_step(ds, [comp]) if len(runs) >= 2 else None
         if step is None:
             continue
         each = ds["gpu_model_wasserstein"].sel(run=runs, snapshot=step).values
         sub = ds.sel(gpu_comparison=comp, gpu_metric="wasserstein", snapshot=step)
-        if (each == 0).any():  # a deterministic device: identical members give a drift of exactly 0
-            out.append(f"`{comp}` over its {len(runs)} seeds at step {step}, the last snapshot all have: "
-                       + ", ".join(f"{v:.3g}" for v in each) + f" ({int((each == 0).sum())} exactly 0: bitwise "
-                       "identical members, so no geometric mean or interval).")
-            continue
-        out.append(f"`{comp}` over its {len(runs)} seeds at step {step}, the last snapshot all have: "
-                   + ", ".join(f"{v:.3g}" for v in each) + f" (geometric mean {float(sub['gpu_drift']):.3g}, "
-                   f"{conf:.0%} interval {float(sub['gpu_drift_low']):.3g} to {float(sub['gpu_drift_high']):.3g}); "
-                   f"the seeds differ by {each.max() / each.min():.3g}x.")
-    return out
+        zero = int((each == 0).sum())
+        stats = [float(sub[v]) if not zero else math.nan for v in ("gpu_drift", "gpu_drift_low", "gpu_drift_high")]
+        rows[comp] = [step, len(runs), float(each.min()), float(each.max()), *stats, zero,
+                      float(each.max() / each.min()) if each.min() > 0 else math.nan]
+    return pd.DataFrame.from_dict(rows, orient="index", columns=cols).rename_axis("comparison")
 
 
-def gpu_lowprec_absence(ds: xr.Dataset) -> str | None:
-    """Why there is no low-precision/flash ratio to show (None: there is one at some snapshot)."""
+def gpu_lowprec_missing(ds: xr.Dataset | None) -> str | None:
+    """What keeps the low-precision/flash ratio from being computed: the comparison(s) absent, or
+    "overlap" (no low-precision snapshot within the flash pair's); None when there is a ratio."""
+    if not _has_gpu(ds):
+        return "records"
     present = set(map(str, ds["gpu_comparison"].values))
     if not present & set(GPU_LOW_PRECISION):
-        return f"No low-precision pair record ({' or '.join(GPU_LOW_PRECISION)}) among the gathered records"
+        return " or ".join(GPU_LOW_PRECISION)
     if "flash_vs_fp32" not in present:
-        return "No flash_vs_fp32 pair record among the gathered records"
+        return "flash_vs_fp32"
     if "gpu_ratio" not in ds or not np.isfinite(ds["gpu_ratio"].sel(gpu_metric="wasserstein").values).any():
-        return "No low-precision snapshot lies within the flash pair's snapshots"
+        return "overlap"
     return None
 
 
-def gpu_conclusion_lines(ds: xr.Dataset) -> list[str]:
-    """What the GPU pair records say on the questions of the CPU conclusions 1-4 (every number computed)."""
-    out = []
-    rep = gpu_ratio_series(ds, "gpu_repeat", "flash_vs_fp32")
-    if "gpu_repeat" not in ds["gpu_comparison"].values:
-        out.append("Determinism (conclusion 1): no `gpu_repeat` record, so the GPU drifts have no run-to-run "
-                   "yardstick here.")
-    else:
-        steps = gpu_common_steps(ds, ["gpu_repeat"])
-        drift = ds["gpu_drift"].sel(gpu_comparison="gpu_repeat", gpu_metric="wasserstein", snapshot=steps).values
-        if len(steps) and (drift == 0).all():
-            out.append(f"Determinism (conclusion 1): GPU training was bitwise deterministic here (`gpu_repeat` is 0 at "
-                       f"every snapshot, {_steps(steps)}).")
-        elif len(steps):
-            zero = np.nonzero(drift == 0)[0]
-            since = (f"from step {int(steps[zero[-1] + 1])} on" if len(zero) and zero[-1] + 1 < len(steps)
-                     else f"at {int((drift > 0).sum())} of {len(steps)} snapshots" if len(zero) else
-                     f"from step {int(steps[0])} on")
-            out.append(f"Determinism (conclusion 1): GPU training is not bitwise deterministic: two identical runs "
-                       f"(`gpu_repeat`) drift apart {since} (model-level W1 {drift[-1]:.3g} at step "
-                       f"{int(steps[-1])}), so every GPU drift is read against that pair, not against 0"
-                       + (f"; its drift is {rep.min():.3g}x to {rep.max():.3g}x the flash-vs-FP32 pair's "
-                          f"({_steps(rep.index)})" if len(rep) else "") + ".")
-    absent = gpu_lowprec_absence(ds)
-    if absent:
-        out.append(f"Golden et al.'s headline (conclusion 2): not tested by these records. {absent}.")
-    else:
-        for comp in ds["gpu_lowprec"].values:
-            ratio = ds["gpu_ratio"].sel(gpu_lowprec=comp, gpu_metric="wasserstein")
-            ok = np.nonzero(np.isfinite(ratio.values))[0]
-            if len(ok):
-                out.append(f"Golden et al.'s headline (conclusion 2): `{comp}` / `flash_vs_fp32` model-level W1 is "
-                           f"{np.nanmin(ratio.values):.3g}x to {np.nanmax(ratio.values):.3g}x "
-                           f"({_steps(ds['snapshot'].values[ok])}) against their claimed "
-                           f"{GOLDEN_RATIO_RANGE[0]:g}-{GOLDEN_RATIO_RANGE[1]:g}x.")
-    floor = gpu_ratio_series(ds, "flash_vs_fp32", "noise_floor")
-    if len(floor):
-        below = int((floor.values < 1).sum())
-        out.append(f"Noise floor (conclusion 3): the flash-vs-FP32 drift is below the drift of two init seeds at "
-                   f"{below} of {len(floor)} common snapshots ({_steps(floor.index)}; {floor.min():.3g}x to "
-                   f"{floor.max():.3g}x).")
-    if len(rep) > 1 and (rep.values > 0).all():
-        out.append(f"Ratios over time (conclusion 4): the repeat/flash ratio moves from {rep.iloc[0]:.3g}x at step "
-                   f"{int(rep.index[0])} to {rep.iloc[-1]:.3g}x at step {int(rep.index[-1])}.")
-    seeds = {str(c): int(len(_runs_of(ds, str(c)))) for c in ds["gpu_comparison"].values}
-    out.append("Seeds: " + ", ".join(f"`{c}` {n}" for c, n in seeds.items())
-               + (" (one seed each: no intervals)." if max(seeds.values()) == 1 else "."))
-    return out
-
-
-def gpu_sentences(ds: xr.Dataset, claim=GOLDEN_RATIO_RANGE) -> list[str]:
-    """Issue 13 section 4's questions answered from the gathered pair records (every number computed)."""
-    out = []
-    gpus = sorted(set(str(g) for g in ds["prov_version_gpu"].values))
-    missing = json.loads(ds.attrs.get("missing_runs", "[]"))
-    out.append(f"**Campaign.** {ds.sizes['run']} pair record(s) ({', '.join(map(str, ds['run'].values))}) on "
-               f"{', '.join(gpus)}; GPU time {float(ds['campaign_gpu_s']):.0f} s for these records and "
-               f"{float(ds['campaign_all_gpu_s']):.0f} s for all {int(ds.attrs.get('records_in_folder', 0))} records "
-               "of the folder, the whole campaign (sums of the records' "
-               "wall_s, each the whole training command from process start)"
-               + (f"; campaign runs without a record here: {', '.join(missing)}." if missing else
-                  "; every campaign run of this study has a record."))
-    table = gpu_drift_table(ds)
-    conf = float(ds.attrs.get("confidence", 0.95))
-    for comp, row in table.iterrows():
-        row = {**row, "seeds": int(row["seeds"]), "last snapshot (step)": int(row["last snapshot (step)"])}
-        ci = (f" ({conf:.0%} interval over {row['seeds']} seeds {row['ci low']:.3g} to {row['ci high']:.3g})"
-              if row["seeds"] >= 2 else " (one seed: no interval)")
-        out.append(f"`{comp}`: model-level W1 drift {row['model wasserstein']:.3g} at step "
-                   f"{row['last snapshot (step)']}{ci}.")
-    floor = gpu_ratio_series(ds, "flash_vs_fp32", "noise_floor")
-    if len(floor):
-        last, r = int(floor.index[-1]), float(floor.iloc[-1])
-        out.append(f"**Flash against the noise floor:** at step {last}, the last snapshot both pairs have, the "
-                   f"flash-vs-FP32 drift is {r:.3g}x the drift between two init seeds ("
-                   + ("below" if r < 1 else "above") + f" the floor); {floor.min():.3g}x to {floor.max():.3g}x over "
-                   f"their {len(floor)} common snapshots ({_steps(floor.index)}).")
-    out += gpu_repeat_sentences(ds)
-    if "gpu_ratio" in ds:
-        for comp in ds["gpu_lowprec"].values:
-            sub = ds.sel(gpu_lowprec=comp, gpu_metric="wasserstein")
+def gpu_golden_table(ds: xr.Dataset | None, claim=GOLDEN_RATIO_RANGE) -> pd.DataFrame:
+    """Golden et al.'s 2-5x per low-precision pair and metric held with intervals (W1, relative L2): the
+    low-precision pair's model-level drift over the flash pair's (interpolated in step) at the last snapshot
+    with the most seeds among those with two or more (``_most_seeds_snapshot``), its interval over the
+    low-precision seeds and where it lies against the claim (``readings.verdict``; one seed: the point value's
+    ``readings.place``); the same paired by seed (each record over the flash record of its own seeds); and the
+    last snapshot with a ratio (reached by fewer seeds, perhaps) with its ratio."""
+    cols = ["step", "ratio", "ci low", "ci high", "seeds", "against Golden et al.", "paired step", "paired ratio",
+            "paired ci low", "paired ci high", "paired seeds", "paired against Golden et al.", "last step",
+            "ratio at last step"]
+    index = pd.MultiIndex.from_tuples([], names=["comparison", "metric"])
+    if gpu_lowprec_missing(ds) is not None:
+        return pd.DataFrame(columns=cols, index=index)
+    rows = {}
+    for comp in map(str, ds["gpu_lowprec"].values):
+        for metric in map(str, ds["gpu_metric"].values):
+            sub = ds.sel(gpu_lowprec=comp, gpu_metric=metric)
             ok = np.nonzero(np.isfinite(sub["gpu_ratio"].values))[0]
             if not len(ok):
                 continue
             n = sub["gpu_ratio_n_seeds"].values
             k = _most_seeds_snapshot(n, ok)
             r, lo, hi = (float(sub[v][k]) for v in ("gpu_ratio", "gpu_ratio_low", "gpu_ratio_high"))
-            seeds = int(n[k])
-            where = (f"{conf:.0%} interval over the {seeds} `{comp}` seeds (each over the flash pair's geometric mean "
-                     f"over its seeds) {lo:.3g} to {hi:.3g}: {verdict(lo, hi, claim)}") if np.isfinite(lo) else (
-                "one seed, so no interval; the point value lies " +
-                ("inside" if claim[0] <= r <= claim[1] else "below" if r < claim[0] else "above") +
-                f" the claimed {claim[0]:g}-{claim[1]:g}x")
-            text = (f"**Golden et al.'s 2-5x** (their claim: flash causes 2-5x less weight deviation than "
-                    f"low-precision training): `{comp}` / `flash_vs_fp32` model-level W1 at step "
-                    f"{int(ds['snapshot'][k])} is {r:.3g}: {where}.")
-            if k != ok[-1]:
-                later = [j for j in ok if j > k]
-                text += (" At the later snapshots, which fewer seeds reached, it is "
-                         + ", ".join(f"{float(sub['gpu_ratio'][j]):.3g} (step {int(ds['snapshot'][j])}, "
-                                     f"{int(n[j])} seed{'s' if n[j] != 1 else ''})" for j in later) + ".")
-            out.append(text + _paired_ratio_sentence(ds, sub, comp, conf, claim))
-    absent = gpu_lowprec_absence(ds)
-    if absent:
-        out.append(f"{absent}: the 2-5x ratio cannot be computed.")
-    spread = gpu_spread_sentence(ds)
-    if spread:
-        out.append(spread)
-    early = gpu_early_sentence(ds)
-    if early:
-        out.append(early)
-    out += gpu_seed_sentences(ds)
-    kind = gpu_kind_sentence(ds)
-    if kind:
-        out.append(kind)
-    return out
+            where = verdict(lo, hi, claim) if np.isfinite(lo) else place(r, claim)
+            paired = [math.nan] * 5 + [MISSING]
+            if "gpu_ratio_paired" in sub:
+                pv = sub["gpu_ratio_paired"].values
+                pok = np.nonzero(np.isfinite(pv))[0]
+                if len(pok):
+                    pn = sub["gpu_ratio_paired_n_seeds"].values
+                    pk = _most_seeds_snapshot(pn, pok)
+                    plo, phi = float(sub["gpu_ratio_paired_low"][pk]), float(sub["gpu_ratio_paired_high"][pk])
+                    paired = [int(ds["snapshot"][pk]), float(pv[pk]), plo, phi, int(pn[pk]),
+                              verdict(plo, phi, claim) if np.isfinite(plo) else place(float(pv[pk]), claim)]
+            rows[(comp, metric)] = [int(ds["snapshot"][k]), r, lo, hi, int(n[k]), where, *paired,
+                                    int(ds["snapshot"][ok[-1]]), float(sub["gpu_ratio"][ok[-1]])]
+    return pd.DataFrame(list(rows.values()), index=pd.MultiIndex.from_tuples(list(rows), names=index.names),
+                        columns=cols)
 
 
 def _most_seeds_snapshot(n: np.ndarray, ok) -> int:
@@ -416,27 +266,6 @@ def _most_seeds_snapshot(n: np.ndarray, ok) -> int:
     interval over a smaller sample."""
     with_ci = [k for k in ok if n[k] >= 2]
     return [j for j in with_ci if n[j] == max(n[with_ci])][-1] if with_ci else ok[-1]
-
-
-def _paired_ratio_sentence(ds: xr.Dataset, sub: xr.Dataset, comp: str, conf: float, claim) -> str:
-    """The ratio paired by seed (``gpu_ratio_paired``) at the last snapshot with the most seed pairs, set
-    beside the unpaired one: empty when no low-precision record has a flash partner of its seeds."""
-    if "gpu_ratio_paired" not in sub:
-        return ""
-    paired = sub["gpu_ratio_paired"].values
-    ok = np.nonzero(np.isfinite(paired))[0]
-    if not len(ok):
-        return ""
-    n = sub["gpu_ratio_paired_n_seeds"].values
-    k = _most_seeds_snapshot(n, ok)
-    lo, hi = float(sub["gpu_ratio_paired_low"][k]), float(sub["gpu_ratio_paired_high"][k])
-    seeds = int(n[k])
-    spread = (f"{conf:.0%} interval over the {seeds} seed pairs {lo:.3g} to {hi:.3g}: {verdict(lo, hi, claim)}"
-              if np.isfinite(lo) else "one seed pair, so no interval")
-    return (f" Paired by seed (each `{comp}` record over the `flash_vs_fp32` record of its own init and data seeds, "
-            f"so the interval carries the flash pairs' spread as well): {float(paired[k]):.3g} at step "
-            f"{int(ds['snapshot'][k])}, {spread}.")
-
 
 
 # -- values for the notebook's prose (glued; no sentences) -----------------------------------------
@@ -476,6 +305,85 @@ def gpu_prose_values(ds: xr.Dataset | None) -> dict:
         for metric, r in ratios.items():
             out[f"{comp}_ratio_{metric}"] = r
             lo, hi = GOLDEN_RATIO_RANGE
-            out[f"{comp}_ratio_{metric}_place"] = ("n/a" if not np.isfinite(r) else "inside" if lo <= r <= hi
-                                                   else "below" if r < lo else "above")
+            out[f"{comp}_ratio_{metric}_place"] = place(r)
+    out.update(gpu_series_values(ds if gpu else None))
+    return out
+
+
+def _series_stats(prefix: str, series: pd.Series) -> dict:
+    ok = len(series) > 0
+    return {f"{prefix}_min": float(series.min()) if ok else math.nan,
+            f"{prefix}_max": float(series.max()) if ok else math.nan,
+            f"{prefix}_last": float(series.iloc[-1]) if ok else math.nan,
+            f"{prefix}_first_step": int(series.index[0]) if ok else math.nan,
+            f"{prefix}_last_step": int(series.index[-1]) if ok else math.nan,
+            f"{prefix}_n": int(len(series)) if ok else math.nan}
+
+
+def gpu_series_values(ds: xr.Dataset | None) -> dict:
+    """The rest of section 7's numbers (NaN or ``n/a`` without records): the campaign (records, GPUs, GPU
+    seconds of these records and of the folder, campaign runs without a record); the repeat pair over the
+    flash pair and the flash pair over the noise floor over their common snapshots (range, last value and
+    step, number of snapshots, how many with the repeat at or above the flash pair and the flash pair below
+    the floor); whether two identical GPU runs were bitwise identical at every shared snapshot and the
+    repeat pair's W1 at its last; the side-by-side factor at the first and last shared snapshot
+    (``gpu_spread_table``) and how many early snapshots are more than ``MERGED_FACTOR`` apart
+    (``gpu_early_table``); the per-kind step, the kind where the flash pair drifts most and in how many kinds
+    it drifts more than the repeat pair; the seeds per comparison; and what keeps the 2-5x ratio from being
+    computed (``gpu_lowprec_missing``)."""
+    out = {}
+    gpu = _has_gpu(ds)
+    out["n_records"] = int(ds.sizes["run"]) if gpu else math.nan
+    out["gpus"] = ", ".join(sorted(set(map(str, ds["prov_version_gpu"].values)))) if gpu and "prov_version_gpu" in ds.coords else MISSING
+    out["gpu_s"] = float(ds["campaign_gpu_s"]) if gpu else math.nan
+    out["all_gpu_s"] = float(ds["campaign_all_gpu_s"]) if gpu else math.nan
+    out["records_in_folder"] = int(ds.attrs.get("records_in_folder", 0)) if gpu else math.nan
+    missing = json.loads(ds.attrs.get("missing_runs", "[]")) if gpu else []
+    out["missing_runs"] = ", ".join(missing) if missing else ("none" if gpu else MISSING)
+    rep = gpu_ratio_series(ds, "gpu_repeat", "flash_vs_fp32") if gpu else pd.Series(dtype=float)
+    floor = gpu_ratio_series(ds, "flash_vs_fp32", "noise_floor") if gpu else pd.Series(dtype=float)
+    out.update(_series_stats("repeat_over_flash", rep))
+    out["repeat_at_or_above_flash_n"] = int((rep.values >= 1).sum()) if len(rep) else math.nan
+    out.update(_series_stats("flash_over_floor", floor))
+    out["flash_below_floor_n"] = int((floor.values < 1).sum()) if len(floor) else math.nan
+    out["repeat_bitwise_identical"] = MISSING
+    out["repeat_last_w1"], out["repeat_last_step"] = math.nan, math.nan
+    if gpu and "gpu_repeat" in ds["gpu_comparison"].values:
+        steps = gpu_common_steps(ds, ["gpu_repeat"])
+        drift = ds["gpu_drift"].sel(gpu_comparison="gpu_repeat", gpu_metric="wasserstein", snapshot=steps).values
+        if len(steps):
+            out["repeat_bitwise_identical"] = "yes" if (drift == 0).all() else "no"
+            out["repeat_last_w1"], out["repeat_last_step"] = float(drift[-1]), int(steps[-1])
+    spread = gpu_spread_table(ds)
+    for key, row in (("first", 0), ("last", -1)):
+        out[f"spread_{key}_step"] = int(spread.index[row]) if len(spread) else math.nan
+        out[f"spread_{key}_factor"] = float(spread["factor"].iloc[row]) if len(spread) else math.nan
+        out[f"spread_{key}_alike"] = ("yes" if spread["alike"].iloc[row] else "no") if len(spread) else MISSING
+    out["merged_factor"] = MERGED_FACTOR
+    early = gpu_early_table(ds)
+    out["early_n"] = int(len(early)) if gpu else math.nan
+    out["early_apart_n"] = int((~early["alike"].astype(bool)).sum()) if len(early) else (0 if gpu else math.nan)
+    step = gpu_common_step(ds) if gpu and "gpu_kind_wasserstein_rel" in ds else None
+    out["kind_step"] = step if step is not None else math.nan
+    out["kind_flash_largest"], out["kind_flash_above_repeat_n"], out["kind_n"] = MISSING, math.nan, math.nan
+    if step is not None and "flash_vs_fp32" in ds["gpu_comparison"].values:
+        table = gpu_kind_table(ds, step)
+        flash = table.loc["flash_vs_fp32"]
+        out["kind_flash_largest"], out["kind_n"] = str(flash.idxmax()), int(len(flash))
+        if "gpu_repeat" in table.index:
+            out["kind_flash_above_repeat_n"] = int((flash > table.loc["gpu_repeat"]).sum())
+    for comp in ("flash_vs_fp32", "noise_floor", "gpu_repeat", *GPU_LOW_PRECISION):
+        out[f"seeds_{comp}"] = int(len(_runs_of(ds, comp))) if gpu else math.nan
+    out["lowprec_missing"] = gpu_lowprec_missing(ds) or "none"
+    golden = gpu_golden_table(ds)
+    for comp in GPU_LOW_PRECISION:
+        for metric in GPU_METRICS:
+            key = (comp, metric)
+            here = key in golden.index
+            for col, name in (("step", "step"), ("ratio", "ratio"), ("ci low", "low"), ("ci high", "high"),
+                              ("seeds", "seeds"), ("against Golden et al.", "verdict"), ("paired ratio", "paired"),
+                              ("paired ci low", "paired_low"), ("paired ci high", "paired_high"),
+                              ("paired against Golden et al.", "paired_verdict")):
+                value = golden.loc[key, col] if here else (MISSING if "verdict" in name else math.nan)
+                out[f"golden_{comp}_{metric}_{name}"] = value
     return out
