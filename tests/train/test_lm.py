@@ -247,8 +247,15 @@ def test_low_precision_training_pairs_with_fp32_training(tmp_path):
         assert float(ds["pair_w1"].isel(snapshot=-1).max()) > 0.0
 
 
-def test_budget_stops_cleanly_with_a_final_record(tmp_path):
-    # the stop keeps >= 5 s for the final evaluation and record: a 9 s budget leaves a few seconds of steps
+def test_budget_stops_cleanly_with_a_final_record(tmp_path, monkeypatch):
+    # the stop keeps >= 5 s for the final evaluation and record: a 9 s budget leaves a few seconds of steps;
+    # the trainer's clock is a counter (0.05 s a reading), so that a loaded machine cannot cut the run short
+    import types
+
+    from attnum.train import loop
+
+    ticks = iter(range(10 ** 9))
+    monkeypatch.setattr(loop, "time", types.SimpleNamespace(monotonic=lambda: 0.05 * next(ticks)))
     path = train(_tiny(steps=100000, budget_s=9.0, log_every=7, eval_every=7, snapshot_every=7),
                  tmp_path, progress=lambda s: None)
     ds = record.open_record(path)
@@ -262,9 +269,10 @@ def test_cli_train_and_bench_on_cpu(tmp_path, capsys):
     args = ["train", "--device", "cpu", "--out", str(tmp_path / "run"), "--n-layer", "1", "--n-head", "2",
             "--d-model", "16", "--context", "16", "--batch-size", "4", "--steps", "10", "--log-every", "5",
             "--eval-every", "5", "--snapshot-every", "5", "--corpus-max-bytes", str(MAX_BYTES),
-            "--val-windows", "4", "--diag-batch", "2", "--no-time-attention", "--tag", "cli"]
+            "--val-windows", "4", "--diag-batch", "2", "--no-time-attention", "--tag", "cli", "--budget-s", "1e6"]
     assert main(args) == 0
     assert (tmp_path / "run" / "lm_cli_s0_d0.nc").exists()
+    assert int(record.open_record(tmp_path / "run" / "lm_cli_s0_d0.nc")["steps_done"]) == 10
     assert main(["train", "--device", "cpu", "--out", str(tmp_path), "--kernel", "sdpa:nope"]) == 2
     assert "sdpa:nope" in capsys.readouterr().err
     out = tmp_path / "bench.json"
@@ -304,7 +312,7 @@ def test_cli_plan_with_overrides(tmp_path):
     args = ["train", "--plan", "s03_repeat_s0", "--device", "cpu", "--out", str(tmp_path), "--n-layer", "1",
             "--n-head", "2", "--d-model", "16", "--context", "16", "--batch-size", "4", "--steps", "10",
             "--log-every", "5", "--eval-every", "5", "--snapshot-every", "5", "--corpus-max-bytes", str(MAX_BYTES),
-            "--val-windows", "4", "--diag-batch", "2", "--no-time-attention"]
+            "--val-windows", "4", "--diag-batch", "2", "--no-time-attention", "--budget-s", "1e6"]
     assert main(args) == 2  # the plan's snapshot_early (25) is not below the flag's snapshot_every (5): named, no run
     assert not list(tmp_path.glob("*.nc"))
     assert main(args + ["--snapshot-early", "2"]) == 0
