@@ -355,8 +355,9 @@ def train(cfg: TrainConfig, task: Task | None = None, model_cfg: GPTConfig | Non
     write their record into ``out_dir`` and return it (``TrainResult.path``). ``device`` overrides
     ``cfg.device``. ``progress``: a bar (task) or printed lines (corpus) when true, a callable for the
     lines, nothing when false. ``callback(step, model, batch, grad_norm_total)``, if given, runs after
-    each backward (gradients unscaled and clipped) and before the update; it must leave weights and gradients as it found them (``preserve_gradients``), so
-    that a run with a callback is bitwise the run without one.
+    each backward (gradients unscaled and clipped) and before the update; it must leave weights and
+    gradients as it found them (``preserve_gradients``), so that a run with a callback is bitwise the
+    run without one.
     """
     if device is not None and str(device) != cfg.device:
         cfg = dataclasses.replace(cfg, device=str(device))
