@@ -252,10 +252,15 @@ def convert(ds: xr.Dataset) -> xr.Dataset:
     a gathered dataset's ``run_parameters``) today's names (``convert_parameters``), and
     ``record_converted_from`` says so. Anything already in today's schema is returned unchanged;
     values are never touched."""
-    if "grad_norm_layer" not in ds.variables:
+    # the old layout: grad_norm_layer, or a grad_norm without a layer dimension (the whole model's)
+    old_total = "grad_norm" in ds.variables and "layer" not in ds["grad_norm"].dims
+    if "grad_norm_layer" not in ds.variables and not old_total:
         return ds
-    ds = ds.rename({"grad_norm": "_total"}).rename({"grad_norm_layer": "grad_norm", "_total": "grad_norm_total"})
-    for name in ("grad_norm", "grad_norm_total"):
+    names = {"grad_norm": "grad_norm_total"} if old_total else {}
+    if "grad_norm_layer" in ds.variables:
+        names["grad_norm_layer"] = "grad_norm"
+    ds = ds.rename({old: f"_{old}" for old in names}).rename({f"_{old}": new for old, new in names.items()})
+    for name in names.values():
         units, long_name = VARIABLES[name]
         ds[name].attrs.update(units=units, long_name=long_name)
     if ds.attrs.get("study") == STUDY and "parameters" in ds.attrs:  # a record's own parameters
