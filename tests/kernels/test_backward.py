@@ -203,7 +203,7 @@ def test_cuda_training_runs():
     cfg = GPTConfig(vocab_size=task.vocab_size, context=16, n_layer=2, n_head=2, d_model=16,
                     attention=(AttentionImpl("emulator", "fa2_bf16", block_q=8, block_k=8),))
     tc = TrainConfig(steps=5, batch_size=4, warmup_steps=1, checkpoint_steps=(0, 5))
-    a = train(cfg, task, tc, device="cuda", progress=False)
+    a = train(tc, task, cfg, device="cuda", progress=False)
     assert a.checkpoints[5]["head.weight"].device.type == "cuda"
     assert torch.isfinite(torch.tensor(a.records["loss"].values)).all()
     assert not torch.equal(a.checkpoints[5]["head.weight"], a.checkpoints[0]["head.weight"])

@@ -476,7 +476,7 @@ def _gathered_series(dq_rel_err):
     val = np.full_like(loss, np.nan)
     val[:, :, ::2] = [[[3.0, 2.0, 2.5, 2.8]], [[3.0, 2.0, 1.9, 1.8]]]
     dims3, dims4 = ("run", "member", "step"), ("run", "member", "step", "layer")
-    data = {"loss": (dims3, loss), "val_loss": (dims3, val), "grad_norm": (dims3, np.ones_like(loss)),
+    data = {"loss": (dims3, loss), "val_loss": (dims3, val), "grad_norm_total": (dims3, np.ones_like(loss)),
             "dq_rel_err": (dims4, per_layer), "dq_row_rel_err": (dims4, per_layer),
             "key_mean_norm": (dims4, np.ones_like(per_layer)), "offset_logit": (dims4, np.ones_like(per_layer)),
             "max_prob": (dims4, np.ones_like(per_layer)), "tokens_done": ("run", [1000, 3000]),
@@ -509,14 +509,14 @@ def test_record_summary_growth_of_an_all_zero_error_is_nan_without_a_warning():
 def s04_records(tmp_path_factory):
     """Two tiny CPU records of the s04 campaign, same setting, stopped at different steps: flash at 30
     (logged every 5) and FP32 attention at 23 (logged at 5, ..., 20 and 23); evaluated every 15 steps."""
-    from attnum.train import CorpusConfig as TrainConfig, train_corpus as train
+    from attnum.train import TrainConfig, train
 
     folder = tmp_path_factory.mktemp("records")
     base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, log_every=5, eval_every=15,
-                snapshot_every=10, corpus_max_bytes=1_000_000, val_windows=8, diag_batch=2, warmup=2, lr=3e-3,
+                snapshot_every=10, corpus_max_bytes=1_000_000, val_windows=8, diag_batch=2, warmup_steps=2, lr=3e-3,
                 sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
-    train(TrainConfig(**base, steps=30, kernel="sdpa:flash", tag="s04_flash_lr1e-3"), folder, progress=lambda s: None)
-    train(TrainConfig(**base, steps=23, kernel="sdpa:math", tag="s04_fp32_lr1e-3"), folder, progress=lambda s: None)
+    train(TrainConfig.byte_lm(**base, steps=30, kernel="sdpa:flash", tag="s04_flash_lr1e-3"), out_dir=folder, progress=False)
+    train(TrainConfig.byte_lm(**base, steps=23, kernel="sdpa:math", tag="s04_fp32_lr1e-3"), out_dir=folder, progress=False)
     return gpu_training.gpu_training_dataset(folder, mech=None, level=0.1)
 
 
@@ -558,7 +558,7 @@ def test_gpu_equal_step_table_takes_the_largest_common_logged_step(s04_records):
         assert row["train loss"] == float(one["loss"].sel(step=20))
         assert row["val step"] == 15 and row["val loss"] == float(one["val_loss"].sel(step=15))  # last eval <= 20
         assert row["key_mean_norm"] == pytest.approx(float(one["key_mean_norm"].sel(step=20).mean()))
-        assert row["grad norm"] == float(one["grad_norm"].sel(step=20))
+        assert row["grad norm"] == float(one["grad_norm_total"].sel(step=20))
     # a setting with a single run gives no comparison
     alone = ds.sel(run=[FLASH])
     assert readings_gpu.gpu_equal_step_table(alone).empty

@@ -10,15 +10,20 @@ import xarray as xr
 
 from attnum import ncio
 from attnum.train import record
-from attnum.train import CorpusConfig as TrainConfig, train_corpus as train
+from attnum.train import TrainConfig
+from attnum.train import train as _train
 from attnum.studies.wasserstein_weight_drift import aggregates, experiments, figures, readings, readings_gpu
+
+
+def train(cfg, out_dir, progress=None):  # a corpus run: its record's path
+    return _train(cfg, out_dir=out_dir, progress=False).path
 
 RUNS = {
     "s03_flash_vs_fp32_s0": dict(pair=True, pair_kernel="sdpa:math"),
     "s03_flash_vs_fp32_s1": dict(pair=True, pair_kernel="sdpa:math", seed=1, data_seed=1),
     "s03_noise_floor_s0": dict(pair=True, pair_seed=1),
     "s03_repeat_s0": dict(pair=True),
-    "s03_lowprec_s0": dict(pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash", pair_amp="bf16",
+    "s03_lowprec_s0": dict(pair=True, kernel="sdpa:math", autocast="off", pair_kernel="sdpa:flash", pair_autocast="bf16",
                            steps=15, snapshot_every=5),
 }
 
@@ -28,10 +33,10 @@ def _gathered(folder):
 
 def _tiny(**kw):
     base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=30, log_every=5, eval_every=10,
-                snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup=2, lr=3e-3,
+                snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup_steps=2, lr=3e-3,
                 sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
     base.update(kw)
-    return TrainConfig(**base)
+    return TrainConfig.byte_lm(**base)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +129,8 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     for path in records.glob("lm_*.nc"):
         shutil.copy(path, tmp_path / path.name)
     # a second low-precision seed that stops earlier (step 10) than the first (step 15)
-    train(_tiny(tag="s03_lowprec_s1", pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash",
-                pair_amp="bf16", seed=1, data_seed=1, steps=10, snapshot_every=5), tmp_path, progress=lambda s: None)
+    train(_tiny(tag="s03_lowprec_s1", pair=True, kernel="sdpa:math", autocast="off", pair_kernel="sdpa:flash",
+                pair_autocast="bf16", seed=1, data_seed=1, steps=10, snapshot_every=5), tmp_path, progress=lambda s: None)
     ds = _gathered(tmp_path)
     ratio = ds.sel(gpu_lowprec="bf16_training", gpu_metric="wasserstein")
     assert np.isfinite(float(ratio["gpu_ratio_low"].sel(snapshot=10)))
@@ -146,8 +151,8 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     assert row["paired ratio"] == pytest.approx(math.sqrt(per_seed[0] * per_seed[1]))
     # a third seed that runs as far as the first: step 15 now has two seeds (an interval) and step 10 three;
     # the sentence stays at the snapshot with the most seeds, and names how many it has
-    train(_tiny(tag="s03_lowprec_s2", pair=True, kernel="sdpa:math", amp="off", pair_kernel="sdpa:flash",
-                pair_amp="bf16", seed=2, data_seed=2, steps=15, snapshot_every=5), tmp_path, progress=lambda s: None)
+    train(_tiny(tag="s03_lowprec_s2", pair=True, kernel="sdpa:math", autocast="off", pair_kernel="sdpa:flash",
+                pair_autocast="bf16", seed=2, data_seed=2, steps=15, snapshot_every=5), tmp_path, progress=lambda s: None)
     ds = _gathered(tmp_path)
     ratio = ds.sel(gpu_lowprec="bf16_training", gpu_metric="wasserstein")
     assert int(ratio["gpu_ratio_n_seeds"].sel(snapshot=10)) == 3 and int(ratio["gpu_ratio_n_seeds"].sel(snapshot=15)) == 2

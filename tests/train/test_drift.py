@@ -115,7 +115,7 @@ def test_aggregates_follow_their_definitions():
 def test_identical_configurations_give_bitwise_identical_weights_and_zero_drift(attention, autocast):
     task, cfg = _tiny(attention)
     tc = TrainConfig(steps=6, batch_size=4, warmup_steps=2, checkpoint_steps=(0, 3, 6), autocast=autocast)
-    a, b = train(cfg, task, tc, progress=False), train(cfg, task, tc, progress=False)
+    a, b = train(tc, task, cfg, progress=False), train(tc, task, cfg, progress=False)
     for step in (0, 3, 6):
         assert all(torch.equal(a.checkpoints[step][n], b.checkpoints[step][n]) for n in a.checkpoints[step])
     ds = drift.checkpoint_drift(a.checkpoints, b.checkpoints)
@@ -129,8 +129,8 @@ def test_identical_configurations_give_bitwise_identical_weights_and_zero_drift(
 def test_drift_between_different_runs_is_positive_and_its_distance_symmetric():
     task, cfg = _tiny()
     tc = TrainConfig(steps=6, batch_size=4, warmup_steps=2, checkpoint_steps=(0, 6))
-    a = train(cfg, task, tc, progress=False)
-    b = train(cfg, task, TrainConfig(**{**tc.__dict__, "init_perturbation": 1e-5}), progress=False)
+    a = train(tc, task, cfg, progress=False)
+    b = train(TrainConfig(**{**tc.__dict__, "init_perturbation": 1e-5}), task, cfg, progress=False)
     ab, ba = drift.checkpoint_drift(a.checkpoints, b.checkpoints), drift.checkpoint_drift(b.checkpoints, a.checkpoints)
     np.testing.assert_array_equal(ab["wasserstein"].values, ba["wasserstein"].values)
     np.testing.assert_array_equal(ab["max_abs"].values, ba["max_abs"].values)
@@ -146,7 +146,7 @@ def test_per_call_deviation_compares_the_models_own_attention_calls():
 
     task, cfg = _tiny("emulator:fa2_bf16")
     tc = TrainConfig(steps=4, batch_size=4, warmup_steps=1, checkpoint_steps=(0, 4))
-    run = train(cfg, task, tc, progress=False)
+    run = train(tc, task, cfg, progress=False)
     kw = dict(model_block=8, device="cpu")
     # the kernel against itself: the captured output is the kernel's output, bit for bit
     same = per_call_deviation(cfg, run.checkpoints, "emulator:fa2_bf16", "emulator:fa2_bf16", task, 4, **kw)
@@ -162,5 +162,5 @@ def test_per_call_deviation_compares_the_models_own_attention_calls():
     fp32 = per_call_deviation(cfg, run.checkpoints, "emulator:fp32", "reference:fp32", task, 4, **kw)
     assert float(fp32["call_max_abs"].max()) < 1e-3 * float(ds["call_max_abs"].min())
     # the checkpoints are left as they were (the comparison only reads them)
-    again = train(cfg, task, tc, progress=False)
+    again = train(tc, task, cfg, progress=False)
     assert all(torch.equal(run.checkpoints[4][n], again.checkpoints[4][n]) for n in again.checkpoints[4])

@@ -1,10 +1,12 @@
 """Synthetic tasks, the small GPT, the trainer and the FP32 backward-recompute diagnostic."""
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from attnum import ncio
-from attnum.kernels import AttentionImpl
+from attnum.kernels import AttentionImpl, Kernel
 from attnum.train.diag import backward_errors, recompute_backward_fp32
 from attnum.inputs import normal_qkv
 from attnum.model import GPT, GPTConfig, add_key_offset, perturb_weights
@@ -89,8 +91,8 @@ def test_trainer_is_bitwise_deterministic_for_a_fixed_seed(tmp_path):
     task, cfg = _tiny(attention=("emulator:fa2_bf16:fused", "sdpa:flash"))
     tc = TrainConfig(steps=12, batch_size=4, warmup_steps=3, grad_clip=1.0, checkpoint_steps=(0, 6, 12),
                      record_every=2)
-    a = train(cfg, task, tc, progress=False, checkpoint_dir=tmp_path)
-    b = train(cfg, task, tc, progress=False)
+    a = train(tc, task, cfg, progress=False, checkpoint_dir=tmp_path)
+    b = train(tc, task, cfg, progress=False)
     assert sorted(a.checkpoints) == [0, 6, 12]
     for step in a.checkpoints:
         assert all(torch.equal(a.checkpoints[step][n], b.checkpoints[step][n]) for n in a.checkpoints[step])
@@ -104,8 +106,8 @@ def test_trainer_is_bitwise_deterministic_for_a_fixed_seed(tmp_path):
     reloaded = load_checkpoint(cfg, torch.load(tmp_path / "step0000006.pt"))
     assert all(torch.equal(p, a.checkpoints[6][n]) for n, p in reloaded.state_dict().items())
     # a different seed, or a perturbed start, really trains a different model
-    c = train(cfg, task, TrainConfig(**{**tc.__dict__, "seed": 1}), progress=False)
-    d = train(cfg, task, TrainConfig(**{**tc.__dict__, "init_perturbation": 1e-4}), progress=False)
+    c = train(TrainConfig(**{**tc.__dict__, "seed": 1}), task, cfg, progress=False)
+    d = train(TrainConfig(**{**tc.__dict__, "init_perturbation": 1e-4}), task, cfg, progress=False)
     for other in (c, d):
         assert not torch.equal(other.checkpoints[12]["head.weight"], a.checkpoints[12]["head.weight"])
 
@@ -116,8 +118,8 @@ def test_a_diagnostic_callback_leaves_the_run_bitwise_unchanged():
     task, cfg = _tiny(attention=("emulator:fa2_bf16:fused", "emulator:fa2_bf16"))
     tc = TrainConfig(steps=8, batch_size=4, warmup_steps=2, checkpoint_steps=(8,))
     live = LiveDiagnostic(every=3, spike_factor=0.0)
-    a = train(cfg, task, tc, progress=False, callback=live)
-    b = train(cfg, task, tc, progress=False)
+    a = train(tc, task, cfg, progress=False, callback=live)
+    b = train(tc, task, cfg, progress=False)
     assert all(torch.equal(a.checkpoints[8][n], b.checkpoints[8][n]) for n in b.checkpoints[8])
     for name in a.records.data_vars:
         np.testing.assert_array_equal(a.records[name].values, b.records[name].values)
@@ -129,7 +131,7 @@ def test_a_diagnostic_callback_leaves_the_run_bitwise_unchanged():
 
 def test_training_records_and_learning(tmp_path):
     task, cfg = _tiny(attention=("sdpa:flash",), task=Task("copy", context=16, n_symbols=8))
-    res = train(cfg, task, TrainConfig(steps=100, batch_size=16, lr=1e-2, warmup_steps=5), progress=False)
+    res = train(TrainConfig(steps=100, batch_size=16, lr=1e-2, warmup_steps=5), task, cfg, progress=False)
     rec = res.records
     assert rec["grad_norm"].dims == ("step", "layer") and rec.sizes["layer"] == 2
     assert rec.sizes["step"] == 100
@@ -148,6 +150,61 @@ def test_train_config_is_checked():
     with pytest.raises(ValueError, match="outside"):
         TrainConfig(steps=10, checkpoint_steps=(11,))
     assert TrainConfig(steps=100, warmup_steps=10, lr=1.0).lr_at(0) == pytest.approx(0.1)
+
+
+class _OwnBackward(torch.autograd.Function):
+    """Causal attention in fp32 whose backward is this Function's own (recomputed by autograd inside it)."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale):
+        ctx.save_for_backward(q, k, v)
+        ctx.scale = scale
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        _OwnBackward.calls += 1
+        q, k, v = (t.detach().requires_grad_(True) for t in ctx.saved_tensors)
+        with torch.enable_grad():
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=ctx.scale)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), grad_out)
+        return dq, dk, dv, None
+
+
+class _OwnBackwardKernel(Kernel):
+    """A kernel like fa4: its output's backward comes from its own autograd.Function."""
+
+    name = "test:own_backward"
+
+    def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
+        assert causal and attn_bias is None
+        return _OwnBackward.apply(q, k, v, scale)
+
+
+def test_a_kernel_with_its_own_autograd_backward_trains_the_model():
+    task, cfg = _tiny(attention=("sdpa:math",))
+    kernel = _OwnBackwardKernel()
+    own = dataclasses.replace(cfg, attention=(kernel, "sdpa:math"))
+    tc = TrainConfig(steps=3, batch_size=4, warmup_steps=1, checkpoint_steps=(3,))
+    _OwnBackward.calls = 0
+    a = train(tc, task, own, progress=False)
+    assert _OwnBackward.calls == 3  # one backward per step through the kernel's own Function
+    b = train(tc, task, dataclasses.replace(cfg, attention=("sdpa:math",)), progress=False)
+    # the same mathematics: the same losses up to rounding (Adam's normalised steps amplify rounding in the weights)
+    np.testing.assert_allclose(a.records["loss"].values, b.records["loss"].values, rtol=1e-5)
+    assert np.isfinite(a.records["grad_norm"].values).all() and (a.records["grad_norm"].values > 0).all()
+    assert not torch.equal(a.checkpoints[3]["head.weight"], GPT(own, seed=0).state_dict()["head.weight"])
+
+
+def test_fa4_as_training_attention_is_refused_on_a_cpu_before_any_work():
+    task, cfg = _tiny(attention=("sdpa:math",))
+    with pytest.raises(ValueError, match=r"layer 1: kernel 'fa4' cannot run on cpu: FlashAttention-4 runs on CUDA"):
+        train(TrainConfig(steps=2, batch_size=2), task, dataclasses.replace(cfg, attention=("sdpa:math", "fa4")),
+              progress=False)
+    with pytest.raises(ValueError, match=r"member a: kernel 'fa4' cannot run on cpu: FlashAttention-4 runs on CUDA"):
+        TrainConfig.byte_lm(kernel="fa4", device="cpu")
 
 
 # -- the diagnostic -----------------------------------------------------------------------------

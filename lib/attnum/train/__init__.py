@@ -5,26 +5,30 @@ one GPU in one command, attention chosen per run from the kernel registry; every
 compact NetCDF record that the studies' ``gpu_training`` tiers gather.
 
 Modules
-    loop     ``TrainConfig`` and ``train`` (a synthetic task, bitwise reproducible on the CPU; the tiny
-             models of studies 03-05), ``train_runs`` (several kernels from one start), ``LiveDiagnostic``;
-             ``CorpusConfig`` and ``train_corpus`` (the byte LM: one run or a lockstep pair within a
-             wall-clock budget, one record per command)
+    loop     one ``TrainConfig`` and one ``train``: the data source is the config's ``data``, a synthetic
+             ``Task`` ("task": bitwise reproducible on the CPU; the tiny models of studies 03-05) or the
+             byte corpus ("corpus", preset ``TrainConfig.byte_lm``: one run or a lockstep pair within a
+             wall-clock budget, one record per command); ``train_runs`` (several kernels from one start),
+             ``LiveDiagnostic``
     data     ``Task`` (synthetic tasks) and the stdlib corpus (``Corpus``: fixed order, hash-based
              train/validation split by file, facts and sha256 recorded) with its device-side sampler
              (``BatchSampler``, data order fixed by ``data_seed``)
     diag     the FP32-recompute diagnostic (``recompute_backward_fp32``, ``backward_errors``), per-layer
              statistics (common key offset, sharpness), gradient norms, attention timing, weight
              sketches and exact pair drift
-    record   the records: ``records_dataset``/``ATTRS`` of a synthetic run (the ``train_*`` variables of a
-             study's results) and the corpus run's NetCDF record, ``gather`` (a folder of records -> one
-             Dataset), ``pair_drift`` and ``sketch_drift`` (for ``attnum.drift.aggregate``), ``summary``
+    record   one schema (``VARIABLES``; ``ATTRS`` the names every run records): a task run's (step, layer)
+             records (the ``train_*`` variables of a study's results) and a corpus run's NetCDF record;
+             ``open_record``/``convert`` read the records of the old corpus layout in it, ``gather`` (a
+             folder of records -> one Dataset), ``pair_drift`` and ``sketch_drift`` (for
+             ``attnum.drift.aggregate``), ``summary``
     bench    the step-time benchmark of every attention choice
 
 The model is ``attnum.model.GPT`` at both scales; ``GPTConfig.byte_lm`` is the corpus runs' setting
 (bf16 autocast for the matmuls, attention ``AttentionChoice`` = registry name [@dtype] called outside
 autocast).
 
-Command line (``PYTHONPATH=lib``; every ``CorpusConfig`` field is a flag)::
+Command line (``PYTHONPATH=lib``; every ``TrainConfig`` field but the task runs' own is a flag, its default the
+``TrainConfig.byte_lm`` preset's)::
 
     python -m attnum.train train --kernel sdpa:flash --lr 1e-3 --budget-s 540 --out DIR
     python -m attnum.train train --kernel sdpa:flash --pair --pair-kernel sdpa:math --out DIR   # study 03 pair
@@ -61,7 +65,7 @@ fewer, and a campaign of a few commands does not change the order of magnitude. 
 not diverge bounds the phenomenon rather than refuting it: the record gives the tokens reached, the
 common key offset (``key_mean_norm``, ``offset_logit``), the sharpness (``max_prob``, ``entropy``)
 and the dQ error reached, to set against the mechanism grid of study 04. Harsher settings that
-reach the sharp regime sooner are parameters (higher ``--lr``, ``--clip 0``, ``--warmup 0``, a
+reach the sharp regime sooner are parameters (higher ``--lr``, ``--grad-clip 0``, ``--warmup-steps 0``, a
 smaller model with more steps), and each is a departure from the sources' setting to be stated.
 
 Campaign: ``params/lm/campaign.yaml`` names every planned run (``python -m attnum.train plan``
@@ -94,12 +98,11 @@ from . import data, diag, loop, record
 from .data import IGNORE, PARTS, TASKS, BatchSampler, Corpus, Task
 from .diag import recompute_backward_fp32
 from .record import ATTRS, LAYER_RECORDS, STEP_RECORDS, record_variables, records_dataset
-from .loop import (AUTOCAST, CorpusConfig, LiveDiagnostic, TrainConfig, TrainResult, build_model, learning_rate,
-                   load_checkpoint, preserve_gradients,
-                   torch_threads, train, train_corpus, train_runs, validation_loss)
+from .loop import (AUTOCAST, LiveDiagnostic, TrainConfig, TrainResult, build_model, learning_rate, load_checkpoint,
+                   preserve_gradients, torch_threads, train, train_runs, validation_loss)
 
-__all__ = ["ATTRS", "AUTOCAST", "BatchSampler", "Corpus", "CorpusConfig", "IGNORE", "LAYER_RECORDS", "LiveDiagnostic",
+__all__ = ["ATTRS", "AUTOCAST", "BatchSampler", "Corpus", "IGNORE", "LAYER_RECORDS", "LiveDiagnostic",
            "PARTS", "STEP_RECORDS", "TASKS", "Task", "TrainConfig", "TrainResult", "build_model", "data", "diag",
            "learning_rate", "load_checkpoint", "loop", "preserve_gradients", "recompute_backward_fp32", "record",
-           "record_variables", "records_dataset", "torch_threads", "train", "train_corpus", "train_runs",
+           "record_variables", "records_dataset", "torch_threads", "train", "train_runs",
            "validation_loss"]

@@ -33,7 +33,7 @@ def load_plan(name: str, path: str | None = None) -> dict:
     folder), with ``tag`` set to its name; a clear error for an unknown name or field."""
     import yaml
 
-    from .loop import CorpusConfig as TrainConfig
+    from .loop import TrainConfig
 
     here = os.path.dirname(os.path.abspath(__file__))
     candidates = [path] if path else [os.path.join(here, "..", "..", "..", CAMPAIGN), CAMPAIGN]
@@ -46,27 +46,37 @@ def load_plan(name: str, path: str | None = None) -> dict:
         raise ValueError(f"no campaign file at {candidates}")
     if name not in plans:
         raise ValueError(f"no run {name!r} in {candidate}; runs: {sorted(plans)}")
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    fields = set(corpus_defaults())
     unknown = sorted(set(plans[name]) - fields)
     if unknown:
         raise ValueError(f"run {name!r} of {candidate} sets unknown fields {unknown}")
     return {"tag": name, **plans[name]}
 
 
-def _train_parser(sub):
-    from .loop import CorpusConfig as TrainConfig
+TASK_ONLY = ("data", "checkpoint_steps", "record_every")  # a task run's fields: no flags (train is a corpus run)
 
+
+def corpus_defaults() -> dict:
+    """Every flag of ``train`` and its default: the fields of ``TrainConfig.byte_lm()`` but the task runs' own."""
+    from .loop import TrainConfig
+
+    preset = TrainConfig.byte_lm(device="cpu")
+    defaults = {f.name: getattr(preset, f.name) for f in dataclasses.fields(TrainConfig) if f.name not in TASK_ONLY}
+    defaults["device"] = "cuda"
+    return defaults
+
+
+def _train_parser(sub):
     p = sub.add_parser("train", help="one training run (or a lockstep pair) within a wall-clock budget")
     p.add_argument("--out", required=True, help="folder for the record")
     p.add_argument("--plan", default=None, help=f"a run of the campaign file ({CAMPAIGN}); flags override it")
     p.add_argument("--campaign", default=None, help=f"another campaign file than {CAMPAIGN}")
-    for field in dataclasses.fields(TrainConfig):
-        flag = "--" + field.name.replace("_", "-")
-        default = field.default
+    for name, default in corpus_defaults().items():
+        flag = "--" + name.replace("_", "-")
         if isinstance(default, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
         elif default is None:
-            kind = int if field.name == "pair_seed" else str
+            kind = int if name == "pair_seed" else str
             p.add_argument(flag, type=kind, default=None)
         else:
             p.add_argument(flag, type=type(default), default=default)
@@ -107,17 +117,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     if args.command == "train":
-        from .loop import CorpusConfig as TrainConfig
-        from .loop import train_corpus as train
+        from .loop import TrainConfig, train
 
-        fields = {f.name for f in dataclasses.fields(TrainConfig)}
-        cfg = TrainConfig(**{k: v for k, v in vars(args).items() if k in fields})
+        fields = set(corpus_defaults())
         try:
-            cfg.check()
+            cfg = TrainConfig.byte_lm(**{k: v for k, v in vars(args).items() if k in fields})
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 2
-        train(cfg, args.out, t_start=process_start(), progress=lambda s: print(s, flush=True))
+        train(cfg, out_dir=args.out, t_start=process_start(), progress=lambda s: print(s, flush=True))
         return 0
     if args.command == "bench":
         from . import bench

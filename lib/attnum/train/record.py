@@ -95,21 +95,12 @@ def record_variables() -> dict[str, tuple[str, str]]:
 STUDY = "lm_training"
 
 VARIABLES = {
-    "loss": ("1", "mean training cross-entropy over the steps since the previous row (nats per byte)"),
-    "val_loss": ("1", "validation cross-entropy on the fixed validation windows (nats per byte)"),
-    "grad_norm": ("1", "gradient norm of the whole model before clipping, at the logged step"),
-    "lr": ("1", "learning rate of the logged step"),
+    **ATTRS,  # the names both data sources record: one meaning, one unit
+    "val_loss": ("nat", "validation cross-entropy on the fixed validation windows (nats per byte)"),
     "step_time_s": ("s", "mean wall time of one optimiser step over the interval (all members)"),
     "tokens_per_s": ("1/s", "bytes (tokens) trained per second over the interval, all members"),
     "elapsed_s": ("s", "wall clock since the process started"),
-    "grad_norm_layer": ("1", "gradient norm of the block's parameters before clipping"),
-    "grad_norm_qk": ("1", "gradient norm of the block's query and key projection rows"),
-    "key_mean_norm": ("1", "norm of the mean key (common key offset), mean over sequences and heads"),
-    "key_norm": ("1", "mean key norm"),
-    "key_mean_ratio": ("1", "norm of the mean key / mean key norm"),
     "offset_logit": ("1", "mean |q_i . mean key| * scale: the score shift of the common key offset"),
-    "max_logit": ("1", "largest scaled causal attention score on the diagnostic batch"),
-    "entropy": ("1", "mean attention row entropy (nats)"),
     "max_prob": ("1", "mean over rows of the largest attention probability"),
     "dq_rel_err": ("1", "relative L2 error of the kernel's dQ against the FP32 recompute on the same operands"),
     "dq_row_rel_err": ("1", "median row relative error of the kernel's dQ against the FP32 recompute"),
@@ -130,7 +121,9 @@ VARIABLES = {
     "steps_done": ("1", "optimiser steps done"),
     "tokens_done": ("1", "bytes (tokens) trained per member"),
     "wall_s": ("s", "wall clock of the whole command from process start"),
-    "step": ("1", "optimiser steps done"),
+    "step": ("1", "optimiser steps done (corpus records: loss is the mean over the steps since the previous "
+                  "row, grad_norm* are the logged step's before clipping, the attention statistics are the "
+                  "fixed diagnostic batch's)"),
     "snapshot": ("1", "optimiser steps done at the weight snapshot"),
 }
 
@@ -192,9 +185,9 @@ def to_dataset(state: RunState) -> xr.Dataset:
     ds["elapsed_s"] = ("step", np.array(state.elapsed_s, dtype=np.float64))
     for key in ("loss", "val_loss"):
         ds[key] = (("member", "step"), np.array([state.member_rows[m][key][:n_rows] for m in labels], dtype=np.float64))
-    ds["grad_norm"] = (("member", "step"), np.array([[row[m][2] for row in state.grad_norms[:n_rows]]
-                                                      for m in labels], dtype=np.float64))
-    ds["grad_norm_layer"] = (("member", "step", "layer"), np.array(
+    ds["grad_norm_total"] = (("member", "step"), np.array([[row[m][2] for row in state.grad_norms[:n_rows]]
+                                                            for m in labels], dtype=np.float64))
+    ds["grad_norm"] = (("member", "step", "layer"), np.array(
         [[row[m][0] for row in state.grad_norms[:n_rows]] for m in labels], dtype=np.float64))
     ds["grad_norm_qk"] = (("member", "step", "layer"), np.array(
         [[row[m][1] for row in state.grad_norms[:n_rows]] for m in labels], dtype=np.float64))
@@ -237,9 +230,55 @@ def write(state: RunState, path) -> Path:
                               title="attnum byte-level LM training run", variables=VARIABLES)
 
 
+# the corpus records written before the one schema: their names and parameters, and today's
+OLD_NAMES = {"grad_norm": "grad_norm_total", "grad_norm_layer": "grad_norm"}
+OLD_PARAMETERS = {"clip": "grad_clip", "warmup": "warmup_steps", "amp": "autocast", "pair_amp": "pair_autocast"}
+
+
+def convert_parameters(params: dict) -> dict:
+    """A training run's parameters in today's names (``OLD_PARAMETERS``; ``data`` = "corpus" added and
+    ``min_lr`` dropped for an old corpus run: only the constant schedule ran with it, where it does
+    nothing). Today's parameters come back unchanged."""
+    if "data" in params:
+        return dict(params)
+    params = {OLD_PARAMETERS.get(k, k): v for k, v in params.items() if k != "min_lr"}
+    return {"data": "corpus", **params}
+
+
+def convert(ds: xr.Dataset) -> xr.Dataset:
+    """A record, or a dataset gathered from records (a study's ``gpu_training`` results), in the one
+    schema: the old corpus layout's ``grad_norm_layer`` (per block) and ``grad_norm`` (whole model)
+    become ``grad_norm`` and ``grad_norm_total``, its parameters (a record's ``parameters`` attribute,
+    a gathered dataset's ``run_parameters``) today's names (``convert_parameters``), and
+    ``record_converted_from`` says so. Anything already in today's schema is returned unchanged;
+    values are never touched."""
+    # the old layout: grad_norm_layer, or a grad_norm without a layer dimension (the whole model's)
+    old_total = "grad_norm" in ds.variables and "layer" not in ds["grad_norm"].dims
+    if "grad_norm_layer" not in ds.variables and not old_total:
+        return ds
+    names = {"grad_norm": "grad_norm_total"} if old_total else {}
+    if "grad_norm_layer" in ds.variables:
+        names["grad_norm_layer"] = "grad_norm"
+    ds = ds.rename({old: f"_{old}" for old in names}).rename({f"_{old}": new for old, new in names.items()})
+    for name in names.values():
+        units, long_name = VARIABLES[name]
+        ds[name].attrs.update(units=units, long_name=long_name)
+    if ds.attrs.get("study") == STUDY and "parameters" in ds.attrs:  # a record's own parameters
+        ds.attrs["parameters"] = json.dumps(convert_parameters(json.loads(ds.attrs["parameters"])), sort_keys=True)
+    if "run_parameters" in ds.variables:
+        values = [json.dumps(convert_parameters(json.loads(str(v))), sort_keys=True)
+                  for v in ds["run_parameters"].values]
+        new = xr.DataArray(np.array(values, dtype=object), dims=ds["run_parameters"].dims,
+                           attrs=ds["run_parameters"].attrs)
+        ds = ds.assign_coords(run_parameters=new) if "run_parameters" in ds.coords else ds.assign(run_parameters=new)
+    ds.attrs["record_converted_from"] = "corpus record (old layout)"
+    return ds
+
+
 def open_record(path) -> xr.Dataset:
+    """One record file, in the one schema (``convert``: older layouts are renamed on load)."""
     with xr.open_dataset(path, engine=ncio.ENGINE) as ds:
-        return ds.load()
+        return convert(ds.load())
 
 
 def gather(folder, pattern: str = "lm_*.nc") -> xr.Dataset:
@@ -379,7 +418,7 @@ def summary(ds: xr.Dataset) -> xr.Dataset:
         return float(np.mean(row[-k:]) / early) if early > 0 else np.nan
 
     out["dq_err_growth"] = xr.apply_ufunc(growth, err, input_core_dims=[["step"]], vectorize=True)
-    out["max_grad_norm"] = logged["grad_norm"].max("step")
+    out["max_grad_norm"] = logged["grad_norm_total"].max("step")
     out["diverged"] = (ds["nonfinite_step"] >= 0).astype(float).where(ds["nonfinite_step"].notnull())
     out["median_tokens_per_s"] = ds["tokens_per_s"].median("step")
     for name, (units, long_name) in SUMMARY.items():

@@ -349,7 +349,7 @@ def plot_exact_problem(ds: xr.Dataset):
     return fig
 
 
-GPU_PANELS = (("loss", "loss (nats/byte): training, validation dashed"), ("grad_norm_layer", "gradient norm of the block"),
+GPU_PANELS = (("loss", "loss (nats/byte): training, validation dashed"), ("grad_norm", "gradient norm of the block"),
               ("key_mean_norm", "common key offset |mean key|"), ("max_prob", "sharpness: mean row max of P"),
               ("dq_rel_err", "dq_rel_err: rel. L2 err. of dQ vs FP32 recompute"),
               ("tokens_per_s", "throughput (tokens/s)"))
@@ -399,7 +399,7 @@ def plot_gpu_training(ds: xr.Dataset | None):
                 ax.plot(steps[good], val.values[good], "--", color=colors[run], lw=1)
         ax.set_xlabel("optimiser step")
         ax.set_ylabel(label)
-        if var in ("grad_norm_layer", "key_mean_norm", "dq_rel_err"):
+        if var in ("grad_norm", "key_mean_norm", "dq_rel_err"):
             ax.set_yscale("log")
     axes.flat[0].legend(fontsize=7)
     fig.suptitle("GPU training records (member a of each run): layer mean, band = range over layers")

@@ -16,7 +16,7 @@ from .trainer import lm_record
 GPU_PREFIX = "s04_"  # campaign runs of this study (params/lm/campaign.yaml); records lm_s04_*_s<seed>_d<seed>.nc
 GPU_PATTERN = f"lm_{GPU_PREFIX}*.nc"
 GPU_DQ_METRIC = "dq_rel_err"  # the main dQ metric of the records (attnum.train.record.VARIABLES says what it is)
-GPU_SERIES = ("loss", "val_loss", "grad_norm", "grad_norm_layer", "grad_norm_qk", "key_mean_norm", "key_norm",
+GPU_SERIES = ("loss", "val_loss", "grad_norm_total", "grad_norm", "grad_norm_qk", "key_mean_norm", "key_norm",
               "key_mean_ratio", "offset_logit", "max_logit", "entropy", "max_prob", "dq_rel_err", "dq_row_rel_err",
               "dk_rel_err", "dv_rel_err", "grad_norm_ratio", "lr", "step_time_s", "tokens_per_s", "elapsed_s",
               "attn_fwd_s", "attn_fwd_bwd_s", "nonfinite_step", "attention_share", "steps_done", "tokens_done",
@@ -24,7 +24,7 @@ GPU_SERIES = ("loss", "val_loss", "grad_norm", "grad_norm_layer", "grad_norm_qk"
 GPU_GROWTH = 2.0  # "the dQ error grew late": its last-fifth / first-fifth mean over layers above this
 GPU_LOSS_RISE = 1.5  # "the loss blew up" without becoming non-finite: a logged loss above this x its running minimum
 GPU_VAL_RISE = 0.05  # "memorising": the last validation loss above (1 + this) x its minimum, training loss still falling
-GPU_SETTING = (("lr", "lr"), ("clip", "clip"), ("weight_decay", "weight decay"), ("seed", "seed"),
+GPU_SETTING = (("lr", "lr"), ("grad_clip", "clip"), ("weight_decay", "weight decay"), ("seed", "seed"),
                ("data_seed", "data seed"))  # runs compared at equal steps share these parameters
 GPU_ATTRS = {
     "loss_rise": ("1", "largest ratio of a logged training loss to the lowest loss logged before it (above 1: the "
@@ -155,7 +155,7 @@ def _family(attention: str) -> str:
 def _setting_of(ds: xr.Dataset, run) -> str:
     import json
 
-    params = json.loads(str(ds["run_parameters"].sel(run=run).values))
+    params = lm_record().convert_parameters(json.loads(str(ds["run_parameters"].sel(run=run).values)))
     return ", ".join(f"{label} {params.get(key)!s}" for key, label in GPU_SETTING)
 
 

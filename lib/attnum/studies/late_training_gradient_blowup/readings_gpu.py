@@ -12,6 +12,7 @@ import xarray as xr
 
 from .gpu_training import (GPU_DQ_METRIC, GPU_DQ_PASS, _common_logged_steps, _kernel_of, _offset_over_spread, _passes,
                            _setting_of, _settings, _step_or_nan)
+from .trainer import lm_record
 
 
 def gpu_training_table(ds: xr.Dataset | None):
@@ -24,7 +25,7 @@ def gpu_training_table(ds: xr.Dataset | None):
         return pd.DataFrame(index=pd.MultiIndex.from_arrays([[], []], names=["run", "member"]))
     rows = []
     for run in ds["run"].values:
-        params = json.loads(str(ds["run_parameters"].sel(run=run).values))
+        params = lm_record().convert_parameters(json.loads(str(ds["run_parameters"].sel(run=run).values)))
         for member in ds["member"].values:
             if not np.isfinite(float(ds["sum_tokens_done"].sel(run=run))) or \
                     not np.isfinite(float(ds["sum_final_loss"].sel(run=run, member=member))):
@@ -32,7 +33,7 @@ def gpu_training_table(ds: xr.Dataset | None):
             s = lambda k: float(ds[f"sum_{k}"].sel(run=run, **({"member": member} if "member" in ds[f"sum_{k}"].dims
                                                                  else {})))
             rows.append({"run": str(run), "member": str(member), "attention": _kernel_of(ds, run, member),
-                         "lr": float(params["lr"]), "clip": float(params["clip"]),
+                         "lr": float(params["lr"]), "clip": float(params["grad_clip"]),
                          "weight decay": float(params["weight_decay"]), "tokens": s("tokens_done"),
                          "final loss": s("final_loss"), "min val loss": s("min_val_loss"),
                          "min val loss step": _step_or_nan(s("min_val_loss_step")),
@@ -127,7 +128,7 @@ def gpu_equal_step_table(ds: xr.Dataset | None):
                          "val step": int(val["step"][-1]) if val.size else -1,
                          "key_mean_norm": layer_mean("key_mean_norm"), "max_prob": layer_mean("max_prob"),
                          GPU_DQ_METRIC: layer_mean(GPU_DQ_METRIC),
-                         "grad norm": float(one["grad_norm"].sel(step=common))})
+                         "grad norm": float(one["grad_norm_total"].sel(step=common))})
     columns = ["setting", "attention", "common step", "last step", "train loss", "val loss", "val step",
                "key_mean_norm", "max_prob", GPU_DQ_METRIC, "grad norm"]
     if not rows:

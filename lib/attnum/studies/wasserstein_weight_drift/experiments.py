@@ -191,7 +191,7 @@ def drift_experiment(task: Task, model_cfg: GPTConfig, train_cfg: TrainConfig, p
             spec = specs[name]
             impl = model_kernel(spec.attention, block=model_block)
             cfg = GPTConfig(**{**model_cfg.__dict__, "attention": (impl,)})
-            res = train(cfg, task, _train_config(train_cfg, spec, seed), device=device, progress=False)
+            res = train(_train_config(train_cfg, spec, seed), task, cfg, device=device, progress=False)
             if res.diverged_at is not None:
                 raise RuntimeError(f"run {name} (seed {seed}) diverged at step {res.diverged_at}")
             results[name] = res
@@ -307,7 +307,7 @@ def gpu_training_dataset(folder, *, confidence: float) -> xr.Dataset:
     if not pairs:
         raise FileNotFoundError(f"the records {GPU_PATTERN} under {folder} hold no pair (two-member) record")
     gathered = gathered.sel(run=pairs)
-    keep = ["loss", "val_loss", "grad_norm", "key_mean_ratio", "max_logit", "dq_rel_err", "pair_w1", "pair_max_abs",
+    keep = ["loss", "val_loss", "grad_norm_total", "key_mean_ratio", "max_logit", "dq_rel_err", "pair_w1", "pair_max_abs",
             "pair_rel_l2", "weight_l2", "tokens_per_s", "tokens_done", "steps_done", "wall_s", "attention_share"]
     out = gathered[[k for k in keep if k in gathered]]
     out = out.drop_dims([d for d in ("sketch",) if d in out.dims], errors="ignore")
