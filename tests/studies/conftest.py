@@ -4,9 +4,25 @@ Each reads what differs from the test module that asks: ``STUDY`` (the study who
 ``RUNS`` (tag -> ``attnum.train.CorpusConfig`` fields of each record to train). A module that defines a
 fixture of the same name uses its own.
 """
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from attnum import runs
+
+
+def _load_tests_conftest():
+    """``tests/conftest.py`` under a name of its own. Test modules take its helpers with ``from conftest import
+    ...``; once this file exists that name can resolve to either conftest (pytest imports both as ``conftest``),
+    so this one offers the same helpers."""
+    spec = importlib.util.spec_from_file_location("attnum_tests_conftest", Path(__file__).parents[1] / "conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+without_triton_interpreter = _load_tests_conftest().without_triton_interpreter
 
 # A byte-corpus model small enough to train on a CPU in seconds, recording everything a gpu_training tier reads.
 TINY_CORPUS = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=30, log_every=5, eval_every=10,
