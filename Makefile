@@ -38,7 +38,9 @@ reproduce: $(STAMP)
 	$(PY) -m attnum run-all --params $(PARAMS) $(BATCH_OPTS)
 	$(PY) -m attnum publish
 
+# the import layers first (pyproject.toml [tool.importlinter]; no cache folder left behind), then the tests
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest -q
 
 # JupyterLab at the project root (outputs/ and outputs/site/ one click away), opened on notebooks/;

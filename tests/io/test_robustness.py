@@ -146,13 +146,6 @@ def test_yaml_errors_name_the_file_and_line(project, outputs, tmp_path):
     assert not outputs.exists()
 
 
-def test_the_safe_evaluator_refuses_anything_but_arithmetic():
-    assert runs.expressions.evaluate("max(a) <= b and 'x' in c", {"a": [1, 2], "b": 2, "c": ["x"]}) is True
-    for expr in ("__import__('os')", "a.__class__", "[x for x in a]", "open('f')", "2 ** 10000"):
-        with pytest.raises((ValueError, KeyError)):
-            runs.expressions.evaluate(expr, {"a": [1]})
-
-
 # -- names: short, unique, and a single run never takes a sweep point's folder --
 
 def test_long_overrides_get_a_short_unique_name(outputs, fake):

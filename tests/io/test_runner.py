@@ -1,4 +1,5 @@
 import json
+import re
 from pathlib import Path
 import subprocess
 import sys
@@ -139,3 +140,88 @@ def test_param_files_only_hold_declared_keys():
             else:
                 for key, rule in runs.schema(study).items():
                     assert set(rule) <= set(runs.params.RULE_KEYS), f"{path}: {key} has unknown rule keys"
+
+
+# -- rules between parameters and the memory estimate: each study's rules(p) and memory_estimate(p) --
+
+RULE_CASES = [  # (study, overrides that break exactly one rule, the parameters its message must name)
+    ("extreme_inputs", {"onset_logit_min": -40000.0, "onset_logit_max": -50000.0},
+     ("onset_logit_min", "onset_logit_max")),
+    ("gproj_fix", {"fixes": ["gproj_dq", "mean_key"]}, ("fixes",)),
+    ("gproj_fix", {"d_model": 30, "n_head": 4}, ("d_model", "n_head")),
+    ("gproj_fix", {"step_d_model": 30, "step_n_head": 4}, ("step_d_model", "step_n_head")),
+    ("gproj_fix", {"real_timing_seq_len": 1024, "real_timing_tokens": 512}, ("real_timing_tokens", "real_timing_seq_len")),
+    ("late_training_gradient_blowup", {"steps": 40, "checkpoint_steps": [0, 50]}, ("checkpoint_steps", "steps")),
+    ("late_training_gradient_blowup", {"d_model": 30, "n_head": 4}, ("d_model", "n_head")),
+    ("wasserstein_weight_drift", {"d_model": 30, "n_head": 4}, ("d_model", "n_head")),
+]
+
+
+def _full(study: str, name: str, overrides: dict) -> dict:
+    return {**runs.notebook_defaults(study), **runs.load_param_set(study, name), **overrides}
+
+
+@pytest.mark.parametrize("study,overrides,named", RULE_CASES, ids=[f"{c[0]}-{'-'.join(c[2])}" for c in RULE_CASES])
+def test_a_broken_rule_is_refused_naming_its_parameters_before_anything_runs(outputs, study, overrides, named):
+    messages = runs.params.study_module(study).rules(_full(study, "smoke", overrides))
+    assert len(messages) == 1
+    for name in named:
+        assert re.search(rf"(?<![A-Za-z0-9_]){name}(?![A-Za-z0-9_])", messages[0]), (name, messages[0])
+    got = ", ".join(f"{n}={overrides[n]!r}" for n in sorted(named))
+    with pytest.raises(runs.ParameterError, match=re.escape(f"{messages[0]} (got {got})")):
+        runs.run(study, "smoke", overrides, progress=False)
+    assert not outputs.exists()
+
+
+def test_every_committed_parameter_set_breaks_no_rule():
+    for study in runs.studies():
+        rules = runs.params.study_module(study).rules
+        for name in runs.param_sets(study):
+            assert rules(_full(study, name, {})) == [], (study, name)
+
+
+# Each case sets every parameter its estimate reads, so the bytes follow from the formula alone:
+# (study, parameters, bytes computed here from the study's formula)
+MEMORY_CASES = [
+    # batch * heads * N_max * (reference rows * 4 + golden_chunk * 8) * 3; reference rows: reference_chunk,
+    # or 0 -> the largest N of the experiments that run the unblocked reference (block_seq_len does not)
+    ("length_scaling", {"batch": 2, "heads": 3, "seq_lens": [16, 32, 64], "causal_seq_len": 128,
+                        "block_seq_len": 256, "real_seq_lens": [512], "golden_chunk": 64, "reference_chunk": 0},
+     2 * 3 * 512 * (512 * 4 + 64 * 8) * 3),
+    ("length_scaling", {"batch": 2, "heads": 3, "seq_lens": [16, 32, 64], "causal_seq_len": 128,
+                        "block_seq_len": 1024, "real_seq_lens": [512], "golden_chunk": 64, "reference_chunk": 0},
+     2 * 3 * 1024 * (512 * 4 + 64 * 8) * 3),
+    ("length_scaling", {"batch": 1, "heads": 1, "seq_lens": [16, 32, 64], "causal_seq_len": 128,
+                        "block_seq_len": 256, "real_seq_lens": [512], "golden_chunk": 64, "reference_chunk": 32},
+     1 * 1 * 512 * (32 * 4 + 64 * 8) * 3),
+    # batch * heads * N * (N * 4 + golden_chunk * 8) * 3, N the largest length of any experiment
+    ("extreme_inputs", {"batch": 1, "heads": 2, "seq_lens": [16, 32], "det_seq_lens": [64], "sentinel_seq_len": 128,
+                        "overflow_seq_len": 16, "real_seq_len": 256, "golden_chunk": 8},
+     1 * 2 * 256 * (256 * 4 + 8 * 8) * 3),
+    # N^2 * 8 bytes * 8 matrices + batch_size * n_head * context^2 * 4 bytes * n_layer * 16 maps
+    ("gproj_fix", {"seq_lens": [8, 64], "regime_seq_len": 128, "timing_seq_len": 32, "batch_size": 4, "n_head": 2,
+                   "context": 16, "n_layer": 3},
+     128 ** 2 * 8 * 8 + 4 * 2 * 16 ** 2 * 4 * 3 * 16),
+    ("late_training_gradient_blowup", {"seq_lens": [8, 16], "real_seq_lens": [32], "tie_seq_len": 64, "src_seq_len": 8,
+                                       "batch_size": 4, "n_head": 2, "context": 16, "n_layer": 3},
+     64 ** 2 * 8 * 8 + 4 * 2 * 16 ** 2 * 4 * 3 * 16),
+    # attention maps + seeds * pairs * 2 sides * (checkpoints + 2) * (12 n_layer d^2 + 2 (n_symbols + 4) d) * 4 bytes
+    ("wasserstein_weight_drift", {"batch_size": 4, "n_head": 2, "context": 16, "n_layer": 3, "seeds": [0, 1],
+                                  "pairs": ["repeat", "flash", "init_seed"], "steps": 100, "checkpoint_every": 25,
+                                  "d_model": 32, "n_symbols": 12},
+     4 * 2 * 16 ** 2 * 4 * 3 * 16 + 2 * 3 * 2 * (100 // 25 + 2) * (12 * 3 * 32 ** 2 + 2 * (12 + 4) * 32) * 4),
+]
+
+
+@pytest.mark.parametrize("study,values,expected", MEMORY_CASES, ids=[c[0] for c in MEMORY_CASES])
+def test_memory_estimate_in_bytes_and_the_machine_check(monkeypatch, study, values, expected):
+    runs.check_parameters(study, values)  # a valid set: the estimate alone decides below
+    need, note = runs.memory_estimate(study, values)
+    assert need == expected and isinstance(need, int) and note
+    monkeypatch.delenv(runs.params.ALLOW_LARGE_ENV, raising=False)
+    monkeypatch.setattr(runs.params, "machine_memory", lambda device="cpu": expected)
+    runs.check_machine(study, values)  # exactly the machine's memory: accepted
+    monkeypatch.setattr(runs.params, "machine_memory", lambda device="cpu": expected - 1)
+    with pytest.raises(runs.ParameterError, match="estimated peak memory .* exceeds"):
+        runs.check_machine(study, values)
+    runs.check_machine(study, values, allow_large=True)

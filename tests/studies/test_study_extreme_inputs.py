@@ -4,7 +4,6 @@ import json
 import numpy as np
 import pytest
 
-from attnum.runs import expressions
 import attnum.runs.params  # noqa: F401  (runs.params below)
 
 from attnum import acceptance, ncio, runs
@@ -307,23 +306,6 @@ def test_bit_width_faults_run_on_cuda():
     detection.detection_sweep(["low_precision_sum", "narrow_p", "low_precision_lse"], ["normal"], [256], ["bf16"], [0],
                           causal=True, **sizes(device="cuda"), log=log, progress=False)
     assert log.counts == {}, log.to_json()
-
-
-@pytest.mark.parametrize("param_set", ["default", "smoke", "full", "gpu"])
-def test_rules_and_memory_estimate_agree_with_the_schema(param_set):
-    """The study's plain-Python checks give what the schema's ``_rules``/``_memory`` expressions give."""
-    import attnum.studies.extreme_inputs as study
-
-    values = {**runs.notebook_defaults("extreme_inputs"), **runs.load_param_set("extreme_inputs", param_set)}
-    expected = [rule["message"] for rule in runs.params.study_checks("extreme_inputs")["rules"]
-                if not expressions.evaluate(rule["expr"], values)]
-    assert len(study.rules(values)) == len(expected) == 0
-    broken = {**values, "onset_logit_min": values["onset_logit_max"]}
-    assert not expressions.evaluate(runs.params.study_checks("extreme_inputs")["rules"][0]["expr"], broken)
-    assert len(study.rules(broken)) == 1 and "onset_logit_min" in study.rules(broken)[0]
-    assert study.memory_estimate(values) == runs.memory_estimate("extreme_inputs", values)
-    bigger = {**values, "real_seq_len": 3 * max(values["seq_lens"] + values["det_seq_lens"]), "golden_chunk": 7}
-    assert study.memory_estimate(bigger) == runs.memory_estimate("extreme_inputs", bigger)
 
 
 def test_the_study_package_is_light():

@@ -4,7 +4,6 @@ import json
 import numpy as np
 import pytest
 
-from attnum.runs import expressions
 import attnum.runs.params  # noqa: F401  (runs.params below)
 
 from conftest import without_triton_interpreter
@@ -697,23 +696,6 @@ def test_emulator_timing_is_labelled_with_its_device():
     assert (values["emul_ratio_min"], values["emul_n"], values["emul_d"]) == (1.0, 1024, 64)
     ds.attrs["device"] = "cpu AMD EPYC"
     assert readings.emulator_timing_values(ds)["emul_device"] == "CPU"
-
-
-def _schema_rules(values: dict) -> list[str]:
-    return [rule["message"] for rule in runs.params.study_checks(STUDY)["rules"] if not expressions.evaluate(rule["expr"], values)]
-
-
-@pytest.mark.parametrize("name", runs.param_sets(STUDY))
-def test_rules_and_memory_estimate_agree_with_the_schema(name):
-    values = {**runs.notebook_defaults(STUDY), **runs.load_param_set(STUDY, name)}
-    assert gproj_fix.rules(values) == _schema_rules(values) == []
-    assert gproj_fix.memory_estimate(values) == runs.memory_estimate(STUDY, values)
-    broken = {**values, "fixes": ["gproj_dq"], "d_model": 30, "n_head": 4, "step_d_model": 30, "step_n_head": 4,
-              "real_timing_tokens": values["real_timing_seq_len"] - 1}
-    assert gproj_fix.rules(broken) == _schema_rules(broken) and len(gproj_fix.rules(broken)) == 4
-    for key, bad in (("fixes", ["mean_key"]), ("n_head", 3), ("step_n_head", 3), ("real_timing_tokens", 8)):
-        one = {**values, key: bad}
-        assert gproj_fix.rules(one) == _schema_rules(one) and len(gproj_fix.rules(one)) == 1
 
 
 def test_the_package_root_is_light():

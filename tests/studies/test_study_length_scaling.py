@@ -5,7 +5,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from attnum.runs import expressions
 import attnum.runs.params  # noqa: F401  (runs.params below)
 import xarray as xr
 
@@ -13,15 +12,6 @@ from attnum import ncio, runs
 from attnum.site import publish
 import attnum.studies.length_scaling as study
 from attnum.studies.length_scaling import experiments, readings, real_kernels
-
-
-@pytest.mark.parametrize("name", runs.param_sets("length_scaling"))
-def test_rules_and_memory_estimate_agree_with_the_schema(name):
-    values = {**runs.notebook_defaults("length_scaling"), **runs.load_param_set("length_scaling", name)}
-    assert study.memory_estimate(values) == runs.memory_estimate("length_scaling", values)
-    checks = runs.params.study_checks("length_scaling")
-    assert study.rules(values) == [r["message"] for r in checks["rules"] if not expressions.evaluate(r["expr"], values)]
-    assert study.STUDY == "length_scaling"
 
 
 def test_the_package_init_is_light():

@@ -5,7 +5,6 @@ import math
 import numpy as np
 import pytest
 
-from attnum.runs import expressions
 import attnum.runs.params  # noqa: F401  (runs.params below)
 import xarray as xr
 from scipy import stats as sps
@@ -199,29 +198,6 @@ def test_drift_ratios_pair_seeds_and_skip_zero_denominators():
     assert np.isnan(per_seed.sel(step=0)).all() and per_seed.sel(step=10).values.tolist() == [4.0, 1.0]
     assert float(out["drift_ratio"].sel(comparison="bf16_training/flash", metric="rel_l2", step=10)) == pytest.approx(2.0)
     assert float(out["drift_ratio"].sel(comparison="flash/init_seed", metric="max_abs", step=10)) == pytest.approx(0.25)
-
-
-# -- the package's parameter rules and memory estimate -------------------------------------------
-
-def _param_sets():
-    defaults = runs.notebook_defaults(STUDY)
-    sets = {"defaults": defaults}
-    for name in ("smoke", "full", "gpu_training"):
-        sets[name] = {**defaults, **runs.load_param_set(STUDY, name)}
-    sets["bad heads"] = {**defaults, "n_head": 3}
-    sets["wide"] = {**defaults, "d_model": 96, "n_head": 4, "seeds": [0, 1, 2, 3, 4], "steps": 1000}
-    return sets
-
-
-@pytest.mark.parametrize("name", list(_param_sets()))
-def test_rules_and_memory_estimate_agree_with_the_schema(name):
-    params = _param_sets()[name]
-    checks = runs.params.study_checks(STUDY)
-    expected = [rule["message"] for rule in checks["rules"] if not expressions.evaluate(rule["expr"], params)]
-    got = study.rules(params)
-    assert len(got) == len(expected) and all(g.startswith(e) for g, e in zip(got, expected))
-    assert (name == "bad heads") == bool(got)
-    assert study.memory_estimate(params) == runs.memory_estimate(STUDY, params)
 
 
 def test_the_package_imports_without_torch():

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from ..timing import median_ms
+from ..versions import accelerator_versions
 
 TOKENS = 2 ** 18
 DTYPE = torch.bfloat16
@@ -54,10 +55,8 @@ def flops(n: int, d: int, bh: int, causal: bool) -> tuple[float, float]:
 
 
 def environment() -> dict:
-    from .. import ncio
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    info = {"python": platform.python_version(), **ncio.accelerator_versions(device),
+    info = {"python": platform.python_version(), **accelerator_versions(device),
             "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -5,7 +5,6 @@
 ``store``      versioned run folders, the atomic swap, locks, records, ``clean``, ``live_runs``
 ``execute``    the papermill engine, ``run``, and the notebooks' set-up ``start``
 ``batch``      batches on ``dask.distributed`` (``run_batch``, ``sweep``); imported on first use
-``expressions`` the schema's ``_rules``/``_memory`` language, for studies without ``rules(p)``
 
 ``attnum.runs`` never imports the publisher (``attnum.site``) or a study's experiments; it imports a
 study's light package ``attnum.studies.<study>`` only for its ``rules`` and ``memory_estimate``.

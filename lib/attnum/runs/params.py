@@ -7,13 +7,13 @@ there is no ``default.yaml``). ``params/<study>/`` holds the other named
 parameter sets (``smoke.yaml``, ``full.yaml``, ...) and ``schema.yaml``, the
 allowed values of every parameter the notebook declares.
 
-Rules between parameters and the peak-memory estimate come from the study
-package ``attnum.studies.<study>`` when it defines them: ``rules(p) -> list[str]``
-(one message per broken rule, naming its parameters) and ``memory_estimate(p) ->
-(bytes, note) | None`` (the dominant term of the run's peak memory, compared with
-the machine's before anything runs). A study without them falls back to the
-reserved entries ``_rules`` and ``_memory`` of its ``schema.yaml``, evaluated by
-``attnum.runs.expressions``.
+Rules between parameters and the peak-memory estimate are plain Python functions of
+the study package ``attnum.studies.<study>`` (light: it imports no torch), called
+with every parameter of the run (the notebook's defaults updated with the set):
+``rules(p) -> list[str]`` (one message per broken rule, naming its parameters) and
+``memory_estimate(p) -> (bytes, note) | None`` (the dominant term of the run's peak
+memory, compared with the machine's before anything runs). A study that defines
+neither has no rules and no estimate.
 
 Checks, all before anything is written: unknown key, wrong type, a non-finite
 number, a value out of range or not allowed, a repeated item in a list marked
@@ -42,7 +42,6 @@ from pathlib import Path
 import yaml
 
 from ..paths import notebooks_dir, params_dir
-from .expressions import evaluate, names_in
 
 # Parameters every study notebook declares; the runner sets output_dir and sweep_dims itself.
 COMMON_PARAMETERS = ("device", "output_dir", "sweep_dims")
@@ -216,14 +215,8 @@ def _schema_file(study: str) -> dict:
 
 
 def schema(study: str) -> dict[str, dict]:
-    """The allowed values of every parameter (``schema.yaml`` without its reserved ``_`` entries)."""
-    return {k: v for k, v in _schema_file(study).items() if not str(k).startswith("_")}
-
-
-def study_checks(study: str) -> dict:
-    """The reserved entries of ``schema.yaml``: ``rules`` (list) and ``memory`` (dict or None)."""
-    data = _schema_file(study)
-    return {"rules": list(data.get("_rules") or []), "memory": data.get("_memory")}
+    """The allowed values of every parameter: ``schema.yaml``, one entry per parameter the notebook declares."""
+    return _schema_file(study)
 
 
 def parameter_names(study: str) -> list[str]:
@@ -488,13 +481,10 @@ def check_machine(study: str, values: dict, *, allow_large: bool = False) -> Non
 
 
 
-# -- the study's own rules and memory estimate (attnum.studies.<study>), else schema.yaml's --
+# -- the study's own rules and memory estimate (attnum.studies.<study>) --
 
 def study_module(study: str):
-    """The study package ``attnum.studies.<study>`` if it exists (imported: it is light), else None.
-
-    Only a package is imported here (``studies/<study>/__init__.py`` imports no torch); a plain
-    module ``studies/<study>.py`` holds the study's experiments and is left to the notebook."""
+    """The study package ``attnum.studies.<study>`` if it exists (imported: it is light), else None."""
     name = f"{PACKAGE}.studies.{study}"
     if name in sys.modules:
         return sys.modules[name]
@@ -512,56 +502,41 @@ def _study_function(study: str, name: str):
     return function if callable(function) else None
 
 
-def _got(names, full: dict) -> str:
-    return ", ".join(f"{n}={full[n]!r}" for n in sorted(names) if n in full)
+def _named_in(message: str, full: dict) -> str:
+    """``name=value`` of every parameter that ``message`` names (as a whole word)."""
+    named = sorted(n for n in full if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", message))
+    return ", ".join(f"{n}={full[n]!r}" for n in named)
 
 
 def check_rules(study: str, full: dict) -> None:
-    """Raise ``ParameterError`` for the first broken rule between parameters (``full``: every value)."""
+    """Raise ``ParameterError`` for the first rule between parameters that ``full`` (every value) breaks:
+    the study's ``rules(p)``, with the values of the parameters its message names."""
     rules = _study_function(study, "rules")
-    if rules is not None:
-        try:
-            messages = list(rules(copy.deepcopy(full)) or [])
-        except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
-            raise ParameterError(f"the rules of study {study!r} cannot be checked ({type(exc).__name__}: {exc})"
-                                 ) from None
-        for message in messages:
-            named = {n for n in full if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", message)}
-            got = _got(named, full)
-            raise ParameterError(f"parameters break a rule of study {study!r}: {message}"
-                                 + (f" (got {got})" if got else ""))
+    if rules is None:
         return
-    for rule in study_checks(study)["rules"]:
-        expr, message = rule["expr"], rule.get("message", "")
-        got = _got(names_in(expr), full)
-        try:
-            ok = evaluate(expr, full)
-        except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
-            raise ParameterError(f"rule {expr!r} of study {study!r} cannot be checked ({exc}); got {got}") from None
-        if not ok:
-            raise ParameterError(f"parameters break the rule {expr!r}: {message} (got {got})")
+    try:
+        messages = list(rules(copy.deepcopy(full)) or [])
+    except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
+        raise ParameterError(f"the rules of study {study!r} cannot be checked ({type(exc).__name__}: {exc})"
+                             ) from None
+    for message in messages:
+        got = _named_in(message, full)
+        raise ParameterError(f"parameters break a rule of study {study!r}: {message}" + (f" (got {got})" if got else ""))
 
 
 def memory_estimate(study: str, values: dict) -> tuple[int, str] | None:
-    """(bytes, note) of the study's peak-memory estimate (its ``memory_estimate(p)``, else ``_memory`` in
-    schema.yaml), or None when it declares none."""
-    full = {**notebook_defaults(study), **values}
+    """(bytes, note) of the study's peak-memory estimate (its ``memory_estimate(p)`` on the notebook's
+    defaults updated with ``values``), or None when it declares none."""
     estimator = _study_function(study, "memory_estimate")
-    if estimator is not None:
-        try:
-            estimate = estimator(copy.deepcopy(full))
-        except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
-            raise ParameterError(f"the memory estimate of study {study!r} cannot be computed "
-                                 f"({type(exc).__name__}: {exc})") from None
-        if estimate is None:
-            return None
-        need, note = estimate
-        return int(need), str(note or "")
-    spec = study_checks(study)["memory"]
-    if not spec:
+    if estimator is None:
         return None
+    full = {**notebook_defaults(study), **values}
     try:
-        estimate = evaluate(spec["bytes"], full)
+        estimate = estimator(copy.deepcopy(full))
     except (ValueError, TypeError, ArithmeticError, KeyError, IndexError) as exc:
-        raise ParameterError(f"the memory estimate of study {study!r} cannot be computed ({exc})") from None
-    return int(estimate), spec.get("note", "")
+        raise ParameterError(f"the memory estimate of study {study!r} cannot be computed "
+                             f"({type(exc).__name__}: {exc})") from None
+    if estimate is None:
+        return None
+    need, note = estimate
+    return int(need), str(note or "")
