@@ -42,6 +42,18 @@ def _nonneg(text: str) -> int:
     return value
 
 
+def _outputs_folder(text: str) -> str:
+    """``--outputs``: a folder (or one to be made), never a file; a folder this user cannot write is refused."""
+    import os
+
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not writable by this user")
+    return text
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -80,7 +92,8 @@ def main(argv=None) -> int:
     for p in (p_run, p_all, p_sweep):
         p.add_argument("--params", default="default", help="parameter set (params/<study>/<name>.yaml)")
         p.add_argument("-p", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override (YAML value)")
-        p.add_argument("--outputs", default=None, help="outputs root (default: outputs/ or $ATTNUM_OUTPUTS)")
+        p.add_argument("--outputs", type=_outputs_folder, default=None,
+                       help="outputs root (default: outputs/ or $ATTNUM_OUTPUTS)")
         p.add_argument("--no-progress", action="store_true")
         p.add_argument("--timeout", type=_positive, default=None, help="per-cell timeout in seconds (>= 1)")
     for p in (p_all, p_sweep):  # batches: one Dask task per run (attnum.runs.batch)
@@ -98,7 +111,7 @@ def main(argv=None) -> int:
         p.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
 
     p_pub = sub.add_parser("publish", help="render executed notebooks and write outputs/site/index.html")
-    p_pub.add_argument("--outputs", default=None)
+    p_pub.add_argument("--outputs", type=_outputs_folder, default=None)
     p_cmp = sub.add_parser("compare", help="two results.nc files variable by variable (what two runs share)")
     p_cmp.add_argument("a")
     p_cmp.add_argument("b")
@@ -108,7 +121,7 @@ def main(argv=None) -> int:
     p_bench.add_argument("--outputs", default=None)
     p_clean = sub.add_parser("clean", help="remove leftovers of interrupted runs and the rendered site; "
                                            "never results, never a live run")
-    p_clean.add_argument("--outputs", default=None)
+    p_clean.add_argument("--outputs", type=_outputs_folder, default=None)
     p_idle = sub.add_parser("idle", help="exit 1 naming the runs in progress, 0 when none is")
     p_idle.add_argument("--outputs", default=None)
     sub.add_parser("train", help="train a GPT (the trainer's own command line: train --help)", add_help=False)

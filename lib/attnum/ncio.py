@@ -624,10 +624,17 @@ def _own_run_folder(p: Path) -> bool:
     holds results or a record; one that cannot be read is listed (reading it names the damage)."""
     if p.is_symlink() and pointer_target(p.parent, p.name) is None:
         return False
-    try:
-        return p.is_dir() and (os.path.lexists(p / "results.nc") or os.path.lexists(p / RECORD))
-    except PermissionError:
-        return True
+    if not p.is_dir():
+        return False
+    for name in ("results.nc", RECORD):
+        try:
+            os.lstat(p / name)  # os.path.lexists would answer False for a folder it may not read
+            return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True
+    return False
 
 
 def study_runs(study: str, root: str | os.PathLike | None = None) -> list[Path]:
@@ -669,6 +676,8 @@ def _run_sweep_dims(folder: Path) -> list[str]:
             return []
         with xr.open_dataset(folder / "results.nc", engine=ENGINE) as ds:
             return json.loads(ds.attrs.get("sweep_dims", "[]"))
+    except PermissionError:  # an unreadable folder: the swept keys its name holds (``<set>@key=value,...``)
+        return re.findall(r"(?:^|,)([A-Za-z_][A-Za-z0-9_]*)=", folder.name.split("@", 1)[1]) if "@" in folder.name else []
     except (OSError, RuntimeError, ValueError, TypeError):
         return []
 

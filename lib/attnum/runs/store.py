@@ -261,7 +261,8 @@ def clean(outputs: str | os.PathLike | None = None) -> list[str]:
 
     Leftovers: versions of a run that no pointer names and that no live process owns
     (lock held, or RUN.json "running" with a live pid), temporary links, the rendered
-    site and its build folders (unless a publish holds its lock), folders of the
+    site, its build folders and a replaced site a killed publish left (``.site.old-*``; unless a
+    publish holds its lock), folders of the
     layout before versioned runs (recovering a run a killed swap left without a folder).
     Results a pointer names are never touched. A symbolic link where a folder of the project's own
     is expected (a study folder, ``.versions``, ``.versions/<run>``, a version, a lock) is never
@@ -277,7 +278,8 @@ def clean(outputs: str | os.PathLike | None = None) -> list[str]:
         removed.append(f"refused {base / PUBLISH_LOCK}: {exc}")
         site_busy = True
     if not site_busy:
-        for p in [base / SITE, *base.glob(f".{SITE}.building*")]:
+        # a publish killed between its two renames leaves .site.old-*: the site is rebuilt by publish
+        for p in [base / SITE, *base.glob(f".{SITE}.building*"), *base.glob(f".{SITE}.old-*")]:
             if p.is_dir() and not p.is_symlink() and _remove(base, p, removed):
                 removed.append(str(p))
     for study_dir in sorted(p for p in base.iterdir() if not p.name.startswith(".") and p.name != SITE):
