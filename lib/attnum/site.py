@@ -43,7 +43,7 @@ from pathlib import Path
 import nbformat
 
 from . import glue, ncio
-from .paths import UnsafePathError, open_own_file, outputs_root, pointer_target
+from .paths import open_own_file, outputs_root, pointer_target
 from .runs import SWEEP_MARK, RunError, studies
 from .runs.store import PUBLISH_LOCK, SITE, publish_lock_held
 

@@ -263,7 +263,7 @@ def _guarded(fn, limit=120.0):
     t = threading.Thread(target=target, daemon=True)
     t.start()
     t.join(limit)
-    assert not t.is_alive(), "hung (e.g. reading a FIFO)"
+    assert not t.is_alive(), "hung (a FIFO read, a lost scheduler)"
     if "error" in out:
         raise out["error"]
     return out["value"]
@@ -438,3 +438,58 @@ def test_an_outputs_path_that_is_a_file_is_refused(tmp_path, capsys):
             cli.main([*argv, "--outputs", str(file)])
         assert exit_.value.code == 2 and f"--outputs: {file} is not a folder" in capsys.readouterr().err
     assert file.read_text() == "root:x:0:0\n"
+
+
+# -- hangs --
+
+class _Future:
+    def __init__(self, key):
+        self.key = key
+
+    def done(self):
+        return False  # its scheduler is gone: it never finishes
+
+
+class _LostClient:
+    """A client whose scheduler dies once the first run is handed to it (``status`` as distributed sets it)."""
+
+    status = "running"
+
+    class scheduler:  # noqa: N801 - the attribute distributed.Client has
+        address = "tcp://127.0.0.1:8786"
+
+    def wait_for_workers(self, n, timeout=None):
+        return None
+
+    def nthreads(self):
+        return {"w": 1}
+
+    def scheduler_info(self, n_workers=-1):
+        return {"workers": {"w": {"nthreads": 1}}, "services": {}}
+
+    def run_on_scheduler(self, fn):
+        return False
+
+    def subscribe_topic(self, topic, handler):
+        return None
+
+    def unsubscribe_topic(self, topic):
+        return None
+
+    def submit(self, *args, key=None, **kwargs):
+        self.status = "closed"
+        return _Future(key)
+
+    def cancel(self, futures):
+        raise RuntimeError("ClosedClientError")
+
+
+def test_a_lost_scheduler_fails_the_sweep_with_its_summary(outputs):
+    from attnum.runs import batch
+
+    tasks = batch.plan_sweep(STUDY, {"head_dim": [32, 64]}, "smoke", {})
+    lines = []
+    with pytest.raises(batch.BatchError, match="lost the Dask scheduler"):
+        _guarded(lambda: batch.run_batch(tasks, outputs=outputs, client=_LostClient(), log=lines.append), 60)
+    summary = [line for line in lines if "lost the Dask scheduler" in line or "not started" in line]
+    assert summary and not (outputs / STUDY).exists()

@@ -21,7 +21,6 @@ import contextlib
 import ctypes
 import datetime as _dt
 import fcntl
-import json
 import os
 import re
 import secrets
