@@ -12,11 +12,27 @@ from pathlib import Path
 import time
 
 from . import runs
+from .paths import UnsafePathError
 from .runs import batch
 
 
 def _overrides(pairs) -> dict:
-    return {key: runs.parse_value(value) for key, value in (pairs or [])}
+    """``-p KEY VALUE`` pairs; the same key twice is refused (which one was meant cannot be told)."""
+    out: dict = {}
+    for key, value in pairs or []:
+        if key in out:
+            raise runs.ParameterError(f"-p {key} is given twice; give each parameter once")
+        out[key] = runs.parse_value(value)
+    return out
+
+
+def _sweep_overrides(pairs, grid: dict) -> dict:
+    """A key both swept (``--grid``) and fixed (``-p``) is refused: one of the two would be silently ignored."""
+    overrides = _overrides(pairs)
+    both = sorted(set(overrides) & set(grid))
+    if both:
+        raise runs.ParameterError(f"{', '.join(both)}: given both in --grid and with -p; give each in one place")
+    return overrides
 
 
 def _nonneg(text: str) -> int:
@@ -24,6 +40,18 @@ def _nonneg(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _outputs_folder(text: str) -> str:
+    """``--outputs``: a folder (or one to be made), never a file; a folder this user cannot write is refused."""
+    import os
+
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text} is not writable by this user")
+    return text
 
 
 def _positive(text: str) -> int:
@@ -64,9 +92,10 @@ def main(argv=None) -> int:
     for p in (p_run, p_all, p_sweep):
         p.add_argument("--params", default="default", help="parameter set (params/<study>/<name>.yaml)")
         p.add_argument("-p", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override (YAML value)")
-        p.add_argument("--outputs", default=None, help="outputs root (default: outputs/ or $ATTNUM_OUTPUTS)")
+        p.add_argument("--outputs", type=_outputs_folder, default=None,
+                       help="outputs root (default: outputs/ or $ATTNUM_OUTPUTS)")
         p.add_argument("--no-progress", action="store_true")
-        p.add_argument("--timeout", type=int, default=None, help="per-cell timeout in seconds")
+        p.add_argument("--timeout", type=_positive, default=None, help="per-cell timeout in seconds (>= 1)")
     for p in (p_all, p_sweep):  # batches: one Dask task per run (attnum.runs.batch)
         p.add_argument("--workers", type=_nonneg, default=None,
                        help="worker processes of the LocalCluster started for the batch (default: the cores "
@@ -82,7 +111,7 @@ def main(argv=None) -> int:
         p.add_argument("--dry-run", action="store_true", help="check and print the plan, run nothing")
 
     p_pub = sub.add_parser("publish", help="render executed notebooks and write outputs/site/index.html")
-    p_pub.add_argument("--outputs", default=None)
+    p_pub.add_argument("--outputs", type=_outputs_folder, default=None)
     p_cmp = sub.add_parser("compare", help="two results.nc files variable by variable (what two runs share)")
     p_cmp.add_argument("a")
     p_cmp.add_argument("b")
@@ -95,7 +124,7 @@ def main(argv=None) -> int:
     p_bench.add_argument("--device", default="cpu", help="device of the --kernel timings (default cpu)")
     p_clean = sub.add_parser("clean", help="remove leftovers of interrupted runs and the rendered site; "
                                            "never results, never a live run")
-    p_clean.add_argument("--outputs", default=None)
+    p_clean.add_argument("--outputs", type=_outputs_folder, default=None)
     p_idle = sub.add_parser("idle", help="exit 1 naming the runs in progress, 0 when none is")
     p_idle.add_argument("--outputs", default=None)
     sub.add_parser("train", help="train a GPT (the trainer's own command line: train --help)", add_help=False)
@@ -139,8 +168,8 @@ def main(argv=None) -> int:
         elif args.cmd == "run-all":  # every study's parameters checked before anything is submitted
             return _batch(args, batch.plan_run_all(args.params, _overrides(args.p)))
         elif args.cmd == "sweep":  # every grid point checked before anything is submitted
-            return _batch(args, batch.plan_sweep(args.study, runs.parse_grid(args.grid), args.params,
-                                                 _overrides(args.p)))
+            grid = runs.parse_grid(args.grid)
+            return _batch(args, batch.plan_sweep(args.study, grid, args.params, _sweep_overrides(args.p, grid)))
         elif args.cmd == "publish":
             from .site import publish
 
@@ -192,11 +221,11 @@ def main(argv=None) -> int:
                 return 1
         elif args.cmd == "clean":
             for line in runs.clean(args.outputs):
-                print(f"removed {line}" if not line.startswith("recovered") else line)
+                print(line if line.startswith(("recovered", "refused")) else f"removed {line}")
     except runs.ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (runs.RunError, batch.BatchError) as exc:
+    except (runs.RunError, batch.BatchError, UnsafePathError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from .paths import outputs_root, project_root
+from .paths import UnsafePathError, open_own_file, outputs_root, pointer_target, project_root
 from .versions import accelerator_versions  # noqa: F401  (ncio.accelerator_versions: provenance)
 
 ENGINE = "netcdf4"
@@ -60,6 +60,12 @@ PACKAGES = ("attnum", "torch", "numpy", "scipy", "xarray", "netCDF4", "pandas", 
 NON_UDUNITS = {"ulp": "units in the last place", "1/step": "per optimizer step", "FLOP": "floating-point operations",
                "flop": "floating-point operations", "FLOPs": "floating-point operations", "nat": "nats"}
 FINISHED = ("ok", "lab")  # RUN.json states of a run whose results may be read
+MAX_RECORD_BYTES = 16 * 2**20  # a RUN.json larger than this is no record the runner wrote
+# Decoded size above which a results file is refused before any value is loaded: a few MB of zlib can
+# hold GiBs of zeros (a compression bomb). The largest committed run decodes to a few MB; override
+# with $ATTNUM_MAX_RESULTS_BYTES for larger runs of one's own.
+MAX_RESULTS_BYTES = 2**30
+FIGURE_NAME = re.compile(r"[A-Za-z0-9_.@=,+-]+\.png")  # figures the site publishes; anything else is damage
 
 
 class DamagedRunError(RuntimeError):
@@ -331,6 +337,26 @@ def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params
 
 # -- run records and checksums --
 
+def _read_own(folder: Path, name: str, max_bytes: int | None = None) -> bytes:
+    """A run's own file, read without following a link at ``name``, never blocking on a FIFO."""
+    with os.fdopen(open_own_file(folder, Path(folder) / name, max_bytes=max_bytes), "rb") as fh:
+        return fh.read()
+
+
+def _own_sha256(folder: Path, name: str) -> str:
+    digest = hashlib.sha256()
+    with os.fdopen(open_own_file(folder, Path(folder) / name), "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def figure_hashes(folder: str | os.PathLike) -> dict[str, str]:
+    """sha256 of every figure (``*.png``) of a run folder, by file name (recorded in ``RUN.json``)."""
+    folder = Path(folder)
+    return {p.name: _own_sha256(folder, p.name) for p in sorted(folder.glob("*.png"))}
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
@@ -367,16 +393,19 @@ def write_record(folder: str | os.PathLike, record: dict) -> Path:
 def read_record(folder: str | os.PathLike) -> dict:
     """The run's ``RUN.json``, checked; ``DamagedRunError`` if missing, unreadable or altered."""
     folder = Path(folder)
-    path = folder / RECORD
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(_read_own(folder, RECORD, MAX_RECORD_BYTES).decode())
     except FileNotFoundError:
         raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} is missing") from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    except UnsafePathError as exc:
+        raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} is refused ({exc})") from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} cannot be read ({exc})") from None
     if not isinstance(record, dict):
         raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} does not hold a record")
-    if "checksum" in record and record["checksum"] != record_checksum(record):
+    if "checksum" not in record:
+        raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} has no checksum (not a record the runner wrote)")
+    if record["checksum"] != record_checksum(record):
         raise DamagedRunError(f"run {_run_label(folder)}: {RECORD} does not match its checksum")
     return record
 
@@ -390,30 +419,65 @@ def verify_run(folder: str | os.PathLike, *, require_record: bool = True) -> dic
 
     Raises ``DamagedRunError`` naming the run when ``RUN.json`` is missing (unless
     ``require_record`` is false), truncated or altered, when ``results.nc`` or
-    ``notebook.ipynb`` is missing or does not match its recorded sha256. Records
-    written before checksums existed (no ``results_sha256``) pass unverified
-    (``record["verified"]`` is false); the Fletcher-32 checksums are still
-    checked when the file is read.
+    ``notebook.ipynb`` is missing or does not match its recorded sha256. A finished
+    run's record must hold ``results_sha256`` and its own ``checksum``: a run whose
+    record lost them (or whose record was deleted, with ``require_record``) is damaged.
+    Figures: with ``figures_sha256`` recorded, every ``*.png`` of the folder must be one
+    of them, unchanged, and each must be there; records written before figure hashes
+    (the committed runs) have ``record["figures_verified"]`` false. Every file is
+    opened without following a link and never blocks (a FIFO or a folder in a file's
+    place is damage, named).
     """
     folder = Path(folder)
-    if not (folder / RECORD).exists() and not require_record:
-        if not (folder / "results.nc").exists():
-            raise DamagedRunError(f"run {_run_label(folder)}: results.nc is missing")
-        return {"verified": False}
-    record = read_record(folder)
-    if record.get("status") in FINISHED:
-        for name, key in (("results.nc", "results_sha256"), ("notebook.ipynb", "notebook_sha256")):
-            file = folder / name
-            if name == "results.nc" and not file.exists():
+    try:
+        if not os.path.lexists(folder / RECORD) and not require_record:
+            if not (folder / "results.nc").exists():
                 raise DamagedRunError(f"run {_run_label(folder)}: results.nc is missing")
-            if record.get(key):
-                if not file.exists():
-                    raise DamagedRunError(f"run {_run_label(folder)}: {name} is missing")
-                if file_sha256(file) != record[key]:
-                    raise DamagedRunError(f"run {_run_label(folder)}: {name} does not match its sha256 "
-                                          "in RUN.json (truncated or altered)")
+            return {"verified": False, "figures_verified": False}
+        record = read_record(folder)
+        if record.get("status") in FINISHED:
+            _verify_files(folder, record)
+    except PermissionError as exc:
+        raise DamagedRunError(f"run {_run_label(folder)}: cannot be read ({exc})") from None
     record["verified"] = bool(record.get("results_sha256"))
+    record["figures_verified"] = isinstance(record.get("figures_sha256"), dict)
     return record
+
+
+def _verify_files(folder: Path, record: dict) -> None:
+    label = _run_label(folder)
+    if not os.path.lexists(folder / "results.nc"):
+        raise DamagedRunError(f"run {label}: results.nc is missing")
+    if not record.get("results_sha256"):
+        raise DamagedRunError(f"run {label}: {RECORD} records no results_sha256 (not a record the runner wrote)")
+    for name, key in (("results.nc", "results_sha256"), ("notebook.ipynb", "notebook_sha256")):
+        if record.get(key):
+            _check_hash(folder, name, record[key], label)
+    figures = record.get("figures_sha256")
+    if figures is None:
+        return
+    if not isinstance(figures, dict):
+        raise DamagedRunError(f"run {label}: figures_sha256 in {RECORD} is not a table of file names")
+    present = sorted(p.name for p in folder.glob("*.png"))
+    extra = [n for n in present if n not in figures]
+    if extra:
+        raise DamagedRunError(f"run {label}: figure(s) {extra} were not written by the run (not in {RECORD})")
+    for name, digest in figures.items():
+        if not FIGURE_NAME.fullmatch(str(name)):
+            raise DamagedRunError(f"run {label}: figure name {name!r} holds characters other than letters, digits "
+                                  "and _ . @ = , + -")
+        _check_hash(folder, name, digest, label)
+
+
+def _check_hash(folder: Path, name: str, digest: str, label: str) -> None:
+    try:
+        actual = _own_sha256(folder, name)
+    except FileNotFoundError:
+        raise DamagedRunError(f"run {label}: {name} is missing") from None
+    except UnsafePathError as exc:
+        raise DamagedRunError(f"run {label}: {name} is refused ({exc})") from None
+    if actual != digest:
+        raise DamagedRunError(f"run {label}: {name} does not match its sha256 in {RECORD} (truncated or altered)")
 
 
 def _note_lab_results(path: Path) -> None:
@@ -441,11 +505,26 @@ def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> x
     length-1 sweep dimensions back into scalar coordinates, so a notebook reads
     its own results the same way inside and outside a sweep.
     """
+    import stat
+
+    st = os.stat(path)  # FileNotFoundError as such
+    if not stat.S_ISREG(st.st_mode):
+        raise DamagedRunError(f"{path}: not a regular file (a folder, FIFO or device); cannot be read")
+    limit = int(os.environ.get("ATTNUM_MAX_RESULTS_BYTES") or MAX_RESULTS_BYTES)
     try:
-        with xr.open_dataset(path, engine=ENGINE) as ds:
+        with xr.open_dataset(path, engine=ENGINE) as ds:  # lazy: nothing decoded yet
+            decoded = sum(int(v.size) * v.dtype.itemsize for v in ds.variables.values())
+            if decoded > limit:
+                raise DamagedRunError(f"{path}: its variables decode to {decoded} bytes, more than the {limit} "
+                                      "a results file may hold (a compression bomb?); set "
+                                      "$ATTNUM_MAX_RESULTS_BYTES to read a larger run of your own")
             ds = ds.load()
     except FileNotFoundError:
         raise
+    except DamagedRunError:
+        raise
+    except MemoryError:
+        raise DamagedRunError(f"{path}: does not fit in memory when decoded") from None
     except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise DamagedRunError(f"{path}: cannot be read, damaged or truncated ({type(exc).__name__}: {exc})") from None
     if squeeze_sweep_dims:
@@ -507,24 +586,39 @@ def compare_results(a, b) -> list[dict]:
 def run_folders(study: str, root: str | os.PathLike | None = None) -> list[Path]:
     """Run folders of a study that may hold finished results (not hidden, not ``.failed``)."""
     base = (Path(root) if root else outputs_root()) / study
-    if not base.is_dir():
+    if not base.is_dir() or base.is_symlink():
         return []
     return sorted(p for p in base.iterdir()
-                  if not p.name.startswith(".") and not p.name.endswith(".failed") and p.is_dir()
-                  and ((p / "results.nc").exists() or (p / RECORD).exists()))
+                  if not p.name.startswith(".") and not p.name.endswith(".failed") and _own_run_folder(p))
+
+
+def _own_run_folder(p: Path) -> bool:
+    """A plain folder, or a run pointer to a version of its own (never a link planted elsewhere), that
+    holds results or a record; one that cannot be read is listed (reading it names the damage)."""
+    if p.is_symlink() and pointer_target(p.parent, p.name) is None:
+        return False
+    if not p.is_dir():
+        return False
+    for name in ("results.nc", RECORD):
+        try:
+            os.lstat(p / name)  # os.path.lexists would answer False for a folder it may not read
+            return True
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return True
+    return False
 
 
 def study_runs(study: str, root: str | os.PathLike | None = None) -> list[Path]:
     """``results.nc`` of every finished (not failed, not in-progress) run of a study (unverified)."""
     out = []
     for folder in run_folders(study, root):
-        if (folder / "FAILED").exists() or not (folder / "results.nc").exists():
-            continue
         try:
-            status = json.loads((folder / RECORD).read_text()).get("status", "ok")
-        except FileNotFoundError:
-            status = "ok"
-        except (OSError, ValueError, AttributeError):
+            if (folder / "FAILED").exists() or not os.path.lexists(folder / "results.nc"):
+                continue
+            status = read_record(folder).get("status", "ok")
+        except (DamagedRunError, OSError, ValueError, AttributeError):
             status = "damaged"  # listed: reading it reports the damage by name
         if status in FINISHED or status == "damaged":
             out.append(folder / "results.nc")
@@ -544,14 +638,20 @@ def group_label(name: str, sweep_dims=()) -> str:
 
 
 def _run_sweep_dims(folder: Path) -> list[str]:
+    import stat
+
     try:
-        return list(json.loads((folder / RECORD).read_text()).get("sweep_dims", []))
-    except (OSError, ValueError, AttributeError):
+        return list(read_record(folder).get("sweep_dims", []))
+    except (DamagedRunError, OSError, ValueError, AttributeError, TypeError):
         pass
-    try:
+    try:  # a damaged record: the group its results file says (read lazily; a FIFO or folder is never opened)
+        if not stat.S_ISREG(os.lstat(folder / "results.nc").st_mode):
+            return []
         with xr.open_dataset(folder / "results.nc", engine=ENGINE) as ds:
             return json.loads(ds.attrs.get("sweep_dims", "[]"))
-    except (OSError, RuntimeError, ValueError):
+    except PermissionError:  # an unreadable folder: the swept keys its name holds (``<set>@key=value,...``)
+        return re.findall(r"(?:^|,)([A-Za-z_][A-Za-z0-9_]*)=", folder.name.split("@", 1)[1]) if "@" in folder.name else []
+    except (OSError, RuntimeError, ValueError, TypeError):
         return []
 
 
@@ -613,10 +713,10 @@ def open_study(study: str, root: str | os.PathLike | None = None, runs=None, gro
     for name in sorted(names):
         folder = where / study / name
         try:
-            verify_run(folder, require_record=False)
+            verify_run(folder)  # a run without its record, or without its hashes, is damaged
             datasets.append(_with_run_parameters(open_results(folder / "results.nc"), name))
             merged.append(name)
-        except DamagedRunError as exc:
+        except (DamagedRunError, OSError) as exc:
             skipped[name] = str(exc)
             warnings.warn(f"skipping damaged run {study}/{name}: {exc}", DamagedRunWarning, stacklevel=2)
     if not datasets:
@@ -645,7 +745,7 @@ def committed_run(study: str, name: str = "gpu", *, root: str | os.PathLike | No
     folder = Path(root if root is not None else outputs_root()) / study / name
     if not (folder / "results.nc").exists():
         return None
-    verify_run(folder, require_record=False)
+    verify_run(folder)
     ds = open_results(folder / "results.nc", squeeze_sweep_dims=squeeze_sweep_dims)
     ds.attrs["run"] = f"{study}/{name}"
     return ds

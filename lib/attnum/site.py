@@ -43,7 +43,7 @@ from pathlib import Path
 import nbformat
 
 from . import glue, ncio
-from .paths import outputs_root
+from .paths import open_own_file, outputs_root, pointer_target
 from .runs import SWEEP_MARK, RunError, studies
 from .runs.store import PUBLISH_LOCK, SITE, publish_lock_held
 
@@ -53,6 +53,7 @@ KIND_TITLES = {"smoke": "Smoke runs", "sweep": "Sweep points", "lab": "JupyterLa
                "failed": "Failed runs", "damaged": "Damaged runs (not published)"}
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+SAFE_NAME = re.compile(r"[A-Za-z0-9_.@=,+-]+")  # study, run and figure names that reach a page (paths, links)
 
 CONF_PY = '''\
 # Written by attnum.site for one build; edit lib/attnum/site.py instead.
@@ -166,15 +167,51 @@ def _error_summary(nb, record: dict) -> str:
 # -- runs --
 
 def _run_folders(base: Path):
-    for study_dir in sorted(p for p in base.iterdir() if p.is_dir() and p.name != SITE and not p.name.startswith(".")):
-        for run_dir in sorted(p for p in study_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if any((run_dir / f).exists() for f in ("RUN.json", "results.nc", "notebook.ipynb", "FAILED")):
-                yield study_dir.name, run_dir
+    """``(study, run folder, damage or None)`` of every run under ``base``: a folder that cannot be read,
+    a link that is not a run pointer to a version of its own, or a name that is not plain text is damage."""
+    for study_dir in sorted(p for p in base.iterdir() if p.name != SITE and not p.name.startswith(".")):
+        if study_dir.is_symlink():
+            yield study_dir.name, study_dir, f"study folder {study_dir} is a symbolic link; not followed"
+            continue
+        if not study_dir.is_dir():
+            continue
+        try:
+            listing = sorted(p for p in study_dir.iterdir() if not p.name.startswith("."))
+        except OSError as exc:
+            yield study_dir.name, study_dir, f"study folder {study_dir} cannot be read ({exc})"
+            continue
+        for run_dir in listing:
+            label = f"run {study_dir.name}/{run_dir.name}"
+            if run_dir.is_symlink() and pointer_target(study_dir, run_dir.name) is None:
+                yield study_dir.name, run_dir, f"{label} is a symbolic link to no version of its own; not followed"
+                continue
+            try:
+                if not run_dir.is_dir() or not any(_present(run_dir / f) for f in
+                                                   ("RUN.json", "results.nc", "notebook.ipynb", "FAILED")):
+                    continue
+            except OSError as exc:
+                yield study_dir.name, run_dir, f"{label} cannot be read ({exc})"
+                continue
+            if not (SAFE_NAME.fullmatch(study_dir.name) and SAFE_NAME.fullmatch(run_dir.name)):
+                yield study_dir.name, run_dir, (f"{label}: its name holds characters other than letters, digits "
+                                                "and _ . @ = , + -")
+                continue
+            yield study_dir.name, run_dir, None
+
+
+def _present(path: Path) -> bool:
+    """Whether ``path`` exists; ``PermissionError`` where its folder cannot be read (``os.path.lexists``
+    would answer False there, and the run would vanish from the site unnamed)."""
+    try:
+        os.lstat(path)
+        return True
+    except FileNotFoundError:
+        return False
 
 
 @contextlib.contextmanager
 def _publish_lock(base: Path):
-    with open(base / LOCK, "a+") as fh:
+    with os.fdopen(open_own_file(base, base / LOCK, os.O_RDWR | os.O_CREAT), "r+") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # a second publish waits for the first
         yield
 
@@ -226,18 +263,51 @@ def _collect(study: str, run_dir: Path) -> dict:
     keep = ("git_commit", "git_dirty", "created", "device", "package_versions", "accelerator_versions",
             "real_kernel_backends", "headline_figure", "hostname")
     entry["provenance"] = {k: str(ds.attrs.get(k, "")) for k in keep}
-    figs = sorted(p.name for p in run_dir.glob("*.png"))
+    if record.get("figures_verified"):  # hashed in RUN.json and checked by verify_run
+        figs = sorted(record["figures_sha256"])
+    else:  # a record written before figure hashes: plain files of plain names only
+        figs = sorted(p.name for p in run_dir.glob("*.png"))
+        for name in figs:
+            if not ncio.FIGURE_NAME.fullmatch(name) or not (run_dir / name).is_file() or (run_dir / name).is_symlink():
+                raise ncio.DamagedRunError(f"run {study}/{run_dir.name}: figure {name!r} is not a plain file of a "
+                                           "plain name")
     entry["figures"] = figs
     headline = entry["provenance"].get("headline_figure", "")
     entry["headline"] = headline if headline in figs else (figs[0] if figs else "")
     entry["verified"] = record.get("verified", False)
+    entry["figures_verified"] = record.get("figures_verified", False)
     return entry
 
 
 # -- markdown helpers --
 
-def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+def _cell(markdown: str) -> str:
+    """Markdown built by this module (data in it already escaped) on one line."""
+    return str(markdown).replace("\r", " ").replace("\n", " ")
+
+
+_PUNCTUATION = frozenset("!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~")
+
+
+def _text(value) -> str:
+    """A data-derived string as plain Markdown text: every ASCII punctuation character backslash-escaped
+    (CommonMark escapes: no tag, link, role, emphasis or table cell can start), on one line. Safe in
+    table cells and list items alike; the HTML writer then escapes ``<`` and ``&``."""
+    text = str(value).replace("\r", " ").replace("\n", " ")
+    return "".join("\\" + c if c in _PUNCTUATION else c for c in text)
+
+
+def _code(value, table: bool = False) -> str:
+    """A data-derived string as an inline code span: the fence is one backtick longer than the longest run
+    of backticks inside, so no backtick in the data can close it (CommonMark code spans); in a table
+    cell ``|`` is escaped (GFM tables split cells before inline parsing)."""
+    text = str(value).replace("\r", " ").replace("\n", " ")
+    fence = "`" * (max((len(m) for m in re.findall(r"`+", text)), default=0) + 1)
+    if table:
+        text = text.replace("|", "\\|")
+    if not text.strip() or text.startswith("`") or text.endswith("`"):
+        text = f" {text} "
+    return f"{fence}{text}{fence}"
 
 
 def _json_attr(prov: dict, key: str) -> dict:
@@ -267,30 +337,34 @@ def _device_label(entry: dict) -> str:
     return f"{kind} ({device})" if device else kind
 
 
-def _commit(prov: dict) -> str:
+def _commit(prov: dict, table: bool = False) -> str:
     commit = prov.get("git_commit", "")
     if not commit:
         return "not recorded"
-    return f"`{commit[:12]}`" + (" (uncommitted changes)" if prov.get("git_dirty") == "true" else "")
+    return _code(commit[:12], table) + (" (uncommitted changes)" if prov.get("git_dirty") == "true" else "")
 
 
 def _provenance_md(entry: dict, nav: str) -> str:
     prov, record = entry.get("provenance", {}), entry["record"]
     overrides = record.get("overrides") or {}
-    rows = [("run", f"`{entry['study']}/{entry['run']}` ({KIND_LABELS.get(entry['kind'], entry['kind'])})"),
-            ("parameter set", f"`{record.get('param_set', '?')}`"
-             + (", overrides " + ", ".join(f"`{k}={json.dumps(v)}`" for k, v in overrides.items()) if overrides else "")),
-            ("device", _device_label(entry)),
-            ("created", prov.get("created") or record.get("finished") or record.get("started", "")),
+    if not isinstance(overrides, dict):
+        overrides = {"?": overrides}
+    rows = [("run", f"{_code(entry['study'] + '/' + entry['run'])} ({_text(KIND_LABELS.get(entry['kind'], entry['kind']))})"),
+            ("parameter set", _code(record.get("param_set", "?"))
+             + (", overrides " + ", ".join(_code(f"{k}={json.dumps(v)}") for k, v in overrides.items()) if overrides else "")),
+            ("device", _text(_device_label(entry))),
+            ("created", _text(prov.get("created") or record.get("finished") or record.get("started", ""))),
             ("git commit", _commit(prov)),
-            ("versions", _versions(prov))]
+            ("versions", _text(_versions(prov)))]
     backends = _json_attr(prov, "real_kernel_backends")
     if backends:
-        rows.append(("real kernels ran as", "; ".join(f"`{k}`: {v}" for k, v in backends.items())))
+        rows.append(("real kernels ran as", "; ".join(f"{_code(k)}: {_text(v)}" for k, v in backends.items())))
     if entry.get("figures") is not None and (entry["dir"] / "results.nc").exists() and not entry["failed"]:
-        rows.append(("data", "[results.nc](results.nc)" + ("" if entry.get("verified") else " (no checksum recorded)")))
+        rows.append(("data", "[results.nc](results.nc)" + ("" if entry.get("verified") else " (no checksum recorded)")
+                     + (" (figures not hashed: recorded before figure hashes)"
+                        if entry.get("figures") and not entry.get("figures_verified") else "")))
     if entry["failed"]:
-        rows.append(("error", f"`{_cell(entry.get('error', ''))}`"))
+        rows.append(("error", _code(entry.get("error", ""))))
     items = "\n".join(f"* **{k}**: {_cell(v)}" for k, v in rows)
     return f"{nav}\n\n:::{{admonition}} Provenance of this run\n:class: note\n\n{items}\n:::\n"
 
@@ -318,10 +392,11 @@ def _parameter_table(entry: dict, params_cell) -> str:
         shown = json.dumps(value) if not isinstance(value, str) or name not in info else repr(value)
         default = info[name].default if name in info else ""
         changed = name in info and shown.replace("'", '"') != str(default).replace("'", '"')
-        cell = f"**`{_cell(shown)}`**" if changed else f"`{_cell(shown)}`"
-        lines.append(f"| `{name}` | {cell} | `{_cell(default)}` | {_cell(info[name].help if name in info else '')} |")
+        cell = f"**{_code(shown, True)}**" if changed else _code(shown, True)
+        lines.append(f"| {_code(name, True)} | {cell} | {_code(default, True)} | "
+                     f"{_text(info[name].help if name in info else '')} |")
     sweep = entry["record"].get("sweep_dims") or []
-    note = f" Swept here: {', '.join(f'`{d}`' for d in sweep)}." if sweep else ""
+    note = f" Swept here: {', '.join(_code(d) for d in sweep)}." if sweep else ""
     return ("## Parameters of this run\n\nThe values papermill injected (from `RUN.json`); **bold**: differs from "
             f"the notebook's default.{note}\n\n" + "\n".join(lines) + "\n")
 
@@ -368,7 +443,7 @@ def _page_notebook(entry: dict, nav: str):
         cells.insert(at, nbformat.v4.new_markdown_cell(_parameter_table(entry, params_cell)))
     title_at = next((i for i, c in enumerate(cells) if c.cell_type == "markdown" and c.source.startswith("# ")), None)
     if title_at is None:
-        cells.insert(0, nbformat.v4.new_markdown_cell(f"# {entry['study']} · run `{entry['run']}`"))
+        cells.insert(0, nbformat.v4.new_markdown_cell(f"# {_text(entry['study'])} · run {_code(entry['run'])}"))
         title_at = 0
     elif entry.get("page_suffix"):
         first, _, rest = cells[title_at].source.partition("\n")
@@ -407,12 +482,12 @@ def _unstage(out, staged: list[str], shown: str) -> None:
 
 def _lab_page(entry: dict, nav: str) -> str:
     """A JupyterLab run keeps its notebook in notebooks/: its page shows its record and figures."""
-    parts = [f"# {entry['study']} · JupyterLab run `{entry['run']}`\n", _provenance_md(entry, nav),
+    parts = [f"# {_text(entry['study'])} · JupyterLab run {_code(entry['run'])}\n", _provenance_md(entry, nav),
              _parameter_table(entry, None)]
     if entry.get("unfinished"):
         parts.append("This JupyterLab run has not written `results.nc` (unfinished or still running).\n")
     for fig in entry.get("figures", []):
-        parts.append(f"```{{figure}} {fig}\n:width: 100%\n\n`{fig}`\n```\n")
+        parts.append(f"```{{figure}} {fig}\n:width: 100%\n\n{_code(fig)}\n```\n")
     return "\n".join(parts)
 
 
@@ -430,7 +505,7 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
              "Headline figures open at full size on click.\n"]
     if damaged:
         parts.append(":::{admonition} Damaged runs, not published\n:class: error attnum-damaged\n\n"
-                     + "\n".join(f"* DAMAGED, not published: `{d['study']}/{d['run']}`: {_cell(d['damaged'])}"
+                     + "\n".join(f"* DAMAGED, not published: {_code(d['study'] + '/' + d['run'])}: {_text(d['damaged'])}"
                                  for d in damaged) + "\n:::\n")
     toc_main, toc_more = [], []
     for study in order:
@@ -449,12 +524,12 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
         if shown:
             figs = [_figure(f"{study}/{r['run']}/{r['headline']}",
                             f"headline figure of {study}, run {r['run']}",
-                            f"{_device_label(r)} run `{r['run']}`: `{r['headline']}`") for r in shown]
+                            f"{_text(_device_label(r))} run {_code(r['run'])}: {_code(r['headline'])}") for r in shown]
             parts.append("::::{container} attnum-figs\n" + "\n".join(figs) + "::::\n")
         if main is not None:
             key = _key_result(main["nb"]) if main.get("nb") is not None else ""
             if key:
-                parts.append(f"**Key result** (the notebook's first conclusion, run `{main['run']}`): {key}\n")
+                parts.append(f"**Key result** (the notebook's first conclusion, run {_code(main['run'])}): {key}\n")
             parts.append(f"[Read the study →]({study}/{main['run']}/notebook.ipynb)\n")
         else:
             parts.append("*No result run of this study is published yet* (`make reproduce`, or "
@@ -463,14 +538,14 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
             rows = ["| run | device | created | git commit | page |", "|---|---|---|---|---|"]
             for r in results:
                 prov = r.get("provenance", {})
-                page = f"[{r['run']}]({study}/{r['run']}/notebook.ipynb)" if r.get("nb") is not None else ""
-                rows.append(f"| `{r['run']}` | {_cell(_device_label(r))} | {_cell(prov.get('created', ''))} | "
-                            f"{_cell(_commit(prov))} | {page} |")
+                page = f"[{_text(r['run'])}]({study}/{r['run']}/notebook.ipynb)" if r.get("nb") is not None else ""
+                rows.append(f"| {_code(r['run'], True)} | {_text(_device_label(r))} | {_text(prov.get('created', ''))} | "
+                            f"{_commit(prov, True)} | {page} |")
             parts.append("Result runs of this study:\n\n" + "\n".join(rows) + "\n")
         rest = [r for r in others if r["study"] == study]
         if rest:
             parts.append("Other runs of this study (not results; see [Other runs](runs.md)): "
-                         + ", ".join(f"`{study}/{r['run']}` ({KIND_LABELS[r['kind']]})" for r in rest) + "\n")
+                         + ", ".join(f"{_code(study + '/' + r['run'])} ({KIND_LABELS[r['kind']]})" for r in rest) + "\n")
         for r in results:
             if r.get("nb") is None:
                 continue
@@ -498,7 +573,8 @@ def _runs_md(others: list[dict], damaged: list[dict], short: dict) -> str:
         parts.append(f"## {KIND_TITLES[kind]}\n")
         if kind == "damaged":
             parts.append("| study | run | what is wrong |\n|---|---|---|\n" + "\n".join(
-                f"| {short.get(d['study'], d['study'])} | `{d['run']}` | DAMAGED, not published: {_cell(d['damaged'])} |"
+                f"| {_text(short.get(d['study'], d['study']))} | {_code(d['run'], True)} | DAMAGED, not published: "
+                f"{_text(d['damaged'])} |"
                 for d in rows) + "\n")
             continue
         table = ["| study | run | device | created | " + ("error |" if kind == "failed" else "page |"),
@@ -507,9 +583,9 @@ def _runs_md(others: list[dict], damaged: list[dict], short: dict) -> str:
             doc = f"{r['study']}/{r['run']}/notebook"
             page = f"[page]({doc}.{'ipynb' if r.get('nb') is not None else 'md'})" if r.get("doc") else ""
             when = r.get("provenance", {}).get("created") or r["record"].get("finished") or r["record"].get("started", "")
-            last = (f"`{_cell(r.get('error', ''))}` {page}" if kind == "failed" else page)
-            table.append(f"| {short.get(r['study'], r['study'])} | `{r['run']}` | {_cell(_device_label(r))} | "
-                         f"{_cell(when)} | {last} |")
+            last = (f"{_code(r.get('error', ''), True)} {page}" if kind == "failed" else page)
+            table.append(f"| {_text(short.get(r['study'], r['study']))} | {_code(r['run'], True)} | "
+                         f"{_text(_device_label(r))} | {_text(when)} | {last} |")
             if r.get("doc"):
                 toc.append(f"{r['study']} · {r['run']} <{doc}>")
         parts.append("\n".join(table) + "\n")
@@ -566,9 +642,9 @@ def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
         dest = src / e["study"] / e["run"]
         dest.mkdir(parents=True)
         if e["kind"] in ("result", "gpu") and primary.get(e["study"]) is not e:
-            e["page_suffix"] = f"(run `{e['run']}`, {_device_label(e).split(' ')[0]})"
+            e["page_suffix"] = f"(run {_code(e['run'])}, {_text(_device_label(e).split(' ')[0])})"
         elif e["kind"] not in ("result", "gpu"):
-            e["page_suffix"] = f"({KIND_LABELS[e['kind']]} `{e['run']}`)"
+            e["page_suffix"] = f"({KIND_LABELS[e['kind']]} {_code(e['run'])})"
         for name in e.get("figures", []) + (["results.nc"] if e.get("provenance") else []):
             shutil.copy2(e["dir"] / name, dest / name)
         nav = _nav(e, order, primary, short)
@@ -607,10 +683,12 @@ def publish(outputs: str | Path | None = None, *, strict: bool = True) -> Path:
         build.mkdir()
         try:
             entries, damaged = [], []
-            for study, run_dir in _run_folders(base):
+            for study, run_dir, damage in _run_folders(base):
                 try:
+                    if damage:
+                        raise ncio.DamagedRunError(damage)
                     entries.append(_collect(study, run_dir))
-                except ncio.DamagedRunError as exc:
+                except (ncio.DamagedRunError, OSError) as exc:  # a folder, FIFO or link in a file's place too
                     damaged.append({"study": study, "run": run_dir.name, "damaged": str(exc)})
             src, html = build / "src", build / "html"
             _build_sources(src, entries, damaged)

@@ -59,6 +59,7 @@ def test_committed_run_respects_outputs_root(tmp_path, monkeypatch):
     folder = tmp_path / "length_scaling" / "gpu"
     folder.mkdir(parents=True)
     xr.Dataset({"x": ("i", np.arange(3.0))}).to_netcdf(folder / "results.nc")
+    ncio.write_record(folder, {"status": "ok", "results_sha256": ncio.file_sha256(folder / "results.nc")})
     monkeypatch.setenv("ATTNUM_OUTPUTS", str(tmp_path))
     ds = ncio.committed_run("length_scaling")
     assert ds is not None and ds.attrs["run"] == "length_scaling/gpu" and float(ds["x"].sum()) == 3.0

@@ -89,6 +89,8 @@ def test_sweep_runs_merge_by_coordinates(tmp_path):
         run = tmp_path / "length_scaling" / f"default__head_dim={head_dim}"
         ncio.write_results(_dataset(head_dim / 1000), run / "results.nc", study="length_scaling",
                            params={"head_dim": head_dim}, sweep_dims=["head_dim"])
+        ncio.write_record(run, {"status": "ok", "sweep_dims": ["head_dim"],
+                                "results_sha256": ncio.file_sha256(run / "results.nc")})
     merged = ncio.open_study("length_scaling", root=tmp_path)
     assert merged["rel_l2_err"].dims == ("head_dim", "seq_len", "seed")
     assert merged["head_dim"].values.tolist() == [32, 64]

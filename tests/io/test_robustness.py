@@ -300,7 +300,7 @@ def test_clean_recovers_a_run_the_old_swap_left_without_a_folder(outputs):
     new, old = study / ".smoke.running-999999999-1", study / ".smoke.old-999999999"
     for folder, value in ((new, 0.002), (old, 0.001)):
         ncio.write_results(rh.dataset(value), folder / "results.nc", study=STUDY, params={}, variables=rh.TABLE)
-    (new / "RUN.json").write_text(json.dumps({"status": "ok"}))
+        ncio.write_record(folder, {"status": "ok", "results_sha256": ncio.file_sha256(folder / "results.nc")})
     runs.clean()
     assert _value(study / "smoke") == 0.002 and not new.exists() and not old.exists()
 
@@ -357,15 +357,11 @@ def test_damaged_runs_are_named_and_skipped(outputs, fake, monkeypatch, damage):
         results.write_bytes(bytes(data))
     elif damage == "missing notebook":
         (bad / "notebook.ipynb").unlink()
-    if damage != "missing record":
-        with pytest.raises(ncio.DamagedRunError, match=bad.name):
-            ncio.verify_run(bad)
-    with pytest.warns(ncio.DamagedRunWarning, match=bad.name) if damage != "missing record" else _nothing():
+    with pytest.raises(ncio.DamagedRunError, match=bad.name):
+        ncio.verify_run(bad)
+    with pytest.warns(ncio.DamagedRunWarning, match=bad.name):  # a run without its record is damaged too
         merged = ncio.open_study(STUDY)
-    if damage == "missing record":  # readable without a record (Fletcher-32 only), but publish flags it
-        assert merged.sizes["head_dim"] == 2
-    else:
-        assert merged["head_dim"].values.tolist() == [32] and bad.name in json.loads(merged.attrs["skipped_runs"])
+    assert merged["head_dim"].values.tolist() == [32] and bad.name in json.loads(merged.attrs["skipped_runs"])
     # publish goes on with the rest, names the damaged run, and fails at the end
     with pytest.raises(attnum.site.PublishError, match=bad.name):
         attnum.site.publish()
@@ -375,14 +371,6 @@ def test_damaged_runs_are_named_and_skipped(outputs, fake, monkeypatch, damage):
     proc = subprocess.run([sys.executable, "-m", "attnum", "publish", "--outputs", str(outputs)],
                           capture_output=True, text=True)
     assert proc.returncode != 0 and bad.name in proc.stderr
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_single_bit_flips_never_change_values_silently(outputs, fake, monkeypatch):

@@ -51,6 +51,7 @@ THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NU
 # launched the batch instead (usually unset), as a plain run would.
 NANNY_ENV = ("MALLOC_TRIM_THRESHOLD_",)
 EVENT_TOPIC = "attnum-batch"
+SCHEDULER_LOST_S = 60.0  # seconds a client may stay disconnected ("connecting") before the batch is failed
 KEY_PREFIX = "attnum-run"  # one Dask task group: the scheduler queues the runs and hands them out by priority
 
 
@@ -453,12 +454,28 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
                                              launcher, key=key, pure=False, resources=tasks[i].resources or None,
                                              retries=0, priority=int(prio[i]) * 1000 - rank))
 
+        lost_since = None
         try:
             # A run is handed to Dask only when a worker thread that can take it is free, longest first:
             # Dask binds each task of a small batch to a worker when it is submitted (it queues tasks on the
             # scheduler, in priority order, only for groups larger than twice the cluster's threads), so a
             # run submitted early could wait behind a long one while another worker idles.
             while queue or pending:
+                status = str(getattr(client, "status", "running"))
+                if status in ("closing", "closed", "failed") or (
+                        status == "connecting" and time.monotonic() - (lost_since or time.monotonic()) > SCHEDULER_LOST_S):
+                    # the scheduler is gone (killed, unreachable): its futures never finish; fail the batch
+                    for fut in pending:
+                        results[keys[fut.key]].state = "failed"
+                        results[keys[fut.key]].error = (f"lost the Dask scheduler ({where}, client {status}); the run's "
+                                                        "folder, if it started, is left to `make clean`")
+                    for i in queue:
+                        results[i].error = "not started: the Dask scheduler was lost"
+                    bar.close()
+                    log(summary(results))
+                    raise BatchError(f"lost the Dask scheduler of {where} (client {status}) with "
+                                     f"{len(pending)} run(s) in progress and {len(queue)} not started")
+                lost_since = (lost_since or time.monotonic()) if status == "connecting" else None
                 submit_ready()
                 still = []
                 for fut in pending:
@@ -477,7 +494,10 @@ def _run_on_dask(tasks, results, base, client, scheduler, workers, gpus, threads
                 if pending:
                     time.sleep(0.2)
         except KeyboardInterrupt:
-            client.cancel(pending)
+            try:
+                client.cancel(pending)
+            except Exception:  # a closed client (the scheduler is gone): the summary still comes
+                pass
             for fut in pending:
                 results[keys[fut.key]].error = "interrupted (a run in progress leaves its folder to `make clean`)"
             for i in queue:

@@ -11,7 +11,6 @@ import ast
 import contextlib
 import datetime as _dt
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -19,7 +18,7 @@ import time
 from pathlib import Path
 
 from .. import ncio
-from ..paths import outputs_root
+from ..paths import outputs_root, remove_tree
 from .params import (ALLOW_LARGE_ENV, RUNNER_SET, ParameterError, check_machine, check_parameters,
                      import_papermill, notebook_path, parameter_names, resolve_parameters)
 from .plan import folder_name
@@ -137,6 +136,8 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
     """
     from .. import progress as _progress
 
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1):
+        raise ParameterError(f"timeout must be a whole number of seconds >= 1 (or None: no limit), got {timeout!r}")
     papermill = import_papermill()
     overrides = dict(overrides or {})
     values = resolve_parameters(study, param_set, overrides, allow_large=allow_large)
@@ -165,7 +166,8 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
                     raise RunError(f"notebook {nb_path.name} finished without writing results.nc")
                 ncio.open_results(results)  # reads every value: the Fletcher-32 checksums hold
                 record.update(status="ok", finished=now(), results_sha256=ncio.file_sha256(results),
-                              notebook_sha256=ncio.file_sha256(version / "notebook.ipynb"))
+                              notebook_sha256=ncio.file_sha256(version / "notebook.ipynb"),
+                              figures_sha256=ncio.figure_hashes(version))
                 ncio.write_record(version, record)
         except BaseException as exc:  # KeyboardInterrupt and SIGTERM too: mark the run, keep earlier results
             failed = record_failure(version, final, record, exc)
@@ -181,7 +183,7 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
         if failed.is_symlink():
             failed.unlink()
         elif failed.is_dir():
-            shutil.rmtree(failed)
+            remove_tree(study_dir, failed)  # a plain folder of the layout before versioned folders
         swap_step("failure-cleared")
         drop_stale_versions(study_dir, name)
         swap_step("cleaned")

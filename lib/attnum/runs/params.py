@@ -79,8 +79,35 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+MAX_YAML_CHARS = 1 << 20  # a parameter value, set or grid file larger than this is refused unread
+MAX_YAML_DEPTH = 32  # nesting of lists and mappings; the parameters nest two or three levels
+
+
+def check_yaml_input(text: str, source: str) -> None:
+    """Bounds checked before YAML is built: size, nesting, and no anchors or aliases (``&a``/``*a``: a few
+    hundred bytes of aliases expand to gigabytes). Syntax errors are left to ``load_yaml`` to report."""
+    if len(text) > MAX_YAML_CHARS:
+        raise ParameterError(f"{source[:200]}: {len(text)} characters, more than the {MAX_YAML_CHARS} accepted")
+    depth = 0
+    starts = (yaml.FlowSequenceStartToken, yaml.FlowMappingStartToken, yaml.BlockSequenceStartToken,
+              yaml.BlockMappingStartToken)
+    ends = (yaml.FlowSequenceEndToken, yaml.FlowMappingEndToken, yaml.BlockEndToken)
+    try:
+        for token in yaml.scan(text, Loader=yaml.SafeLoader):
+            if isinstance(token, (yaml.AnchorToken, yaml.AliasToken)):
+                raise ParameterError(f"{source[:200]}, line {token.start_mark.line + 1}: YAML anchors and aliases "
+                                     "(& and *) are not accepted; write the values out")
+            depth += isinstance(token, starts) - isinstance(token, ends)
+            if depth > MAX_YAML_DEPTH:
+                raise ParameterError(f"{source[:200]}, line {token.start_mark.line + 1}: nested more than "
+                                     f"{MAX_YAML_DEPTH} levels deep")
+    except yaml.YAMLError:
+        return
+
+
 def load_yaml(text: str, source: str):
     """YAML as the project reads it: a repeated key is an error; errors name ``source`` and the line."""
+    check_yaml_input(text, source)
     try:
         return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -96,6 +123,8 @@ def load_yaml_file(path: Path):
         text = path.read_text()
     except OSError as exc:
         raise ParameterError(f"cannot read {path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ParameterError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     return load_yaml(text, str(path))
 
 # -- studies and their declared parameters --

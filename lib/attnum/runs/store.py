@@ -21,17 +21,15 @@ import contextlib
 import ctypes
 import datetime as _dt
 import fcntl
-import json
 import os
 import re
 import secrets
-import shutil
 import socket
 import traceback
 from pathlib import Path
 
 from .. import ncio
-from ..paths import outputs_root
+from ..paths import UnsafePathError, check_inside, make_dirs, open_own_file, outputs_root, pointer_target, remove_tree
 
 VERSIONS = ".versions"
 LOCKS = ".locks"
@@ -64,8 +62,9 @@ def swap_step(step: str) -> None:
 def run_lock(study_dir: Path, name: str, *, wait: bool = False):
     """Hold the lock of one run name (``<study>/.locks/<name>.lock``, ``fcntl.flock``)."""
     locks = study_dir / LOCKS
-    locks.mkdir(parents=True, exist_ok=True)
-    fh = open(locks / f"{name}.lock", "a+")
+    make_dirs(study_dir.parent, locks)  # refuses a link planted as the study or its .locks folder
+    # O_NOFOLLOW: a lock planted as a link to a file elsewhere is refused, never truncated and written
+    fh = os.fdopen(open_own_file(study_dir.parent, locks / f"{name}.lock", os.O_RDWR | os.O_CREAT), "r+")
     try:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
@@ -83,11 +82,14 @@ def run_lock(study_dir: Path, name: str, *, wait: bool = False):
         fh.close()  # closing releases the lock
 
 
-def flock_held(path: Path) -> bool:
-    """Whether another process holds the ``fcntl.flock`` of the lock file ``path`` now."""
-    if not path.exists():
+def flock_held(path: Path, base: Path | None = None) -> bool:
+    """Whether another process holds the ``fcntl.flock`` of the lock file ``path`` now.
+
+    ``UnsafePathError`` when the lock, or a folder below ``base`` on the way to it, is a link."""
+    path = Path(path)
+    if not os.path.lexists(path):
         return False
-    with open(path, "a+") as fh:
+    with os.fdopen(open_own_file(base or path.parent, path, os.O_RDONLY), "r") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -97,7 +99,7 @@ def flock_held(path: Path) -> bool:
 
 
 def lock_held(study_dir: Path, name: str) -> bool:
-    return flock_held(study_dir / LOCKS / f"{name}.lock")
+    return flock_held(study_dir / LOCKS / f"{name}.lock", study_dir.parent)
 
 
 def pid_alive(pid, host=None) -> bool:
@@ -115,7 +117,8 @@ def pid_alive(pid, host=None) -> bool:
 def new_version(study_dir: Path, name: str) -> Path:
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S")
     folder = study_dir / VERSIONS / name / f"{stamp}-{os.getpid()}-{secrets.token_hex(3)}"
-    folder.mkdir(parents=True)
+    make_dirs(study_dir.parent, folder.parent)  # a link planted as .versions/<name> is refused, not written into
+    folder.mkdir()
     return folder
 
 
@@ -156,15 +159,30 @@ def point_link(link: Path, target: Path) -> None:
 
 
 def _target(link: Path) -> Path | None:
-    return link.resolve() if link.is_symlink() else None
+    """The run's own version folder a pointer names (``paths.pointer_target``); None for anything else."""
+    return pointer_target(link.parent, link.name)
+
+
+def _remove(study_dir: Path, path: Path, refused: list[str] | None = None) -> bool:
+    """Delete a folder of the study's own (never through a link); a refusal is noted in ``refused``."""
+    try:
+        remove_tree(study_dir, path)
+        return True
+    except UnsafePathError as exc:
+        if refused is not None:
+            refused.append(f"refused {path}: {exc}")
+    except OSError:
+        pass
+    return False
 
 
 def drop_stale_versions(study_dir: Path, name: str) -> None:
     """Remove the versions of ``name`` that neither ``<name>`` nor ``<name>.failed`` points at."""
     keep = {_target(study_dir / name), _target(study_dir / f"{name}.failed")}
-    for version in sorted((study_dir / VERSIONS / name).glob("*")):
-        if version.resolve() not in keep:
-            shutil.rmtree(version, ignore_errors=True)
+    name_dir = check_inside(study_dir, study_dir / VERSIONS / name)
+    for version in sorted(name_dir.iterdir()):
+        if version not in keep:
+            _remove(study_dir, version)
 
 
 def record_failure(version: Path, final: Path, record: dict, exc: BaseException) -> Path:
@@ -178,11 +196,11 @@ def record_failure(version: Path, final: Path, record: dict, exc: BaseException)
     failed = final.with_name(final.name + ".failed")
     with contextlib.suppress(OSError):
         if failed.is_dir() and not failed.is_symlink():
-            shutil.rmtree(failed)  # a failure record of the layout before versioned folders
-        old = _target(failed)
+            remove_tree(final.parent, failed)  # a failure record of the layout before versioned folders
+        old = _target(failed)  # only a version folder of this run's own, never a link's target elsewhere
         point_link(failed, version)
-        if old is not None and old != version.resolve() and old != _target(final):
-            shutil.rmtree(old, ignore_errors=True)
+        if old is not None and old != version and old != _target(final):
+            _remove(final.parent, old)
     return failed
 
 
@@ -190,9 +208,8 @@ def record_failure(version: Path, final: Path, record: dict, exc: BaseException)
 
 def _record_of(folder: Path) -> dict:
     try:
-        record = json.loads((folder / ncio.RECORD).read_text())
-        return record if isinstance(record, dict) else {}
-    except (OSError, ValueError):
+        return ncio.read_record(folder)  # a FIFO or link as RUN.json is refused there, never waited on
+    except (ncio.DamagedRunError, OSError, ValueError):
         return {}
 
 
@@ -207,7 +224,9 @@ def _recover_legacy(study_dir: Path, removed: list[str]) -> None:
     """Folders of the layout before versioned runs: ``.<run>.running-<pid>-<t>`` and ``.<run>.old-<pid>``.
 
     A run killed between the two renames of the old swap left no ``<run>``: its complete
-    new results (``.running-``, RUN.json status ok) or else the old copy (``.old-``) go back.
+    new results (``.running-``) or else the old copy (``.old-``) go back, each only when it passes
+    ``ncio.verify_run`` with its hashes recorded (a planted folder with a bare ``{"status": "ok"}`` is
+    no result: it is removed as a leftover).
     """
     pattern = re.compile(r"^\.(?P<name>.+)\.(?P<kind>running|old)-(?P<pid>\d+)(-\d+)?$")
     leftovers = []
@@ -221,7 +240,10 @@ def _recover_legacy(study_dir: Path, removed: list[str]) -> None:
         if pid_alive(pid):
             continue
         final = study_dir / name
-        complete = kind == "old" or _record_of(path).get("status") == "ok"
+        try:
+            complete = ncio.verify_run(path).get("status") == "ok"
+        except (ncio.DamagedRunError, OSError):
+            complete = False
         if complete and not final.exists() and not final.is_symlink() and (path / "results.nc").exists():
             target = study_dir / VERSIONS / name / f"recovered-{path.name.lstrip('.')}"
             target.parent.mkdir(parents=True, exist_ok=True)
@@ -229,8 +251,8 @@ def _recover_legacy(study_dir: Path, removed: list[str]) -> None:
             point_link(final, target)
             removed.append(f"recovered {final} from {path.name}")
             continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(str(path))
+        if _remove(study_dir, path, removed):
+            removed.append(str(path))
 
 
 def clean(outputs: str | os.PathLike | None = None) -> list[str]:
@@ -238,45 +260,80 @@ def clean(outputs: str | os.PathLike | None = None) -> list[str]:
 
     Leftovers: versions of a run that no pointer names and that no live process owns
     (lock held, or RUN.json "running" with a live pid), temporary links, the rendered
-    site and its build folders (unless a publish holds its lock), folders of the
+    site, its build folders and a replaced site a killed publish left (``.site.old-*``; unless a
+    publish holds its lock), folders of the
     layout before versioned runs (recovering a run a killed swap left without a folder).
-    Results a pointer names are never touched.
+    Results a pointer names are never touched. A symbolic link where a folder of the project's own
+    is expected (a study folder, ``.versions``, ``.versions/<run>``, a version, a lock) is never
+    followed: it is reported as ``refused <path>: ...``. So is a folder that cannot be read.
     """
     base = Path(outputs).resolve() if outputs else outputs_root()
     removed: list[str] = []
     if not base.is_dir():
         return removed
-    if not publish_lock_held(base):
-        for p in [base / SITE, *base.glob(f".{SITE}.building*")]:
-            if p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
+    try:
+        site_busy = publish_lock_held(base)
+    except UnsafePathError as exc:
+        removed.append(f"refused {base / PUBLISH_LOCK}: {exc}")
+        site_busy = True
+    if not site_busy:
+        # a publish killed between its two renames leaves .site.old-*: the site is rebuilt by publish
+        for p in [base / SITE, *base.glob(f".{SITE}.building*"), *base.glob(f".{SITE}.old-*")]:
+            if p.is_dir() and not p.is_symlink() and _remove(base, p, removed):
                 removed.append(str(p))
-    for study_dir in sorted(p for p in base.iterdir() if p.is_dir() and not p.name.startswith(".")
-                            and p.name != SITE):
-        for link in study_dir.glob(".*.link-*"):
-            m = re.search(r"\.link-(\d+)-", link.name)
-            if link.is_symlink() and not (m and pid_alive(int(m[1]))):
-                link.unlink()
-                removed.append(str(link))
-        _recover_legacy(study_dir, removed)
-        versions = study_dir / VERSIONS
-        if not versions.is_dir():
+    for study_dir in sorted(p for p in base.iterdir() if not p.name.startswith(".") and p.name != SITE):
+        if study_dir.is_symlink():
+            removed.append(f"refused {study_dir}: a symbolic link where attnum expects a study folder; not followed")
             continue
-        for name_dir in sorted(p for p in versions.iterdir() if p.is_dir()):
+        if not study_dir.is_dir():
+            continue
+        try:
+            _clean_study(study_dir, removed)
+        except PermissionError as exc:
+            removed.append(f"refused {study_dir}: cannot be read ({exc})")
+    return removed
+
+
+def _clean_study(study_dir: Path, removed: list[str]) -> None:
+    """One study folder of ``clean``."""
+    for link in study_dir.glob(".*.link-*"):
+        m = re.search(r"\.link-(\d+)-", link.name)
+        if link.is_symlink() and not (m and pid_alive(int(m[1]))):
+            link.unlink()
+            removed.append(str(link))
+    _recover_legacy(study_dir, removed)
+    versions = study_dir / VERSIONS
+    if versions.is_symlink():
+        removed.append(f"refused {versions}: a symbolic link where attnum expects its own folder; not followed")
+    elif versions.is_dir():
+        for name_dir in sorted(versions.iterdir()):
+            if name_dir.is_symlink():
+                removed.append(f"refused {name_dir}: a symbolic link where attnum expects its own folder; "
+                               "not followed")
+                continue
+            if not name_dir.is_dir():
+                continue
             name = name_dir.name
             keep = {_target(study_dir / name), _target(study_dir / f"{name}.failed")}
-            for version in sorted(p for p in name_dir.iterdir()):
-                if version.resolve() in keep or _live_version(study_dir, name, version):
+            for version in sorted(name_dir.iterdir()):
+                try:
+                    if version in keep or _live_version(study_dir, name, version):
+                        continue
+                except UnsafePathError as exc:  # e.g. its lock is a link: cannot tell, so keep it
+                    removed.append(f"refused {version}: {exc}")
                     continue
-                shutil.rmtree(version, ignore_errors=True)
-                removed.append(str(version))
+                if version.is_symlink():
+                    removed.append(f"refused {version}: a symbolic link where attnum expects a version "
+                                   "folder; not followed")
+                    continue
+                if _remove(study_dir, version, removed):
+                    removed.append(str(version))
             with contextlib.suppress(OSError):
                 name_dir.rmdir()  # only if empty
-        for link in [*study_dir.iterdir()]:  # pointers whose folder is gone
-            if link.is_symlink() and not link.exists():
-                link.unlink()
-                removed.append(str(link))
-    return removed
+    for link in [*study_dir.iterdir()]:  # pointers whose folder is gone
+        if link.is_symlink() and not link.exists():
+            link.unlink()
+            removed.append(str(link))
 
 
 def live_runs(outputs: str | os.PathLike | None = None) -> list[str]:
@@ -284,6 +341,7 @@ def live_runs(outputs: str | os.PathLike | None = None) -> list[str]:
     base = Path(outputs).resolve() if outputs else outputs_root()
     out = []
     for locks in sorted(base.glob(f"*/{LOCKS}")) if base.is_dir() else []:
+        check_inside(base, locks)  # a study or .locks folder planted as a link: UnsafePathError, named
         for lock in sorted(locks.glob("*.lock")):
             if lock_held(locks.parent, lock.name[:-len(".lock")]):
                 out.append(f"{locks.parent.name}/{lock.name[:-len('.lock')]}")
@@ -292,4 +350,4 @@ def live_runs(outputs: str | os.PathLike | None = None) -> list[str]:
 
 def publish_lock_held(base: Path) -> bool:
     """Whether a publish is building the site of the outputs root ``base`` now."""
-    return flock_held(Path(base) / PUBLISH_LOCK)
+    return flock_held(Path(base) / PUBLISH_LOCK, Path(base))

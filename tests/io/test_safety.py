@@ -1,0 +1,495 @@
+"""What an adversary can plant in outputs/ or pass on the command line, and what must hold anyway.
+
+* Links: a symbolic link planted where the project expects its own folder or file (``<run>.failed``,
+  ``.versions/<run>``, ``.locks/<run>.lock``, a study folder, a run pointer) is never followed: a
+  victim folder outside the outputs root is byte-for-byte untouched by runs, failures and ``clean``.
+* Markup: a data-derived string (``-p`` values in the provenance and the parameter table, a failed
+  run's error, the NetCDF ``device`` attribute, a figure's file name) reaches the site's HTML as text,
+  never as a tag (checked with ``html.parser`` on every page: no element carries ``onerror``).
+* Damage: a run without its record or its hashes, a replaced or added figure, a folder, FIFO or link in
+  a file's place, a compression bomb: each a named, skipped damaged run, never a crash or a hang.
+* Inputs: YAML aliases and deep nesting refused, decode errors naming the file, ``--timeout`` below 1,
+  the same ``-p`` key twice and a ``-p`` key also swept: refused before any folder exists.
+
+Runs use ``robust_helpers.fake_execute`` in place of papermill (a real results.nc in milliseconds).
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+from html.parser import HTMLParser
+from pathlib import Path
+
+import netCDF4
+import numpy as np
+import papermill
+import pytest
+
+import attnum.site
+from attnum import cli, ncio, runs
+from attnum.paths import UnsafePathError
+
+import robust_helpers as rh
+
+STUDY = "length_scaling"
+PAYLOAD = "x`<img src=x onerror=alert(1)>`"
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(papermill, "execute_notebook", rh.fake_execute)
+    monkeypatch.setattr(runs.store, "_SWAP_HOOK", None)
+    monkeypatch.delenv("FAKE_VALUE", raising=False)
+    return rh.fake_execute
+
+
+@pytest.fixture
+def victim(tmp_path):
+    """A folder outside the outputs root, with a file and a subfolder: what a planted link points at."""
+    v = tmp_path / "victim"
+    (v / "sub").mkdir(parents=True)
+    (v / "sub" / "data.txt").write_text("keep me\n")
+    (v / "precious.txt").write_text("precious\n")
+    return v
+
+
+def _tree(folder: Path) -> list[tuple[str, str]]:
+    return sorted((str(p.relative_to(folder)), p.read_text() if p.is_file() else "<dir>") for p in folder.rglob("*"))
+
+
+def _failing(input_path, output_path, parameters=None, **kwargs):
+    raise RuntimeError(PAYLOAD)
+
+
+# -- links: never followed --
+
+def test_a_failure_never_deletes_what_a_planted_failed_link_points_at(outputs, fake, victim, monkeypatch):
+    runs.run(STUDY, "smoke", progress=False)
+    before = _tree(victim)
+    (outputs / STUDY / "smoke.failed").symlink_to(victim)
+    monkeypatch.setattr(papermill, "execute_notebook", _failing)
+    with pytest.raises(runs.RunError):
+        runs.run(STUDY, "smoke", progress=False)
+    assert _tree(victim) == before
+    failed = outputs / STUDY / "smoke.failed"  # now the run's own failure record
+    assert ncio.read_record(failed)["status"] == "failed"
+
+
+def test_a_planted_versions_link_is_refused_by_clean_and_by_a_run(outputs, fake, victim):
+    runs.run(STUDY, "smoke", progress=False, name="other")
+    versions = outputs / STUDY / runs.store.VERSIONS
+    (versions / "smoke").symlink_to(victim)
+    before = _tree(victim)
+    removed = runs.clean()
+    assert _tree(victim) == before
+    assert [line for line in removed if line.startswith(f"refused {versions / 'smoke'}")]
+    with pytest.raises(UnsafePathError, match=r"\.versions/smoke is a symbolic link"):
+        runs.run(STUDY, "smoke", progress=False)
+    assert _tree(victim) == before
+
+
+def test_a_planted_lock_link_is_never_written_through(outputs, fake, victim):
+    runs.run(STUDY, "smoke", progress=False, name="other")
+    lock = outputs / STUDY / runs.store.LOCKS / "smoke.lock"
+    lock.symlink_to(victim / "precious.txt")
+    before = _tree(victim)
+    with pytest.raises(UnsafePathError, match=r"smoke\.lock is a symbolic link"):
+        runs.run(STUDY, "smoke", progress=False)
+    runs.clean()
+    assert _tree(victim) == before
+    assert not (outputs / STUDY / "smoke").exists()
+
+
+def test_a_study_folder_that_is_a_link_is_not_cleaned(outputs, fake, victim):
+    stale = victim / runs.store.VERSIONS / "smoke" / "20260101T000000-1-abcdef"
+    stale.mkdir(parents=True)
+    (stale / "results.nc").write_text("someone else's file\n")
+    outputs.mkdir()
+    (outputs / STUDY).symlink_to(victim)
+    before = _tree(victim)
+    removed = runs.clean()
+    assert _tree(victim) == before
+    assert [line for line in removed if line.startswith(f"refused {outputs / STUDY}")]
+
+
+def test_a_planted_run_pointer_is_not_read_as_a_run(outputs, fake, tmp_path):
+    (good,) = [runs.run(STUDY, "smoke", {"head_dim": 32}, sweep_dims=["head_dim"], progress=False)]
+    elsewhere = tmp_path / "elsewhere"
+    runs.run(STUDY, "smoke", {"head_dim": 64}, sweep_dims=["head_dim"], progress=False,
+             outputs=tmp_path / "other")
+    src = tmp_path / "other" / STUDY / "smoke@head_dim=64"
+    elsewhere.mkdir()
+    for f in src.iterdir():
+        (elsewhere / f.name).write_bytes(f.read_bytes())
+    (outputs / STUDY / "smoke@head_dim=64").symlink_to(elsewhere)  # a complete, consistent run, outside
+    assert ncio.run_folders(STUDY) == [good]
+    merged = ncio.open_study(STUDY)
+    assert merged["head_dim"].values.tolist() == [32]
+    with pytest.raises(attnum.site.PublishError, match=r"smoke@head_dim=64 is a symbolic link"):
+        attnum.site.publish()
+
+
+# -- data never becomes markup --
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags, self.text = [], []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def _parse(path: Path) -> _Page:
+    page = _Page()
+    page.feed(path.read_text())
+    return page
+
+
+def _forge(folder: Path, **changes) -> None:
+    """Rewrite a run's record consistently (what anyone who can write the folder can do)."""
+    record = ncio.read_record(folder)
+    record.update(changes)
+    record.pop("checksum", None)
+    ncio.write_record(folder, record)
+
+
+def test_data_reaches_the_site_as_text_never_as_a_tag(outputs, fake, monkeypatch):
+    run = runs.run(STUDY, "smoke", {"head_dim": 32}, progress=False, name="default")
+    results = run / "results.nc"
+    ds = ncio.open_results(results)
+    ds.attrs["device"] = PAYLOAD  # the NetCDF device attribute: on index.html
+    results.unlink()
+    ds.to_netcdf(results, engine="netcdf4")
+    record = ncio.read_record(run)
+    _forge(run, param_set="default", overrides={"kernel": PAYLOAD},  # provenance "overrides"
+           parameters={**record["parameters"], "kernel": PAYLOAD},  # the parameter table
+           results_sha256=ncio.file_sha256(results))
+    monkeypatch.setattr(papermill, "execute_notebook", _failing)  # a failed run's error: on runs.html
+    with pytest.raises(runs.RunError):
+        runs.run(STUDY, "smoke", {"head_dim": 64}, progress=False)
+    monkeypatch.setattr(papermill, "execute_notebook", rh.fake_execute)
+    named = runs.run(STUDY, "smoke", {"head_dim": 16}, progress=False)
+    (named / f"{PAYLOAD}.png").write_bytes(b"\x89PNG\r\n")  # a figure's file name: named as damage
+    with contextlib.suppress(attnum.site.PublishError):  # that run is damaged: publish exits non-zero
+        attnum.site.publish()
+    site = outputs / "site"
+    pages = sorted(site.rglob("*.html"))
+    live = [(p.name, tag, attrs) for p in pages for tag, attrs in _parse(p).tags
+            if "onerror" in attrs or (tag == "img" and attrs.get("src") == "x")]
+    assert live == []
+    shown = "<img src=x onerror=alert(1)>"  # and each payload is on its page, as text
+    index = "".join(_parse(site / "index.html").text)
+    assert index.count(shown) >= 2  # the device attribute, the damaged run's figure name
+    assert shown in "".join(_parse(site / "runs.html").text)  # the failed run's error
+    page = "".join(_parse(site / STUDY / "default" / "notebook.html").text)
+    assert page.count(shown) >= 3  # overrides, parameter table, device
+
+
+# -- damage: named and skipped, never a crash or a hang --
+
+def _sweep_runs(*head_dims):
+    return [runs.run(STUDY, "smoke", {"head_dim": d}, sweep_dims=["head_dim"], progress=False) for d in head_dims]
+
+
+def _with_figure(input_path, output_path, parameters=None, **kwargs):
+    rh.fake_execute(input_path, output_path, parameters, **kwargs)
+    (Path(parameters["output_dir"]) / "fig.png").write_bytes(b"\x89PNG\r\n\x1a\nfigure")
+
+
+def _bomb(path: Path, n: int) -> None:
+    """A results file whose one variable decodes to ``8 n`` bytes of zeros and takes a few hundred KB."""
+    path.unlink()
+    with netCDF4.Dataset(path, "w") as nc:
+        nc.createDimension("i", n)
+        var = nc.createVariable("zeros", "f8", ("i",), zlib=True, complevel=9, chunksizes=(1 << 20,))
+        block = np.zeros(1 << 22)
+        for start in range(0, n, block.size):
+            var[start:start + block.size] = block[: n - start]
+
+
+def _damage(bad: Path, kind: str, monkeypatch) -> None:
+    record, results = bad / "RUN.json", bad / "results.nc"
+    if kind == "record deleted":
+        record.unlink()
+    elif kind == "hash keys removed":
+        body = {k: v for k, v in json.loads(record.read_text()).items() if k not in ("results_sha256", "checksum")}
+        record.write_text(json.dumps(body))
+    elif kind == "results replaced, hash dropped":
+        results.write_bytes(results.read_bytes())  # rewritten, and the record forged without its hash
+        _forge(bad, results_sha256=None)
+    elif kind == "figure replaced":
+        (bad / "fig.png").write_bytes(b"\x89PNG\r\n\x1a\nanother figure")
+    elif kind == "figure added":
+        (bad / "extra.png").write_bytes(b"\x89PNG\r\n\x1a\nplanted")
+    elif kind == "results.nc a folder":
+        results.unlink()
+        results.mkdir()
+    elif kind == "RUN.json a FIFO":
+        record.unlink()
+        os.mkfifo(record)
+    elif kind == "results.nc a link":
+        elsewhere = bad.parent.parent / "elsewhere.nc"
+        elsewhere.write_bytes(results.read_bytes())
+        results.unlink()
+        results.symlink_to(elsewhere)
+    elif kind == "compression bomb":
+        monkeypatch.setenv("ATTNUM_MAX_RESULTS_BYTES", str(64 * 2**20))
+        _bomb(results, 1 << 25)  # 256 MiB decoded
+        _forge(bad, results_sha256=ncio.file_sha256(results))  # a consistent record: only the size tells
+    else:
+        raise AssertionError(kind)
+
+
+DAMAGE = ["record deleted", "hash keys removed", "results replaced, hash dropped", "figure replaced",
+          "figure added", "results.nc a folder", "RUN.json a FIFO", "results.nc a link", "compression bomb"]
+
+
+def _guarded(fn, limit=120.0):
+    """Call ``fn`` in a thread; a hang (a FIFO read) fails the test instead of blocking it forever."""
+    out = {}
+
+    def target():
+        try:
+            out["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            out["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(limit)
+    assert not t.is_alive(), "hung (a FIFO read, a lost scheduler)"
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_each_kind_of_damage_is_a_named_skipped_run(outputs, fake, monkeypatch, kind):
+    monkeypatch.setattr(papermill, "execute_notebook", _with_figure)
+    good, bad = _sweep_runs(32, 64)
+    _damage(bad, kind, monkeypatch)
+    with pytest.raises(ncio.DamagedRunError, match=bad.name):  # the bomb's record is consistent: its size tells
+        _guarded(lambda: (ncio.verify_run(bad), ncio.open_results(bad / "results.nc")))
+    with pytest.warns(ncio.DamagedRunWarning, match=bad.name):
+        merged = _guarded(lambda: ncio.open_study(STUDY))
+    assert merged["head_dim"].values.tolist() == [32]
+    assert bad.name in json.loads(merged.attrs["skipped_runs"])
+    ncio.verify_run(good)
+
+
+def test_publish_names_every_damaged_run_and_publishes_the_rest(outputs, fake, monkeypatch):
+    monkeypatch.setattr(papermill, "execute_notebook", _with_figure)
+    head_dims = list(range(16, 16 + len(DAMAGE) + 1))
+    good, *bad = _sweep_runs(*head_dims)
+    assert ncio.read_record(good)["figures_sha256"] == {"fig.png": ncio.file_sha256(good / "fig.png")}
+    for folder, kind in zip(bad, DAMAGE):
+        _damage(folder, kind, monkeypatch)
+    with pytest.raises(attnum.site.PublishError) as err:
+        _guarded(attnum.site.publish)
+    assert [b.name for b in bad if b.name not in str(err.value)] == []
+    html = "".join(_parse(outputs / "site" / "runs.html").text)
+    assert [b.name for b in bad if b.name not in html] == []
+    assert (outputs / "site" / STUDY / good.name / "fig.png").read_bytes() == (good / "fig.png").read_bytes()
+    assert not (outputs / "site" / STUDY / bad[DAMAGE.index("figure added")].name / "extra.png").exists()
+
+
+@pytest.mark.parametrize("record", ["bare", "checksummed, no hashes"])
+def test_clean_never_recovers_a_planted_unverified_running_folder(outputs, record):
+    study = outputs / STUDY
+    planted = study / ".smoke.running-999999999-1"
+    ncio.write_results(rh.dataset(0.5), planted / "results.nc", study=STUDY, params={}, variables=rh.TABLE)
+    if record == "bare":
+        (planted / "RUN.json").write_text(json.dumps({"status": "ok"}))
+    else:
+        ncio.write_record(planted, {"status": "ok"})
+    runs.clean()
+    assert not (study / "smoke").exists() and not (study / "smoke").is_symlink()
+    assert not list(study.glob(f"{runs.store.VERSIONS}/*/recovered-*"))
+
+
+# -- inputs refused before any work --
+
+ALIASES = ("[&a [1, 1, 1, 1, 1, 1, 1, 1], &b [*a, *a, *a, *a, *a, *a, *a, *a], "
+           "&c [*b, *b, *b, *b, *b, *b, *b, *b], &d [*c, *c, *c, *c, *c, *c, *c, *c]]")
+
+
+def test_yaml_aliases_are_refused_in_values_and_grid_files(tmp_path):
+    with pytest.raises(runs.ParameterError, match="aliases"):
+        runs.parse_value(ALIASES)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"seeds: {ALIASES}\n")
+    with pytest.raises(runs.ParameterError, match=r"grid\.yaml, line 1: YAML anchors and aliases"):
+        runs.parse_grid(str(grid))
+
+
+def test_deep_nesting_and_undecodable_files_are_refused_by_name(tmp_path):
+    with pytest.raises(runs.ParameterError, match="nested more than 32 levels"):
+        runs.parse_value("[" * 5000 + "]" * 5000)
+    grid = tmp_path / "grid.yaml"
+    grid.write_bytes(b"seeds: [0, 1]\n# \xff\xfe\n")
+    with pytest.raises(runs.ParameterError, match=r"grid\.yaml: not UTF-8"):
+        runs.parse_grid(str(grid))
+
+
+def test_a_timeout_below_one_second_is_refused(outputs, fake, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["run", STUDY, "--params", "smoke", "--timeout", "-5", "--outputs", str(outputs)])
+    assert exit_.value.code == 2 and "--timeout: must be >= 1, got -5" in capsys.readouterr().err
+    with pytest.raises(runs.ParameterError, match="timeout must be"):
+        runs.run(STUDY, "smoke", timeout=-5, progress=False)
+    assert not outputs.exists()
+
+
+def test_a_key_given_twice_or_both_swept_and_fixed_is_refused(outputs, fake, capsys):
+    code = cli.main(["run", STUDY, "--params", "smoke", "-p", "head_dim", "32", "-p", "head_dim", "64",
+                     "--outputs", str(outputs), "--no-progress"])
+    assert code == 2 and "-p head_dim is given twice" in capsys.readouterr().err
+    code = cli.main(["sweep", STUDY, "--params", "smoke", "--grid", "head_dim=32,64", "-p", "head_dim", "16",
+                     "--outputs", str(outputs), "--dry-run"])
+    assert code == 2 and "head_dim: given both in --grid and with -p" in capsys.readouterr().err
+    assert not outputs.exists()
+
+
+def _as_owner_without_rights(fn):
+    """Call ``fn`` as a user whom permissions bind: this one, or (as root, who reads everything) a forked
+    child switched to ``nobody``; returns what ``fn`` returned, or the text of what it raised."""
+    if os.geteuid() != 0:
+        try:
+            return fn()
+        except Exception as exc:  # noqa: BLE001 - compared by the test
+            return f"raised {type(exc).__name__}: {exc}"
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(read)
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                out = fn()
+            except Exception as exc:  # noqa: BLE001
+                out = f"raised {type(exc).__name__}: {exc}"
+            os.write(write, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as fh:
+        data = fh.read()
+    os.waitpid(pid, 0)
+    return json.loads(data.decode())
+
+
+def test_an_unreadable_run_folder_is_a_named_damaged_run(fake, monkeypatch):
+    import shutil
+    import tempfile
+
+    scratch = Path(tempfile.mkdtemp(prefix="attnum-unreadable-"))  # outside pytest's 0700 folders
+    try:
+        scratch.chmod(0o755)
+        outputs = scratch / "outputs"
+        monkeypatch.setenv("ATTNUM_OUTPUTS", str(outputs))
+        good, bad = _sweep_runs(32, 64)
+        if os.geteuid() == 0:
+            for p in [outputs, *outputs.rglob("*")]:
+                os.chown(p, 65534, 65534, follow_symlinks=False)
+        os.chmod(bad.resolve(), 0)
+
+        def probe():
+            import warnings
+
+            with warnings.catch_warnings(record=True):
+                warnings.simplefilter("always")
+                merged = ncio.open_study(STUDY)
+            return {"merged": merged["head_dim"].values.tolist(),
+                    "skipped": sorted(json.loads(merged.attrs["skipped_runs"])),
+                    "clean": [line for line in runs.clean() if bad.name in line],
+                    "site": [bool(damage and "cannot be read" in damage)  # what publish names as damaged
+                             for _, folder, damage in attnum.site._run_folders(outputs) if folder.name == bad.name]}
+
+        out = _as_owner_without_rights(probe)
+        assert out == {"merged": [32], "skipped": [bad.name], "clean": [], "site": [True]}, out
+    finally:
+        for p in scratch.rglob("*"):
+            if not p.is_symlink():
+                with contextlib.suppress(OSError):
+                    os.chmod(p, 0o755)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def test_clean_removes_the_old_site_a_killed_publish_left(outputs):
+    old = outputs / ".site.old-999999999-abcdef"
+    (old / "_static").mkdir(parents=True)
+    (old / "index.html").write_text("<html></html>")
+    removed = runs.clean()
+    assert not old.exists() and str(old) in removed
+
+
+def test_an_outputs_path_that_is_a_file_is_refused(tmp_path, capsys):
+    file = tmp_path / "passwd"
+    file.write_text("root:x:0:0\n")
+    for argv in (["run", STUDY, "--params", "smoke"], ["publish"], ["clean"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.main([*argv, "--outputs", str(file)])
+        assert exit_.value.code == 2 and f"--outputs: {file} is not a folder" in capsys.readouterr().err
+    assert file.read_text() == "root:x:0:0\n"
+
+
+# -- hangs --
+
+class _Future:
+    def __init__(self, key):
+        self.key = key
+
+    def done(self):
+        return False  # its scheduler is gone: it never finishes
+
+
+class _LostClient:
+    """A client whose scheduler dies once the first run is handed to it (``status`` as distributed sets it)."""
+
+    status = "running"
+
+    class scheduler:  # noqa: N801 - the attribute distributed.Client has
+        address = "tcp://127.0.0.1:8786"
+
+    def wait_for_workers(self, n, timeout=None):
+        return None
+
+    def nthreads(self):
+        return {"w": 1}
+
+    def scheduler_info(self, n_workers=-1):
+        return {"workers": {"w": {"nthreads": 1}}, "services": {}}
+
+    def run_on_scheduler(self, fn):
+        return False
+
+    def subscribe_topic(self, topic, handler):
+        return None
+
+    def unsubscribe_topic(self, topic):
+        return None
+
+    def submit(self, *args, key=None, **kwargs):
+        self.status = "closed"
+        return _Future(key)
+
+    def cancel(self, futures):
+        raise RuntimeError("ClosedClientError")
+
+
+def test_a_lost_scheduler_fails_the_sweep_with_its_summary(outputs):
+    from attnum.runs import batch
+
+    tasks = batch.plan_sweep(STUDY, {"head_dim": [32, 64]}, "smoke", {})
+    lines = []
+    with pytest.raises(batch.BatchError, match="lost the Dask scheduler"):
+        _guarded(lambda: batch.run_batch(tasks, outputs=outputs, client=_LostClient(), log=lines.append), 60)
+    summary = [line for line in lines if "lost the Dask scheduler" in line or "not started" in line]
+    assert summary and not (outputs / STUDY).exists()
