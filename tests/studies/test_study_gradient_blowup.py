@@ -668,3 +668,16 @@ def test_late_diagnostic_states_each_measure_on_its_own():
     nothing = readings.late_diagnostic(None)
     assert np.isnan(nothing["global_max"]) and nothing["row_passes_100"] is None
     assert np.isnan(nothing["global_pass_fraction"]) and np.isnan(nothing["row_pass_fraction"])
+
+
+def test_without_records_the_gpu_figures_are_one_empty_panel_saying_so():
+    """The gpu tier has no training records: its figure cells still run and say what is absent."""
+    import matplotlib.pyplot as plt
+
+    from attnum.studies.late_training_gradient_blowup import figures
+
+    for fig in (figures.plot_gpu_training(None), figures.plot_gpu_training(xr.Dataset())):
+        (ax,) = fig.axes
+        assert not ax.axison
+        assert [t.get_text() for t in ax.texts] == ["no GPU training records in this run"]
+        plt.close(fig)

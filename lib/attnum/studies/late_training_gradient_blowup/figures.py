@@ -359,7 +359,8 @@ def no_records_figure(what: str):
     """An empty panel that says ``what`` is absent (a run without the GPU training records)."""
     from ...plots import subplots
 
-    fig, ax = subplots(1, 1, figsize=(6, 1.5))
+    fig, axes = subplots(1, 1, figsize=(6, 1.5))
+    ax = axes[0][0]
     ax.axis("off")
     ax.text(0.5, 0.5, f"no {what} in this run", ha="center", va="center")
     return fig
