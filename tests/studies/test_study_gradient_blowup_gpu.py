@@ -334,3 +334,13 @@ def test_growth_reading_takes_the_largest_pass_and_reads_the_same_layer_of_its_s
     assert math.isnan(out["repeat_dq_rel_err"]) and math.isnan(out["gproj_dq_rel_err"]) and math.isnan(out["second_layer"])
     table = readings_gpu.same_layer_elsewhere(calm.assign({gpu_training.GPU_DQ_METRIC: raised}), flash, 1, int(steps[1]))
     assert list(table["run"]) == [fp32] and table["dq_rel_err"].iloc[0] == 0.0
+
+
+def test_the_committed_gpu_training_run_is_read_in_the_one_record_schema():
+    """The committed run predates the one schema: section 10 reads its per-block norm as grad_norm."""
+    committed = ncio.committed_run("late_training_gradient_blowup", "gpu_training")
+    assert committed is not None and "grad_norm_layer" in committed
+    ds = readings_gpu.records_run(None, committed)
+    assert "layer" in ds["grad_norm"].dims and "layer" not in ds["grad_norm_total"].dims
+    np.testing.assert_array_equal(ds["grad_norm"].values, committed["grad_norm_layer"].values)
+    np.testing.assert_array_equal(ds["grad_norm_total"].values, committed["grad_norm"].values)

@@ -517,10 +517,14 @@ def memorisation(ds: xr.Dataset | None, val_rise: float | None = None, dq_rise: 
 def records_run(ds: xr.Dataset, committed: xr.Dataset | None) -> xr.Dataset | None:
     """The records section 10 reads: ``ds`` when it gathered them (the ``gpu_training`` tier), else the
     committed ``gpu_training`` run (``committed``) when it holds records, else None (every table empty,
-    every glued value n/a)."""
+    every glued value n/a). A run gathered before the one record schema is read in it
+    (``attnum.train.record.convert``: its whole-model ``grad_norm`` becomes ``grad_norm_total``, its
+    per-block ``grad_norm_layer`` becomes ``grad_norm``)."""
+    from ...train import record
+
     for run in (ds, committed):
         if _have(run):
-            return run
+            return record.convert(run)
     return None
 
 
