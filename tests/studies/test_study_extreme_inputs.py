@@ -233,13 +233,16 @@ def test_gpu_readback_helpers_on_the_cpu_run(smoke, tmp_path, monkeypatch):
     padding = findings.loc[("bf16", "nan_in_masked_key", "bool")]
     assert padding["sdpa:flash"] == "NaN 100%" and padding["sdpa:math"] == "NaN 100%"
     assert "normal" not in findings.index.get_level_values("input")  # N(0, 1) inputs: every kernel as golden
-    # the committed-run loader: nothing there -> None; a CPU run there -> None (not a GPU run)
+    # the committed-run loader: nothing there -> None; a CPU run there -> None (not a GPU run); a results
+    # file without its record is a damaged run, named, never read
     monkeypatch.setenv("ATTNUM_ROOT", str(tmp_path))
     monkeypatch.delenv("ATTNUM_OUTPUTS", raising=False)
     assert real_kernels.load_gpu_run() is None
-    (tmp_path / "outputs" / "extreme_inputs" / "gpu").mkdir(parents=True)
-    shutil.copy(path / "results.nc", tmp_path / "outputs" / "extreme_inputs" / "gpu" / "results.nc")
+    shutil.copytree(path, tmp_path / "outputs" / "extreme_inputs" / "gpu")
     assert real_kernels.load_gpu_run() is None
+    (tmp_path / "outputs" / "extreme_inputs" / "gpu" / "RUN.json").unlink()
+    with pytest.raises(ncio.DamagedRunError, match="extreme_inputs/gpu: RUN.json is missing"):
+        real_kernels.load_gpu_run()
 
 
 def test_real_kernel_readings_on_the_cpu_run(smoke):
