@@ -44,8 +44,8 @@ def _flags(cfg: dict) -> list:
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in dist.TORCHRUN_ENV}
     env.update(PYTHONPATH=str(LIB), OMP_NUM_THREADS="1", TRITON_INTERPRET="0")
-    env.pop("NCCL_NVLS_ENABLE", None)
-    env.pop("TORCH_SYMM_MEM_DISABLE_MULTICAST", None)
+    for key in dist.MULTICAST_OFF:  # the launcher must set them itself
+        env.pop(key, None)
     return env
 
 
@@ -81,7 +81,7 @@ def test_two_gloo_processes_train_as_one_process_over_the_same_global_batch(one_
     assert [p.name for p in (two_ranks / "ckpt").iterdir()] == [dist.CHECKPOINT]
     two, one = record.open_record(records[0]), one_process.records
     assert two.attrs["dist_world_size"] == 2 and two.attrs["dist_backend"] == "gloo"
-    assert (two.attrs["env_NCCL_NVLS_ENABLE"], two.attrs["env_TORCH_SYMM_MEM_DISABLE_MULTICAST"]) == ("0", "1")
+    assert {key: two.attrs[f"env_{key}"] for key in dist.MULTICAST_OFF} == dist.MULTICAST_OFF
     assert one.attrs["dist_world_size"] == 1 and one.attrs["dist_backend"] == "none"
     assert two.attrs["data_order_sha256"] == one.attrs["data_order_sha256"]
     assert two.attrs["stop_reason"] == "stop_at" and list(two["step"].values) == list(range(11))
@@ -155,7 +155,7 @@ def test_a_global_batch_that_does_not_split_is_refused_before_any_work(tmp_path,
 
 def test_multicast_off_sets_both_variables_and_warns_about_an_override():
     env = dist.multicast_off({})
-    assert env == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    assert env == {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
     with pytest.warns(UserWarning, match="NCCL_NVLS_ENABLE=1 overridden to 0"):
         assert dist.multicast_off({"NCCL_NVLS_ENABLE": "1"})["NCCL_NVLS_ENABLE"] == "0"
 
@@ -209,3 +209,25 @@ def test_a_one_process_run_is_bitwise_the_trainer_before_data_parallelism(tmp_pa
                  d_model=16, attention=("sdpa:flash", "sdpa:math")), progress=False)
     assert torch.equal(torch.from_numpy(task.records["loss"].values), ref["task_loss"])
     assert all(torch.equal(p, ref["task"][n]) for n, p in task.model.state_dict().items())
+
+
+def test_every_long_run_plan_is_a_valid_configuration_for_its_ranks():
+    import re
+
+    import yaml
+
+    from attnum.train.__main__ import load_plan
+
+    path = ROOT / "params" / "lm" / "long_run.yaml"
+    plans = yaml.safe_load(path.read_text())
+    assert {"long_474m_x1", "long_474m_x8", "long_gpt2s_x8"} <= set(plans)
+    for name in plans:
+        plan = load_plan(name, str(path))
+        ranks = int(re.fullmatch(r".*_x(\d+)", name).group(1))
+        cfg = TrainConfig.byte_lm(**{**plan, "device": "cpu"})
+        dist.check_world_size(cfg.batch_size, ranks)
+        assert cfg.batch_size // ranks == 16 and cfg.steps * 128 * cfg.context >= 2.5e10, name  # at 8 x 16
+    big = TrainConfig.byte_lm(**{**load_plan("long_474m_x8", str(path)), "device": "cpu"})
+    n = GPTConfig.byte_lm(big.kernel, n_layer=big.n_layer, n_head=big.n_head, d_model=big.d_model,
+                          context=big.context).n_params()
+    assert 4.4e8 < n < 4.8e8  # seed 004's 450M class

@@ -158,6 +158,10 @@ def main(argv=None) -> int:
             cfg = TrainConfig.byte_lm(**{k: v for k, v in vars(args).items() if k in fields})
             if args.nproc_per_node and dist.launched_by_torchrun():
                 raise ValueError("--nproc-per-node in a process torchrun started: give one or the other")
+            if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+                raise ValueError("--resume and --checkpoint-every need --checkpoint-dir")
+            if args.resume and not os.path.isfile(os.path.join(args.checkpoint_dir, dist.CHECKPOINT)):
+                raise ValueError(f"--resume: no checkpoint {dist.CHECKPOINT} in {args.checkpoint_dir}")
             world_size = args.nproc_per_node or int(os.environ.get("WORLD_SIZE", "1"))
             dist.check_world_size(cfg.batch_size, world_size)  # before any work
         except ValueError as exc:

@@ -27,10 +27,13 @@ What each rank does (``World``):
   interval's speed; any vote stops all. So a data-parallel budget stop always falls on a logged row.
 
 NVLink multicast stays off in every process this starts or joins (``MULTICAST_OFF``: ``NCCL_NVLS_ENABLE=0``,
-``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``): the lent multi-GPU machines must not use NVLink SHARP/multicast
-(the device tool's KINDS.md), and NCCL picks NVLS by itself on NVSwitch systems when it is allowed. NCCL
-and torch's symmetric memory read these variables when a communicator is made, so they are set before the
-process group starts, overriding what the environment said (a warning names an overridden value).
+``TORCH_SYMM_MEM_DISABLE_MULTICAST=1``, and NVSHMEM's ``NVSHMEM_DISABLE_NVLS=1``): on the lent multi-GPU
+machines a program that uses NVLink multicast can put the host's shared GPUs out of service for a day or more
+(the device tool's KINDS.md), and NCCL picks NVLS (NVLink SHARP, multicast) by itself on NVSwitch systems
+when it is allowed. NCCL and torch's symmetric memory read these variables when a communicator is made, so
+they are set before the process group starts (and in the environment of the torchrun that
+``--nproc-per-node`` starts), overriding what the environment said (a warning names an overridden value);
+the record keeps the values its rank 0 saw (``env_*`` attributes).
 
 Checkpoints (``save_checkpoint``/``load_checkpoint``): one file ``checkpoint.pt`` per run in the checkpoint
 folder, written atomically by rank 0: per member the weights, the AdamW state and the loss scaler's state;
@@ -56,7 +59,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 """Environment of every process a run starts: NVLink multicast (NVLS, symmetric-memory multicast) off."""
 TORCHRUN_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
 CHECKPOINT = "checkpoint.pt"

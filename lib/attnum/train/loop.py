@@ -593,8 +593,11 @@ def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback, w
     def write_record():
         return record.write(state, out_path) if main else None
 
+    written = []  # the steps of the checkpoints written
+
     def write_checkpoint(done):
-        if main and checkpoint_dir is not None:
+        if main and checkpoint_dir is not None and done not in written:
+            written.append(done)
             dist.save_checkpoint(checkpoint_dir, cfg=cfg, members=members, done=done, run_state=state,
                                  final_cost=final_cost, wall_s=offset + time.monotonic() - t_start)
 
