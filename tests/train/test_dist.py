@@ -231,3 +231,22 @@ def test_every_long_run_plan_is_a_valid_configuration_for_its_ranks():
     n = GPTConfig.byte_lm(big.kernel, n_layer=big.n_layer, n_head=big.n_head, d_model=big.d_model,
                           context=big.context).n_params()
     assert 4.4e8 < n < 4.8e8  # seed 004's 450M class
+
+
+@pytest.mark.gpu
+def test_one_rank_on_one_gpu_under_torchrun(tmp_path):
+    # the one-GPU case of the data-parallel code (nccl, cuda:LOCAL_RANK), stopped and continued; GPU training is
+    # not bitwise reproducible (atomics in some backward kernels), so the losses are checked to be finite and falling
+    cfg = {**TINY, "device": "cuda", "kernel": "sdpa:flash", "autocast": "bf16"}
+    common = ["--nproc-per-node", "1", *_flags(cfg), "--out", str(tmp_path / "out"), "--checkpoint-dir",
+              str(tmp_path / "ckpt")]
+    first = _cli(*common, "--stop-at", "10")
+    assert first.returncode == 0, first.stderr[-3000:]
+    rest = _cli(*common, "--resume")
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    (path,) = (tmp_path / "out").iterdir()
+    ds = record.open_record(path)
+    assert ds.attrs["dist_backend"] == "nccl" and ds.attrs["dist_world_size"] == 1
+    assert json.loads(ds.attrs["resumed_at"]) == [10] and list(ds["step"].values) == list(range(21))
+    loss = _loss(path)[1:]
+    assert np.isfinite(loss).all() and loss[-1] < loss[0] - 0.5

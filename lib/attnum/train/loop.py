@@ -544,7 +544,7 @@ def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback, w
         offset = dist.elapsed_offset(payload)
         state.resumed_at = list(state.resumed_at) + [payload["done"]]
     if cfg.time_attention and main:
-        shape = (cfg.batch_size, cfg.n_head, cfg.context, lm_cfg.head_dim)
+        shape = (cfg.batch_size // world.size, cfg.n_head, cfg.context, lm_cfg.head_dim)  # one rank's shard
         for m in members:
             m.timing = diag.time_attention(m.choice, shape, device)
             state.attention_timing[m.label] = m.timing
