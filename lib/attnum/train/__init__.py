@@ -22,6 +22,8 @@ Modules
              folder of records -> one Dataset), ``pair_drift`` and ``sketch_drift`` (for
              ``attnum.drift.aggregate``), ``summary``
     bench    the step-time benchmark of every attention choice
+    dist     data-parallel corpus runs under torchrun (``World``: DDP, rank 0's records, NVLink multicast off)
+             and the checkpoints a later command continues from
 
 The model is ``attnum.model.GPT`` at both scales; ``GPTConfig.byte_lm`` is the corpus runs' setting
 (bf16 autocast for the matmuls, attention ``AttentionChoice`` = registry name [@dtype] called outside
@@ -35,6 +37,8 @@ Command line (``PYTHONPATH=lib``; every ``TrainConfig`` field but the task runs'
     python -m attnum.train bench --out DIR/bench.json
     python -m attnum.train gather DIR --out gathered.nc
     python -m attnum.train corpus            # this machine's corpus facts (size, files, sha256)
+    python -m attnum.train train --plan pilot --nproc-per-node 8 --batch-size 128 --checkpoint-dir CK --out DIR
+    python -m attnum.train train --plan pilot --nproc-per-node 8 --batch-size 128 --checkpoint-dir CK --out DIR --resume
 
 Attention choices: ``sdpa:flash`` (bf16, PyTorch's FlashAttention-2), ``sdpa:math`` (fp32 by
 default: the baseline, attention computed in fp32 from the bf16-computed projections, TF32 off),
@@ -94,7 +98,7 @@ attention is a real share of the step. Estimated run time on one H200: about 1-2
 """
 from __future__ import annotations
 
-from . import data, diag, loop, record
+from . import data, diag, dist, loop, record
 from .data import IGNORE, PARTS, TASKS, BatchSampler, Corpus, Task
 from .diag import recompute_backward_fp32
 from .record import ATTRS, LAYER_RECORDS, STEP_RECORDS, record_variables, records_dataset
@@ -103,6 +107,6 @@ from .loop import (AUTOCAST, LiveDiagnostic, TrainConfig, TrainResult, build_mod
 
 __all__ = ["ATTRS", "AUTOCAST", "BatchSampler", "Corpus", "IGNORE", "LAYER_RECORDS", "LiveDiagnostic",
            "PARTS", "STEP_RECORDS", "TASKS", "Task", "TrainConfig", "TrainResult", "build_model", "data", "diag",
-           "learning_rate", "load_checkpoint", "loop", "preserve_gradients", "recompute_backward_fp32", "record",
-           "record_variables", "records_dataset", "torch_threads", "train", "train_runs",
+           "dist", "learning_rate", "load_checkpoint", "loop", "preserve_gradients", "recompute_backward_fp32",
+           "record", "record_variables", "records_dataset", "torch_threads", "train", "train_runs",
            "validation_loss"]

@@ -28,6 +28,32 @@ def process_start() -> float:
 CAMPAIGN = "params/lm/campaign.yaml"
 
 
+def strip_nproc(argv: list) -> list:
+    """``argv`` without its ``--nproc-per-node N`` (or ``--nproc-per-node=N``)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            out.append(arg)
+    return out
+
+
+def torchrun(nproc: int, argv: list) -> int:
+    """``python -m torch.distributed.run --standalone --nproc-per-node N -m attnum.train ARGV``, NVLink
+    multicast off in its environment (``dist.MULTICAST_OFF``); its exit status."""
+    import subprocess
+
+    from .dist import multicast_off
+
+    env = multicast_off(dict(os.environ))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           "-m", "attnum.train", *argv]
+    return subprocess.call(cmd, env=env)
+
+
 def load_plan(name: str, path: str | None = None) -> dict:
     """The named run of the campaign file (relative to the project root, else to the working
     folder), with ``tag`` set to its name; a clear error for an unknown name or field."""
@@ -71,6 +97,12 @@ def _train_parser(sub):
     p.add_argument("--out", required=True, help="folder for the record")
     p.add_argument("--plan", default=None, help=f"a run of the campaign file ({CAMPAIGN}); flags override it")
     p.add_argument("--campaign", default=None, help=f"another campaign file than {CAMPAIGN}")
+    p.add_argument("--nproc-per-node", type=int, default=0,
+                   help="data parallel: start torchrun with this many processes (one GPU each; gloo on the CPU)")
+    p.add_argument("--checkpoint-dir", default=None, help="folder of the run's checkpoint (written at its stop)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="also a checkpoint every this many steps")
+    p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --checkpoint-dir")
+    p.add_argument("--stop-at", type=int, default=None, help="stop this command after this many steps done")
     for name, default in corpus_defaults().items():
         flag = "--" + name.replace("_", "-")
         if isinstance(default, bool):
@@ -119,13 +151,28 @@ def main(argv=None) -> int:
     if args.command == "train":
         from .loop import TrainConfig, train
 
+        from . import dist
+
         fields = set(corpus_defaults())
         try:
             cfg = TrainConfig.byte_lm(**{k: v for k, v in vars(args).items() if k in fields})
+            if args.nproc_per_node and dist.launched_by_torchrun():
+                raise ValueError("--nproc-per-node in a process torchrun started: give one or the other")
+            if (args.resume or args.checkpoint_every) and not args.checkpoint_dir:
+                raise ValueError("--resume and --checkpoint-every need --checkpoint-dir")
+            if args.resume and not os.path.isfile(os.path.join(args.checkpoint_dir, dist.CHECKPOINT)):
+                raise ValueError(f"--resume: no checkpoint {dist.CHECKPOINT} in {args.checkpoint_dir}")
+            world_size = args.nproc_per_node or int(os.environ.get("WORLD_SIZE", "1"))
+            dist.check_world_size(cfg.batch_size, world_size)  # before any work
         except ValueError as exc:
             print(exc, file=sys.stderr)
             return 2
-        train(cfg, out_dir=args.out, t_start=process_start(), progress=lambda s: print(s, flush=True))
+        if args.nproc_per_node:
+            return torchrun(args.nproc_per_node, strip_nproc(sys.argv[1:] if argv is None else list(argv)))
+        dist.multicast_off()
+        train(cfg, out_dir=args.out, t_start=process_start(), progress=lambda s: print(s, flush=True),
+              checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, resume=args.resume,
+              stop_at=args.stop_at)
         return 0
     if args.command == "bench":
         from . import bench

@@ -62,7 +62,7 @@ from ..model import GPT, IGNORE, AttentionChoice, GPTConfig, grad_norms, perturb
 from ..precision import FORMATS
 from ..progress import tqdm
 from ..timing import Timer
-from . import diag
+from . import diag, dist
 from .data import PARTS, BatchSampler, Corpus, Task
 from .diag import recompute_backward_fp32
 from .record import LAYER_RECORDS, STEP_RECORDS, records_dataset
@@ -316,6 +316,7 @@ class Member:
         self.nonfinite_step = -1             # corpus: first logged step with a non-finite mean loss
         self.read_every_step = False         # task runs read the loss at every step
         self.timing = {}
+        self.forward = model                 # what the step trains through: the model, or its DDP wrapper
 
     def step(self, cfg: TrainConfig, step: int, batch, *, before_clip=None, callback=None):
         """One optimiser step on ``batch``: forward, (scaled) backward, unscaling, ``before_clip(member)``
@@ -324,7 +325,7 @@ class Member:
         model, opt, scaler = self.model, self.opt, self.scaler
         for group in opt.param_groups:
             group["lr"] = cfg.lr_at(step)
-        logits, loss = model(*batch)
+        logits, loss = self.forward(*batch)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.unscale_(opt)
@@ -346,7 +347,8 @@ class Member:
 
 def train(cfg: TrainConfig, task: Task | None = None, model_cfg: GPTConfig | None = None, *, out_dir=None,
           device=None, progress=True, checkpoint_dir: str | Path | None = None, desc: str = "train",
-          callback=None, t_start: float | None = None) -> TrainResult:
+          callback=None, t_start: float | None = None, world=None, resume: bool = False,
+          stop_at: int | None = None, checkpoint_every: int = 0) -> TrainResult:
     """Train as ``cfg`` says (see the module docstring).
 
     Task runs (``cfg.data == "task"``) need ``task`` and ``model_cfg`` (the model; ``cfg.autocast``
@@ -358,6 +360,12 @@ def train(cfg: TrainConfig, task: Task | None = None, model_cfg: GPTConfig | Non
     each backward (gradients unscaled and clipped) and before the update; it must leave weights and
     gradients as it found them (``preserve_gradients``), so that a run with a callback is bitwise the
     run without one.
+
+    Corpus runs only: data-parallel under torchrun (``world``: a ``dist.World``; None: from the
+    environment, one process without torchrun's; see ``attnum.train.dist``); ``checkpoint_dir`` gets the
+    run's checkpoint at its stop (and every ``checkpoint_every`` steps, a multiple of ``log_every``, if
+    > 0), from which ``resume=True`` continues; ``stop_at`` stops the command after that many steps
+    done, as a budget would (the checkpoint's step).
     """
     if device is not None and str(device) != cfg.device:
         cfg = dataclasses.replace(cfg, device=str(device))
@@ -369,10 +377,20 @@ def train(cfg: TrainConfig, task: Task | None = None, model_cfg: GPTConfig | Non
                                callback=callback)
     if out_dir is None:
         raise ValueError("a corpus run (data='corpus') needs out_dir, the folder of its record")
+    if checkpoint_every and (checkpoint_every < 0 or checkpoint_every % cfg.log_every):
+        raise ValueError(f"checkpoint_every ({checkpoint_every}) must be a multiple of log_every ({cfg.log_every})")
+    if (resume or checkpoint_every) and checkpoint_dir is None:
+        raise ValueError("resume and checkpoint_every need checkpoint_dir, the folder of the run's checkpoint")
+    if stop_at is not None and not (isinstance(stop_at, int) and 0 < stop_at <= cfg.steps):
+        raise ValueError(f"stop_at must be a step in 1..{cfg.steps}, got {stop_at!r}")
+    world = dist.World.from_env(cfg) if world is None else world
     say = progress if callable(progress) else (print if progress else (lambda s: None))
+    if not world.is_main:
+        say = lambda s: None  # noqa: E731  (rank 0 speaks for the run)
     with torch_threads(cfg.threads):
         return _train_corpus(cfg, out_dir, t_start=time.monotonic() if t_start is None else t_start, say=say,
-                             callback=callback)
+                             callback=callback, world=world, checkpoint_dir=checkpoint_dir, resume=resume,
+                             stop_at=stop_at, checkpoint_every=checkpoint_every)
 
 
 def _train_task(cfg, task, model_cfg, *, progress, checkpoint_dir, desc, callback) -> TrainResult:
@@ -486,10 +504,13 @@ def _corpus_members(cfg: TrainConfig, device) -> list[Member]:
     return out
 
 
-def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback) -> TrainResult:
+def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback, world, checkpoint_dir=None,
+                  resume=False, stop_at=None, checkpoint_every=0) -> TrainResult:
     from . import record
 
-    device = torch.device(cfg.device)
+    dist.check_world_size(cfg.batch_size, world.size)
+    main = world.is_main
+    device = torch.device(world.device(cfg.device))
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 attention is fp32, not TF32
     torch.backends.cudnn.allow_tf32 = False
     out_dir = Path(out_dir)
@@ -499,39 +520,56 @@ def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback) -
     sampler = BatchSampler(corpus, context=cfg.context, batch_size=cfg.batch_size, steps=cfg.steps,
                            data_seed=cfg.data_seed, device=device, val_windows=cfg.val_windows)
     members = _corpus_members(cfg, device)
+    payload = dist.load_checkpoint(checkpoint_dir, cfg) if resume else None
+    if payload is not None:
+        dist.restore_members(payload, members)
+        dist.set_rng_state(payload["rng"])
+    for m in members:
+        m.forward = world.wrap(m.model)  # DDP broadcasts rank 0's weights: they are every rank's already
     lm_cfg = members[0].model.cfg
     diag_batch = next(sampler.val_batches(cfg.diag_batch))
     say(f"[lm] corpus {corpus.facts['corpus_bytes'] / 1e6:.1f} MB ({corpus.facts['corpus_files']} files, "
         f"sha256 {corpus.facts['corpus_sha256'][:12]}), model {lm_cfg.n_params() / 1e6:.1f} M parameters, "
-        f"members {[m.choice.label for m in members]}, start-up {time.monotonic() - t_start:.1f} s")
+        f"members {[m.choice.label for m in members]}, {world.size} process(es) ({world.backend or 'none'}), "
+        f"start-up {time.monotonic() - t_start:.1f} s")
 
     state = record.RunState(cfg=cfg, lm_cfg=lm_cfg, corpus_facts=corpus.facts, order_sha256=sampler.order_sha256,
                             members=[m.spec | {"attention": m.choice.label} for m in members],
                             tensor_names=diag.tensor_names(members[0].model),
                             tensor_numel=[p.numel() for p in members[0].model.parameters()],
-                            versions=_versions(device))
-    if cfg.time_attention:
-        shape = (cfg.batch_size, cfg.n_head, cfg.context, lm_cfg.head_dim)
+                            versions=_versions(device), world=world.facts())
+    offset = 0.0
+    if payload is not None:
+        dist.restore_run_state(payload, state)
+        offset = dist.elapsed_offset(payload)
+        state.resumed_at = list(state.resumed_at) + [payload["done"]]
+    if cfg.time_attention and main:
+        shape = (cfg.batch_size // world.size, cfg.n_head, cfg.context, lm_cfg.head_dim)  # one rank's shard
         for m in members:
             m.timing = diag.time_attention(m.choice, shape, device)
             state.attention_timing[m.label] = m.timing
     out_path = out_dir / record.record_name(cfg)
 
     def snapshot(step):
+        if not main:
+            return
         state.snapshot_steps.append(step)
         state.sketches.append([diag.weight_sketches(m.model, cfg.sketch_size) for m in members])
         state.weight_l2.append([diag.weight_l2(m.model) for m in members])
         if len(members) == 2:
             state.pair_drift.append(diag.exact_drift(members[0].model, members[1].model))
 
-    def log_row(step, interval_s, interval_steps, do_eval):
-        state.steps.append(step)
-        state.elapsed_s.append(time.monotonic() - t_start)
-        state.lr.append(cfg.lr_at(max(step - 1, 0)))
-        state.step_time_s.append(interval_s / interval_steps if interval_steps else math.nan)
-        for m in members:
+    def log_row(step, interval_s, interval_steps, do_eval, stop_vote=False):
+        """The row of ``step`` (rank 0 records it); returns whether any rank voted stop."""
+        sums, stop = world.reduce_row([m.loss_sum for m in members], stop_vote)
+        if main:
+            state.steps.append(step)
+            state.elapsed_s.append(offset + time.monotonic() - t_start)
+            state.lr.append(cfg.lr_at(max(step - 1, 0)))
+            state.step_time_s.append(interval_s / interval_steps if interval_steps else math.nan)
+        for m, loss_sum in zip(members, sums):
             row = state.member_rows.setdefault(m.label, {})
-            mean_loss = (m.loss_sum / m.loss_count).item() if m.loss_count else math.nan
+            mean_loss = (loss_sum / m.loss_count).item() if m.loss_count else math.nan
             logged = m.loss_count
             m.loss_sum.zero_()
             m.loss_count = 0
@@ -540,6 +578,8 @@ def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback) -
                 m.nonfinite_step = step
                 m.stopped_at = step
             state.nonfinite_step[m.label] = m.nonfinite_step
+            if not main:
+                continue
             layers = state.member_layers.setdefault(m.label, {})
             if m.nonfinite_step < 0:
                 _diagnose(m, diag_batch, layers)
@@ -548,34 +588,62 @@ def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback) -
                     layers.setdefault(key, []).append([math.nan] * cfg.n_layer)
             row.setdefault("val_loss", []).append(validation_loss(m.model, sampler, cfg.batch_size)
                                                   if do_eval and m.nonfinite_step < 0 else math.nan)
+        return stop
 
-    # -- step 0: the initial model --
+    def write_record():
+        return record.write(state, out_path) if main else None
+
+    written = []  # the steps of the checkpoints written
+
+    def write_checkpoint(done):
+        if main and checkpoint_dir is not None and done not in written:
+            written.append(done)
+            dist.save_checkpoint(checkpoint_dir, cfg=cfg, members=members, done=done, run_state=state,
+                                 final_cost=final_cost, wall_s=offset + time.monotonic() - t_start)
+
     nan_norms = ([math.nan] * cfg.n_layer, [math.nan] * cfg.n_layer, math.nan)
-    state.grad_norms.append({m.label: nan_norms for m in members})
-    t_final = time.monotonic()
-    log_row(0, math.nan, 0, True)
-    snapshot(0)
-    record.write(state, out_path)
-    # what the end costs (a last row with diagnostics and evaluation, a snapshot, the record), with a margin
-    final_cost = 1.5 * (time.monotonic() - t_final) + 5.0
+    if payload is None:
+        # -- step 0: the initial model --
+        state.grad_norms.append({m.label: nan_norms for m in members})
+        t_final = time.monotonic()
+        log_row(0, math.nan, 0, True)
+        snapshot(0)
+        write_record()
+        # what the end costs (a last row with diagnostics and evaluation, a snapshot, the record), with a margin
+        final_cost = 1.5 * (time.monotonic() - t_final) + 5.0
+        if checkpoint_dir is not None:  # and a checkpoint, measured by writing the initial one
+            t_ckpt = time.monotonic()
+            write_checkpoint(0)
+            final_cost += 1.5 * (time.monotonic() - t_ckpt)
+        start = 0
+    else:
+        final_cost, start = payload["final_cost"], payload["done"]
+        say(f"[lm] continuing from the checkpoint at step {start} in {checkpoint_dir}")
+    if world.group:  # every rank's final cost is rank 0's (the others' are 0 in the sum)
+        own = torch.tensor(final_cost if main else 0.0, device=device)
+        final_cost = float(world.reduce_row([own], False)[0][0]) * world.size
 
     timer = Timer(device)
-    interval_start, interval_steps, step_s, done = timer.mark(), 0, math.nan, 0
+    interval_start, interval_steps, step_s, done = timer.mark(), 0, math.nan, start
     stop_reason = "steps"
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
+        if stop_at is not None and step >= stop_at:
+            stop_reason = "stop_at"
+            break
         elapsed = time.monotonic() - t_start
-        if cfg.budget_s and elapsed + final_cost + 2 * (step_s if math.isfinite(step_s) else 0) > cfg.budget_s:
+        if cfg.budget_s and not world.group and \
+                elapsed + final_cost + 2 * (step_s if math.isfinite(step_s) else 0) > cfg.budget_s:
             stop_reason = "budget"
             break
-        batch = sampler.batch(step)
+        batch = world.shard(sampler.batch(step))
         is_log = (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps
         norms = {}
         for m in members:
             if m.nonfinite_step >= 0:
                 continue
             m.step(cfg, step, batch, callback=callback,
-                   before_clip=(lambda m: norms.__setitem__(m.label, diag.layer_grad_norms(m.model))) if is_log
-                   else None)
+                   before_clip=(lambda m: norms.__setitem__(m.label, diag.layer_grad_norms(m.model)))
+                   if is_log and main else None)
             m.opt.zero_grad(set_to_none=True)
         interval_steps += 1
         done = step + 1
@@ -586,9 +654,13 @@ def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback) -
             continue
         interval_s = timer.seconds(interval_start, timer.mark())
         step_s = interval_s / interval_steps
-        state.grad_norms.append({m.label: norms.get(m.label, nan_norms) for m in members})
+        if main:
+            state.grad_norms.append({m.label: norms.get(m.label, nan_norms) for m in members})
         do_eval = done % cfg.eval_every == 0
-        log_row(done, interval_s, interval_steps, do_eval)
+        # data parallel: vote stop when the next log_every steps would pass the budget at this interval's speed
+        vote = bool(world.group and cfg.budget_s and time.monotonic() - t_start + final_cost
+                    + (cfg.log_every + 2) * step_s > cfg.budget_s)
+        budget_stop = log_row(done, interval_s, interval_steps, do_eval, vote)
         if done % cfg.snapshot_every == 0 or early:
             snapshot(done)
         tok_s = interval_steps * cfg.batch_size * cfg.context * len(members) / interval_s
@@ -597,28 +669,41 @@ def _train_corpus(cfg: TrainConfig, out_dir, *, t_start: float, say, callback) -
             f"elapsed {time.monotonic() - t_start:.0f} s")
         interval_start, interval_steps = timer.mark(), 0
         if do_eval:
-            record.write(state, out_path)
+            write_record()
+        if checkpoint_every and done % checkpoint_every == 0 and done < cfg.steps:
+            write_checkpoint(done)
         if all(m.nonfinite_step >= 0 for m in members):
             stop_reason = "nonfinite"
+            break
+        if budget_stop:
+            stop_reason = "budget"
             break
 
     # -- the end: a last row for the steps since the last one, and a final evaluation --
     if interval_steps:
         interval_s = timer.seconds(interval_start, timer.mark())
-        state.grad_norms.append({m.label: nan_norms for m in members})
+        if main:
+            state.grad_norms.append({m.label: nan_norms for m in members})
         log_row(done, interval_s, interval_steps, True)
-    else:
+    elif main:
         for m in members:
             if m.nonfinite_step < 0 and not math.isfinite(state.member_rows[m.label]["val_loss"][-1]):
                 state.member_rows[m.label]["val_loss"][-1] = validation_loss(m.model, sampler, cfg.batch_size)
-    if state.snapshot_steps[-1] != state.steps[-1]:
+    if main and state.snapshot_steps[-1] != state.steps[-1]:
         snapshot(state.steps[-1])
     state.stop_reason = stop_reason
-    state.wall_s = time.monotonic() - t_start
-    path = record.write(state, out_path)
+    state.wall_s = offset + time.monotonic() - t_start
+    path = write_record()
+    if done < cfg.steps and stop_reason in ("budget", "stop_at"):
+        write_checkpoint(done)  # the next command continues from here
+    world.barrier()  # the other ranks leave when rank 0's files are written
+    a = members[0]
+    if not main:
+        return TrainResult(model=a.model, records=None, checkpoints={},
+                           diverged_at=a.nonfinite_step if a.nonfinite_step >= 0 else None, path=None,
+                           models={m.label: m.model for m in members})
     say(f"[lm] stopped ({stop_reason}) at step {state.steps[-1]} after {state.wall_s:.0f} s; record {path} "
         f"({path.stat().st_size / 2 ** 20:.2f} MiB)")
-    a = members[0]
     return TrainResult(model=a.model, records=record.open_record(path), checkpoints={},
                        diverged_at=a.nonfinite_step if a.nonfinite_step >= 0 else None, path=path,
                        models={m.label: m.model for m in members})

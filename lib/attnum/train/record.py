@@ -18,7 +18,9 @@ atomic, checksummed, with provenance) holds
     scalars                   attention_share (layers x attention fwd+bwd / median step time),
                               steps_done, tokens_done, wall_s
     attributes                the parameters (JSON, by the writer), corpus facts (``corpus_*``),
-                              data_order_sha256, versions (torch, CUDA, cuDNN, Triton, GPU name), stop_reason
+                              data_order_sha256, versions (torch, CUDA, cuDNN, Triton, GPU name), stop_reason,
+                              resumed_at (JSON: the steps later commands continued from), dist_world_size and
+                              dist_backend (data-parallel processes, "none" for one process)
 
 ``gather(folder)`` opens every record below a folder and concatenates them along a new ``run``
 dimension (outer join on steps, snapshots and members), with each run's parameters, kernels,
@@ -120,7 +122,7 @@ VARIABLES = {
     "attention_share": ("1", "estimated share of the step in attention: layers x attention fwd+bwd / median step time"),
     "steps_done": ("1", "optimiser steps done"),
     "tokens_done": ("1", "bytes (tokens) trained per member"),
-    "wall_s": ("s", "wall clock of the whole command from process start"),
+    "wall_s": ("s", "wall clock of the whole command from process start (of a continued run: its commands' sum)"),
     "step": ("1", "optimiser steps done (corpus records: loss is the mean over the steps since the previous "
                   "row, grad_norm* are the logged step's before clipping, the attention statistics are the "
                   "fixed diagnostic batch's)"),
@@ -155,6 +157,8 @@ class RunState:
     pair_drift: list = dataclasses.field(default_factory=list)  # per snapshot: {w1, max_abs, rel_l2}
     stop_reason: str = "running"
     wall_s: float = math.nan
+    resumed_at: list = dataclasses.field(default_factory=list)  # steps a later command continued from
+    world: dict = dataclasses.field(default_factory=dict)  # dist.World.facts(): processes, backend
 
 
 def record_name(cfg) -> str:
@@ -221,6 +225,9 @@ def to_dataset(state: RunState) -> xr.Dataset:
         ds.attrs[f"version_{key}"] = value
     ds.attrs["stop_reason"] = state.stop_reason
     ds.attrs["n_params"] = int(state.lm_cfg.n_params())
+    ds.attrs["resumed_at"] = json.dumps([int(s) for s in state.resumed_at])
+    for key, value in state.world.items():
+        ds.attrs[key] = value
     return ds
 
 
