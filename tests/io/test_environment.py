@@ -137,3 +137,76 @@ def test_pyproject_bounds_admit_the_pins_and_name_every_pinned_package():
         assert req.specifier.contains(pin), f"{req} excludes the pinned {pin}"
     for needed in ("dask", "distributed", "ipykernel", "myst-nb"):  # sweep/run-all, papermill's kernel, attnum.glue
         assert needed in {re.sub(r"[-_.]+", "-", r).lower().split(">")[0] for r in project["dependencies"]}
+
+
+# -- the README's tables: the kernel families (generated from the registry) and the layout --
+
+def _readme() -> list[str]:
+    return (ROOT / "README.md").read_text().splitlines()
+
+
+def test_the_readme_kernel_family_table_is_the_registrys():
+    from attnum.kernels.registry import family_table, families
+
+    lines = _readme()
+    start = lines.index("| family | example names | what it is |")
+    table = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        table.append(line)
+    assert "\n".join(table) == family_table()
+    assert len(table) == 2 + len(families())  # header, rule, one row per family
+
+
+LAYOUT_ENTRY = re.compile(r"^( *)([\w<>]+(?:/[\w<>]+)*(?:\.py|/)(?:, [\w<>]+(?:\.py|/))*)(?: {2,}|$)")
+
+
+def _layout_paths() -> list[Path]:
+    """The paths the README's layout block names, each under the folder its indentation places it in."""
+    lines = _readme()
+    start = lines.index("## Layout")
+    fence = lines.index("```", start)
+    block = lines[fence + 1:lines.index("```", fence + 1)]
+    paths, stack = [], []  # stack: (indent, folder) of the folders open above the current line
+    for line in block:
+        match = LAYOUT_ENTRY.match(line)
+        if not match:
+            continue  # a description's continuation line
+        indent, tokens = len(match.group(1)), match.group(2).split(", ")
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else ROOT
+        named = [parent / token for token in tokens]
+        paths += named
+        if len(tokens) == 1 and tokens[0].endswith("/"):
+            stack.append((indent, named[0]))
+    return paths
+
+
+def test_every_path_the_readme_layout_names_exists():
+    paths = _layout_paths()
+    assert len(paths) > 30
+    missing = []
+    for path in paths:
+        relative = path.relative_to(ROOT).as_posix()
+        if "<" in relative:  # a placeholder such as <study>: at least one folder fits it
+            found = list(ROOT.glob(re.sub(r"<[^>]+>", "*", relative)))
+        else:
+            found = [path] if path.exists() else []
+        if not found:
+            missing.append(relative)
+    assert missing == []
+
+
+def test_the_readme_layout_names_every_module_of_attnum():
+    named = set()
+    for path in _layout_paths():  # a folder is named also through what it holds (studies/<study>/)
+        relative = path.relative_to(ROOT)
+        named |= {relative.as_posix()} | {parent.as_posix() for parent in relative.parents}
+    package = ROOT / "lib" / "attnum"
+    modules = [p for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")]
+    modules += [p.parent for p in package.glob("*/__init__.py")]
+    modules += [p for p in (package / "kernels").glob("*.py") if p.stem != "__init__"]
+    left_out = sorted(p.relative_to(ROOT).as_posix() for p in modules if p.relative_to(ROOT).as_posix() not in named)
+    assert left_out == []
