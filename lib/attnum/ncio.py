@@ -6,7 +6,11 @@ variables contiguously, where no filter applies: those are covered by the
 run's sha256, see below), zlib level 4 on every numeric one, and CF metadata
 applied in one place from the study's table (``variables=`` name -> (units,
 long_name)): every data variable needs ``units`` and ``long_name``, every
-coordinate gets a ``long_name`` (the table's, else "coordinate <name>"), and a
+coordinate gets a ``long_name`` (the table's, else ``COORDINATE_LONG_NAMES``'s for
+the names every study shares, also under a prefix such as ``real_seq_len``, else
+the coordinate's own name), a boolean variable is stored as a CF flag (int8 0/1
+with ``flag_values``/``flag_meanings``) and read back as booleans, so that
+``sel(causal=True)`` works after the round trip, and a
 unit UDUNITS does not know (``ulp``, ``1/step``, ``FLOP``) is written as "1"
 with the unit named in the ``long_name``. The file declares CF-1.11, the
 newest convention the IOOS compliance checker knows; int64 is a CF data type
@@ -59,6 +63,11 @@ PACKAGES = ("attnum", "torch", "numpy", "scipy", "xarray", "netCDF4", "pandas", 
 # which asks UDUNITS itself, is not installed).
 NON_UDUNITS = {"ulp": "units in the last place", "1/step": "per optimizer step", "FLOP": "floating-point operations",
                "flop": "floating-point operations", "FLOPs": "floating-point operations", "nat": "nats"}
+# long_names of the coordinates every study shares; ``<prefix>_<name>`` (``real_seq_len``, ``block_seed``)
+# gets the same description with its experiment named: "sequence length N (real experiments)".
+COORDINATE_LONG_NAMES = {"seq_len": "sequence length N", "head_dim": "head dimension d", "seed": "random seed",
+                         "layer": "transformer block (layer index)"}
+BOOLEAN_FLAGS = "false true"  # CF flag_meanings of a boolean stored as int8 0/1
 FINISHED = ("ok", "lab")  # RUN.json states of a run whose results may be read
 MAX_RECORD_BYTES = 16 * 2**20  # a RUN.json larger than this is no record the runner wrote
 # Decoded size above which a results file is refused before any value is loaded: a few MB of zlib can
@@ -239,14 +248,14 @@ def _cf_metadata(ds: xr.Dataset, variables: dict | None) -> xr.Dataset:
     check_cf(ds)
     for name, var in ds.coords.items():
         if "long_name" not in var.attrs and "standard_name" not in var.attrs:
-            var.attrs["long_name"] = table[name][1] if name in table else f"coordinate {name}"
+            var.attrs["long_name"] = table[name][1] if name in table else coordinate_long_name(name)
         if name in table and "units" not in var.attrs and var.dtype.kind in "iuf":
             var.attrs["units"] = table[name][0]
     for name, var in ds.variables.items():
         units = var.attrs.get("units")
         if units is None:
             continue
-        if var.dtype.kind not in "iufcmM":  # strings and booleans carry no units in CF
+        if var.dtype.kind not in "iufcmM":  # strings and booleans (flags) carry no units in CF
             if units in ("1", ""):
                 del var.attrs["units"]
             continue
@@ -256,6 +265,43 @@ def _cf_metadata(ds: xr.Dataset, variables: dict | None) -> xr.Dataset:
             long_name = var.attrs.get("long_name", f"variable {name}")
             if str(units) not in long_name:
                 var.attrs["long_name"] = f"{long_name} (counted in {what}, {units})"
+    return ds
+
+
+def coordinate_long_name(name: str) -> str:
+    """The ``long_name`` of a coordinate the study's table does not describe: ``COORDINATE_LONG_NAMES``'s
+    (``seq_len`` -> "sequence length N"; ``real_seq_len`` -> "sequence length N (real experiments)"), else
+    the name itself."""
+    if name in COORDINATE_LONG_NAMES:
+        return COORDINATE_LONG_NAMES[name]
+    for common, long_name in COORDINATE_LONG_NAMES.items():
+        prefix = name[:-len(common) - 1]
+        if name.endswith("_" + common) and prefix:
+            return f"{long_name} ({prefix.replace('_', ' ')} experiments)"
+    return name
+
+
+def _boolean_flags(ds: xr.Dataset) -> None:
+    """Mark every boolean variable as a CF flag (xarray stores it as int8 0/1); ``open_results`` reads it back
+    as booleans, so a coordinate such as ``causal`` is selected with ``sel(causal=True)`` after the round trip."""
+    for var in ds.variables.values():
+        if var.dtype == np.bool_:
+            var.attrs.update(flag_values=np.array([0, 1], dtype=np.int8), flag_meanings=BOOLEAN_FLAGS)
+            var.attrs.pop("units", None)
+
+
+def _booleans_back(ds: xr.Dataset) -> xr.Dataset:
+    """Integer 0/1 variables marked as boolean flags (``flag_meanings`` "false true": written by
+    ``_boolean_flags``, where a tool copying the file dropped xarray's own ``dtype`` mark) as booleans."""
+    for name, var in list(ds.variables.items()):
+        if var.dtype.kind in "iu" and str(var.attrs.get("flag_meanings", "")) == BOOLEAN_FLAGS:
+            values = np.asarray(var.values)
+            if np.isin(values, (0, 1)).all():
+                converted = var.copy(data=values.astype(bool))
+                if name in ds.indexes:
+                    ds = ds.assign_coords({name: converted})
+                else:
+                    ds[name] = converted
     return ds
 
 
@@ -301,8 +347,10 @@ def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params
         if key in ds.dims:
             raise ValueError(f"sweep dimension {key!r} is already a dimension of the results")
         ds = ds.expand_dims({key: [params[key]]})
-        ds[key].attrs.setdefault("long_name", f"parameter {key}")
+        described = (variables or {}).get(key, (None, None))[1] or COORDINATE_LONG_NAMES.get(key)
+        ds[key].attrs.setdefault("long_name", f"parameter {key}" + (f": {described}" if described else ""))
     _cf_metadata(ds, variables)
+    _boolean_flags(ds)
     ds.attrs.update(provenance(study, params, device))
     if "real_kernel" in ds.coords:
         ds.attrs["real_kernel_backends"] = json.dumps(real_kernel_backends(ds["real_kernel"].values), sort_keys=True)
@@ -527,6 +575,7 @@ def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> x
         raise DamagedRunError(f"{path}: does not fit in memory when decoded") from None
     except (OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError) as exc:
         raise DamagedRunError(f"{path}: cannot be read, damaged or truncated ({type(exc).__name__}: {exc})") from None
+    ds = _booleans_back(ds)
     if squeeze_sweep_dims:
         ds = ds.squeeze(json.loads(ds.attrs.get("sweep_dims", "[]")))
     return ds

@@ -187,3 +187,55 @@ def test_compare_command_exits_non_zero_when_nothing_is_shared(tmp_path, capsys)
         ncio.write_results(ds, tmp_path / name / "results.nc", study="length_scaling", params={})
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a")]) == 0
+
+
+# -- coordinates: their long_names, and booleans that survive the round trip --
+
+def test_a_boolean_coordinate_is_selected_by_true_and_false_after_the_round_trip(tmp_path):
+    import netCDF4
+
+    ds = xr.Dataset({"err": (("causal", "seq_len"), np.array([[1.0, 2.0, 3.0], [10.0, 20.0, 30.0]])),
+                     "passed": (("seq_len",), np.array([True, False, True]))},
+                    coords={"causal": [False, True], "seq_len": [128, 256, 512]})
+    table = {"err": ("1", "relative L2 error"), "passed": ("1", "acceptance verdict"),
+             "causal": ("1", "causal mask (bottom-right aligned)")}
+    path = ncio.write_results(ds, tmp_path / "results.nc", study="length_scaling", params={}, variables=table)
+    with netCDF4.Dataset(path) as raw:  # stored as a CF flag: int8 0/1 with its meanings
+        assert raw["causal"].dtype == np.int8 and raw["causal"][:].tolist() == [0, 1]
+        assert raw["causal"].flag_meanings == "false true" and raw["causal"].flag_values.tolist() == [0, 1]
+    back = ncio.open_results(path)
+    assert back["causal"].dtype == np.bool_ and back["passed"].dtype == np.bool_
+    assert back["err"].sel(causal=True).values.tolist() == [10.0, 20.0, 30.0]
+    assert back["err"].sel(causal=False, seq_len=256).item() == 2.0
+    assert back["passed"].values.tolist() == [True, False, True]
+    assert back["causal"].attrs["long_name"] == "causal mask (bottom-right aligned)"
+
+
+def test_a_flagged_0_1_integer_written_by_another_tool_is_read_as_booleans(tmp_path):
+    ds = xr.Dataset({"err": (("causal",), [1.0, 10.0])}, coords={"causal": np.array([0, 1], dtype=np.int8)})
+    ds["causal"].attrs.update(flag_values=np.array([0, 1], dtype=np.int8), flag_meanings="false true")
+    ds["err"].attrs.update(units="1", long_name="error")
+    ds.to_netcdf(tmp_path / "other.nc", engine="netcdf4")  # an int8 variable, no xarray boolean mark
+    back = ncio.open_results(tmp_path / "other.nc")
+    assert back["causal"].dtype == np.bool_ and back["err"].sel(causal=True).item() == 10.0
+    plain = xr.Dataset({"err": (("mode",), [1.0, 10.0])}, coords={"mode": np.array([0, 1], dtype=np.int8)})
+    plain.to_netcdf(tmp_path / "plain.nc", engine="netcdf4")  # 0/1 without the flag: integers it stays
+    assert ncio.open_results(tmp_path / "plain.nc")["mode"].dtype.kind == "i"
+
+
+def test_every_coordinate_gets_a_meaningful_long_name_and_plots_label_with_it(tmp_path):
+    from xarray.plot.utils import label_from_attrs
+
+    ds = xr.Dataset({"err": (("seq_len", "real_seq_len", "block_seed", "variant"), np.ones((2, 2, 1, 1)))},
+                    coords={"seq_len": [128, 256], "real_seq_len": [64, 128], "block_seed": [0], "variant": ["a"]})
+    table = {"err": ("1", "relative L2 error"), "variant": ("1", "emulator variant")}
+    path = ncio.write_results(ds, tmp_path / "results.nc", study="length_scaling", params={"head_dim": 32},
+                              sweep_dims=["head_dim"], variables=table)
+    back = ncio.open_results(path)
+    names = {name: back[name].attrs["long_name"] for name in back.coords}
+    assert names == {"seq_len": "sequence length N", "real_seq_len": "sequence length N (real experiments)",
+                     "block_seed": "random seed (block experiments)", "variant": "emulator variant",
+                     "head_dim": "parameter head_dim: head dimension d"}
+    assert label_from_attrs(back["seq_len"]) == "sequence length N"  # what xarray's .plot() puts on the axis
+    assert ncio.coordinate_long_name("fidelity_config") == "fidelity_config"  # no description: its own name
+    assert ncio.coordinate_long_name("seed") == "random seed" and ncio.coordinate_long_name("_seed") == "_seed"

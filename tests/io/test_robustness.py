@@ -476,7 +476,7 @@ def test_the_writer_makes_cf_compliant_files(tmp_path):
     assert _cf_problems(path) == []
     back = ncio.open_results(path)
     assert back["max_ulp_err"].attrs["units"] == "1" and "ulp" in back["max_ulp_err"].attrs["long_name"]
-    assert back["seed"].attrs["long_name"] == "coordinate seed"
+    assert back["seed"].attrs["long_name"] == "random seed"
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Fixtures the study tests share: a study's smoke run, and tiny CPU training records for the gpu_training tiers.
 
 Each reads what differs from the test module that asks: ``STUDY`` (the study whose smoke tier runs) and
-``RUNS`` (tag -> ``attnum.train.CorpusConfig`` fields of each record to train). A module that defines a
+``RUNS`` (tag -> ``attnum.train.TrainConfig.byte_lm`` fields of each record to train). A module that defines a
 fixture of the same name uses its own.
 """
 import importlib.util
@@ -26,7 +26,7 @@ without_triton_interpreter = _load_tests_conftest().without_triton_interpreter
 
 # A byte-corpus model small enough to train on a CPU in seconds, recording everything a gpu_training tier reads.
 TINY_CORPUS = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=30, log_every=5, eval_every=10,
-                   snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup=2, lr=3e-3,
+                   snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup_steps=2, lr=3e-3,
                    sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
 
 
@@ -39,21 +39,21 @@ def smoke_run(request, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_corpus_config():
-    """``TINY_CORPUS`` updated with the keyword arguments, as an ``attnum.train.CorpusConfig``."""
-    from attnum.train import CorpusConfig
+    """``TINY_CORPUS`` updated with the keyword arguments, as an ``attnum.train.TrainConfig.byte_lm``."""
+    from attnum.train import TrainConfig
 
     def build(**kw):
-        return CorpusConfig(**{**TINY_CORPUS, **kw})
+        return TrainConfig.byte_lm(**{**TINY_CORPUS, **kw})
 
     return build
 
 
 @pytest.fixture(scope="module")
 def records(request, tmp_path_factory, tiny_corpus_config):
-    """A folder of the module's ``RUNS`` trained as tiny CPU records (``attnum.train.train_corpus``)."""
-    from attnum.train import train_corpus
+    """A folder of the module's ``RUNS`` trained as tiny CPU records (``attnum.train.train``)."""
+    from attnum.train import train
 
     folder = tmp_path_factory.mktemp("records")
     for tag, kw in request.module.RUNS.items():
-        train_corpus(tiny_corpus_config(tag=tag, **kw), folder, progress=lambda s: None)
+        train(tiny_corpus_config(tag=tag, **kw), out_dir=folder, progress=False)
     return folder

@@ -24,12 +24,6 @@ STUDY = "gproj_fix"
 _without_the_triton_interpreter = pytest.fixture(scope="module", autouse=True)(without_triton_interpreter)
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    outputs = tmp_path_factory.mktemp("outputs")
-    return runs.run(STUDY, "smoke", outputs=outputs, progress=False)
-
-
 @pytest.mark.slow
 def test_smoke_run_writes_one_entry_per_fix(smoke_run):
     path = smoke_run

@@ -15,12 +15,6 @@ from attnum.studies.late_training_gradient_blowup import (experiments, gpu_train
 STUDY = "late_training_gradient_blowup"
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    outputs = tmp_path_factory.mktemp("outputs")
-    return runs.run(STUDY, "smoke", outputs=outputs, progress=False)
-
-
 @pytest.mark.slow
 def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     from attnum import glue

@@ -10,7 +10,6 @@ import xarray as xr
 
 from attnum import ncio
 from attnum.train import record
-from attnum.train import TrainConfig
 from attnum.train import train as _train
 from attnum.studies.late_training_gradient_blowup import figures, gpu_training, readings, readings_gpu
 
@@ -23,22 +22,6 @@ RUNS = {
     "s04_fp32_lr1e-3": dict(kernel="sdpa:math"),
     "s03_repeat_s0": dict(pair=True),  # another study's record: this study leaves it out
 }
-
-
-def _tiny(**kw):
-    base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=30, log_every=5, eval_every=10,
-                snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup_steps=2, lr=3e-3,
-                sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
-    base.update(kw)
-    return TrainConfig.byte_lm(**base)
-
-
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("records")
-    for tag, kw in RUNS.items():
-        train(_tiny(tag=tag, **kw), folder, progress=lambda s: None)
-    return folder
 
 
 # -- the early error ---------------------------------------------------------------------------------

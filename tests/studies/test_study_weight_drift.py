@@ -19,12 +19,6 @@ STUDY = "wasserstein_weight_drift"
 POLICY = dict(kernel_policy="fa2_bf16", perturbation=1e-6, noise_seed_offset=1000)  # the parameters cell's
 
 
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    outputs = tmp_path_factory.mktemp("outputs")
-    return runs.run(STUDY, "smoke", outputs=outputs, progress=False)
-
-
 @pytest.mark.slow
 def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
     path = smoke_run

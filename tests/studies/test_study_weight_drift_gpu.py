@@ -10,7 +10,6 @@ import xarray as xr
 
 from attnum import ncio
 from attnum.train import record
-from attnum.train import TrainConfig
 from attnum.train import train as _train
 from attnum.studies.wasserstein_weight_drift import aggregates, experiments, figures, readings, readings_gpu
 
@@ -31,22 +30,6 @@ RUNS = {
 def _gathered(folder):
     return experiments.gpu_training_dataset(folder, confidence=0.95)
 
-def _tiny(**kw):
-    base = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=30, log_every=5, eval_every=10,
-                snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup_steps=2, lr=3e-3,
-                sketch_size=16, device="cpu", budget_s=300.0, time_attention=False)
-    base.update(kw)
-    return TrainConfig.byte_lm(**base)
-
-
-@pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("records")
-    for tag, kw in RUNS.items():
-        train(_tiny(tag=tag, **kw), folder, progress=lambda s: None)
-    return folder
-
-
 # -- the early error ---------------------------------------------------------------------------------
 
 def test_a_folder_without_records_fails_at_once_naming_what_is_missing(tmp_path):
@@ -62,12 +45,12 @@ def test_a_folder_without_records_fails_at_once_naming_what_is_missing(tmp_path)
         _gathered(tmp_path)
 
 
-def test_the_study_takes_only_its_own_records(records, tmp_path):
+def test_the_study_takes_only_its_own_records(records, tmp_path, tiny_corpus_config):
     import shutil
 
     for path in records.glob("lm_s03_*.nc"):
         shutil.copy(path, tmp_path / path.name)
-    train(_tiny(tag="s04_flash_lr1e-3", kernel="sdpa:flash", steps=10), tmp_path, progress=lambda s: None)
+    train(tiny_corpus_config(tag="s04_flash_lr1e-3", kernel="sdpa:flash", steps=10), tmp_path, progress=lambda s: None)
     ds = _gathered(tmp_path)
     assert all(str(r).startswith("lm_s03_") for r in ds["run"].values) and ds.sizes["run"] == len(RUNS)
 
@@ -123,13 +106,13 @@ def test_study03_ratio_interpolates_the_flash_drift_and_is_stated_against_golden
     assert values["flash_over_floor_n"] == len(floor) and values["flash_below_floor_n"] == int((floor < 1).sum())
 
 
-def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_interval(records, tmp_path):
+def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_interval(records, tmp_path, tiny_corpus_config):
     import shutil
 
     for path in records.glob("lm_*.nc"):
         shutil.copy(path, tmp_path / path.name)
     # a second low-precision seed that stops earlier (step 10) than the first (step 15)
-    train(_tiny(tag="s03_lowprec_s1", pair=True, kernel="sdpa:math", autocast="off", pair_kernel="sdpa:flash",
+    train(tiny_corpus_config(tag="s03_lowprec_s1", pair=True, kernel="sdpa:math", autocast="off", pair_kernel="sdpa:flash",
                 pair_autocast="bf16", seed=1, data_seed=1, steps=10, snapshot_every=5), tmp_path, progress=lambda s: None)
     ds = _gathered(tmp_path)
     ratio = ds.sel(gpu_lowprec="bf16_training", gpu_metric="wasserstein")
@@ -151,7 +134,7 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     assert row["paired ratio"] == pytest.approx(math.sqrt(per_seed[0] * per_seed[1]))
     # a third seed that runs as far as the first: step 15 now has two seeds (an interval) and step 10 three;
     # the sentence stays at the snapshot with the most seeds, and names how many it has
-    train(_tiny(tag="s03_lowprec_s2", pair=True, kernel="sdpa:math", autocast="off", pair_kernel="sdpa:flash",
+    train(tiny_corpus_config(tag="s03_lowprec_s2", pair=True, kernel="sdpa:math", autocast="off", pair_kernel="sdpa:flash",
                 pair_autocast="bf16", seed=2, data_seed=2, steps=15, snapshot_every=5), tmp_path, progress=lambda s: None)
     ds = _gathered(tmp_path)
     ratio = ds.sel(gpu_lowprec="bf16_training", gpu_metric="wasserstein")
@@ -164,7 +147,7 @@ def test_study03_golden_ratio_is_stated_where_two_low_precision_seeds_give_an_in
     assert int(ratio["gpu_ratio_paired_n_seeds"].sel(snapshot=10)) == 2
 
 
-def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_early_ones(records, tmp_path):
+def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_early_ones(records, tmp_path, tiny_corpus_config):
     import shutil
 
     ds = _gathered(records)
@@ -173,7 +156,7 @@ def test_study03_looks_before_the_shared_snapshots_with_the_records_that_have_ea
     for path in records.glob("lm_s03_*.nc"):
         shutil.copy(path, tmp_path / path.name)
     for tag, kw in (("s03_repeat_s2", {}), ("s03_flash_vs_fp32_s2", dict(pair_kernel="sdpa:math"))):
-        train(_tiny(tag=tag, pair=True, seed=2, data_seed=2, snapshot_early=5, **kw), tmp_path,
+        train(tiny_corpus_config(tag=tag, pair=True, seed=2, data_seed=2, snapshot_early=5, **kw), tmp_path,
               progress=lambda s: None)
     ds = _gathered(tmp_path)
     early = readings_gpu.gpu_early_table(ds)

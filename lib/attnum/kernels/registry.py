@@ -106,6 +106,21 @@ def families() -> dict[str, Family]:
     return dict(_FAMILIES)
 
 
+def family_table() -> str:
+    """The registry as a Markdown table, one row per family in registration order: its name, its example
+    names (``names()``) and its description. The README's kernel-family table is this text (checked by
+    tests/io/test_environment.py); print it with ``python -c "from attnum.kernels.registry import
+    family_table; print(family_table())"`` (importing the package registers every family first)."""
+    def cell(text: str) -> str:
+        return str(text).replace("|", "\\|").replace("\n", " ")
+
+    rows = ["| family | example names | what it is |", "|---|---|---|"]
+    for family in _FAMILIES.values():
+        examples = ", ".join(f"`{cell(name)}`" for name in family.examples)
+        rows.append(f"| {cell(family.name)} | {examples} | {cell(family.doc)} |")
+    return "\n".join(rows)
+
+
 def names() -> list[str]:
     """An example name of every kernel the registry can build (every family's listed examples)."""
     return [example for family in _FAMILIES.values() for example in family.examples]
