@@ -584,6 +584,15 @@ KIND_LABELS = {"result": "CPU result", "gpu": "GPU result", "smoke": "smoke run"
                "lab": "JupyterLab run", "failed": "failed run", "damaged": "damaged", "report": "kernel report"}
 
 
+def _same_value(value, default, shown: str) -> bool:
+    """Whether a run's value is the notebook's default (source text of a Python literal): compared as values,
+    so ``[false, true]`` from RUN.json equals the default ``[False, True]``."""
+    try:
+        return ast.literal_eval(str(default)) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return shown.replace("'", '"') == str(default).replace("'", '"')
+
+
 def _parameter_table(entry: dict, params_cell) -> str:
     """The run's parameters (RUN.json) with the notebook's defaults and help, changed values in bold."""
     values = dict(entry["record"].get("parameters") or {})
@@ -603,7 +612,7 @@ def _parameter_table(entry: dict, params_cell) -> str:
     for name, value in values.items():
         shown = json.dumps(value) if not isinstance(value, str) or name not in info else repr(value)
         default = info[name].default if name in info else ""
-        changed = name in info and shown.replace("'", '"') != str(default).replace("'", '"')
+        changed = name in info and not _same_value(value, default, shown)
         cell = f"**{_code(shown, True)}**" if changed else _code(shown, True)
         if changed:
             differs.append(f"{_code(name)} = {_code(shown)} (default {_code(default)})")

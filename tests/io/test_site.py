@@ -356,3 +356,15 @@ def test_tables_of_only_zeros_or_nan_are_folded_and_others_left_alone():
     before = full["data"]["text/html"]
     _fold_empty_table(full)
     assert full["data"]["text/html"] == before
+
+
+def test_a_parameter_differs_from_its_default_by_value_not_by_spelling():
+    import nbformat
+
+    from attnum.site import _parameter_table
+
+    cell = nbformat.v4.new_code_cell("real_causal: list = [False, True]  # masks\nname: str = 'bf16'  # format\n"
+                                     "seeds: list = [0, 1, 2]  # seeds")
+    entry = {"record": {"parameters": {"real_causal": [False, True], "name": "bf16", "seeds": [0]}}}
+    head = _parameter_table(entry, cell).split("\n\n")[1]
+    assert re.findall(r"`(\w+)` = ", head) == ["seeds"]
