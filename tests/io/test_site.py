@@ -368,3 +368,31 @@ def test_a_parameter_differs_from_its_default_by_value_not_by_spelling():
     entry = {"record": {"parameters": {"real_causal": [False, True], "name": "bf16", "seeds": [0]}}}
     head = _parameter_table(entry, cell).split("\n\n")[1]
     assert re.findall(r"`(\w+)` = ", head) == ["seeds"]
+
+
+def test_a_snapshot_lost_to_a_pointer_swap_is_taken_again_from_the_new_version(tmp_path, monkeypatch):
+    """A run finishing while publish copies the old version: the pointer moves and the old version goes; the
+    copy is made again, whole, from the new version (never half of each)."""
+    study = tmp_path / "outputs" / "length_scaling"
+    for version, text in (("v1", "old"), ("v2", "new")):
+        folder = study / ".versions" / "smoke" / version
+        folder.mkdir(parents=True)
+        for name in ("RUN.json", "results.nc", "fig.png"):
+            (folder / name).write_text(f"{text} {name}")
+    (study / "smoke").symlink_to(Path(".versions") / "smoke" / "v1")
+    real_copy, calls = attnum.site._copy_plain, []
+
+    def copy_while_the_run_finishes(src, dest, name):
+        calls.append(src.name)
+        if src.name == "v1" and name == "results.nc":  # the new run swaps the pointer and removes v1
+            (study / "smoke").unlink()
+            (study / "smoke").symlink_to(Path(".versions") / "smoke" / "v2")
+            shutil.rmtree(src)
+        return real_copy(src, dest, name)
+
+    monkeypatch.setattr(attnum.site, "_copy_plain", copy_while_the_run_finishes)
+    dest = tmp_path / "snapshot" / "length_scaling" / "smoke"
+    source = attnum.site._snapshot("length_scaling", study / "smoke", dest)
+    assert source.name == "v2" and "v1" in calls
+    assert {p.name: p.read_text() for p in dest.iterdir()} == {
+        "RUN.json": "new RUN.json", "results.nc": "new results.nc", "fig.png": "new fig.png"}
