@@ -291,9 +291,10 @@ def _copy_run(src: Path, dest: Path, names) -> None:
 def _snapshot(study: str, run_dir: Path, dest: Path, names=SNAPSHOT_FILES) -> Path:
     """Copy one run's files (record, results, notebook, figures) into ``dest`` from the version folder its
     pointer names at this moment, then let the caller verify the copy: the page, ``results.nc`` and the
-    figures published are then one run's, even when a run finishing meanwhile swaps the pointer (the new
-    version is published by the next ``publish``). A copy that loses a file to that swap (an old version
-    removed while it is read) is made again from the new version, at most three times."""
+    figures published are then one version's, even when a run finishing meanwhile swaps the pointer (the
+    version the pointer named when the copy began is published; a newer one, by the next ``publish``). A
+    copy that loses a file to that swap (an old version removed while it is read) is made again, whole,
+    from the new version, at most three times."""
     for attempt in range(3):
         source = pointer_target(run_dir.parent, run_dir.name) or run_dir
         if dest.exists():
