@@ -5,20 +5,30 @@ publishes notebook collections: Sphinx with MyST-NB, ``nb_execution_mode = "off"
 notebooks under ``outputs/`` are rendered, never re-executed), the sphinx-book-theme (its assets are
 bundled: a page reads offline, no CDN).
 
-* ``index.html``: the five studies in order, each with its question (the notebook's title cell),
-  its headline figure (``results.nc``'s ``headline_figure``; full size on click), its key result
-  (the first item of the notebook's Conclusions) and its runs: CPU and GPU runs side by side (a run
-  named ``gpu`` or whose ``device`` attribute names CUDA is a GPU run).
-* ``<study>/<run>/notebook.html``: the executed notebook of each run, code hidden but openable
-  (``hide-input``), the injected-parameters cell replaced by a parameter table, no stderr output
-  (progress bars, warnings), the run's provenance (git commit, versions, device, created) and links
-  to the other studies; the page's table of contents is in the right sidebar. ``results.nc`` and the
-  figures are copied beside it.
+* ``index.html``: results first: one headline figure (the first study's), then the studies' findings
+  (one sentence each, written by the notebook's author in its metadata, ``metadata.attnum.finding``,
+  with glue roles that the site fills with the linked run's glued values, escaped), then the five
+  studies in order, each with its question (the title cell), headline figure (``results.nc``'s
+  ``headline_figure``; full size on click), finding and runs (short labels; whether each used the
+  pinned versions): CPU and GPU runs side by side (a run named ``gpu`` or whose ``device`` attribute
+  names CUDA is a GPU run); then the kernel reports (``outputs/report/<name>/``, ``python -m attnum
+  report``), each a page of the site.
+* ``<study>/<run>/notebook.html``: the executed notebook of each run, opening with its headline figure
+  and its conclusions (the markdown cell tagged ``summary``), then the run's provenance (git commit,
+  versions, device, created, and the packages whose versions differ from ``requirements.txt`` /
+  ``environment.yml``'s pins). Code hidden but openable (``hide-input``); the injected-parameters
+  cell becomes the parameters that differ from the notebook's defaults, with the whole table folded;
+  no stderr output; a table output whose every value is 0 or NaN folded; wide tables scroll inside
+  the column. The page's table of contents is in the right sidebar. ``results.nc`` and the figures
+  are copied beside it.
 * ``runs.html`` ("Other runs"): smoke runs, sweep points (``@`` in the name), JupyterLab runs
   (``lab-<time>``), failed runs (with their error) and damaged runs; none of them is mixed with
   the results.
 
-Each run is checked first (``ncio.verify_run``: RUN.json present and unaltered, sha256 of
+Every run's files are first copied into the build folder (from the version folder its pointer names
+at that moment) and the copy is checked and read: the page, ``results.nc`` and figures published
+for a run are one run's, even when a run finishes during ``publish``.
+Each run's copy is checked (``ncio.verify_run``: RUN.json present and unaltered, sha256 of
 results.nc and notebook.ipynb, Fletcher-32 checksums while reading): a damaged run is named on
 the landing page and on "Other runs", and the others are published; ``publish`` then raises
 ``PublishError`` (the command line exits non-zero) after writing the site. One publish at a time per
@@ -43,7 +53,7 @@ from pathlib import Path
 import nbformat
 
 from . import glue, ncio
-from .paths import open_own_file, outputs_root, pointer_target
+from .paths import UnsafePathError, open_own_file, outputs_root, pointer_target
 from .runs import SWEEP_MARK, RunError, studies
 from .runs.store import PUBLISH_LOCK, SITE, publish_lock_held
 
@@ -89,7 +99,22 @@ CSS = """\
 .attnum-figs figure { flex: 1 1 22em; margin: 0; }
 .attnum-figs img { max-width: 100%; height: auto; border: 1px solid #ddd; }
 .attnum-damaged, .attnum-damaged p { color: #a00; }
+.attnum-offpins, .attnum-offpins p { color: #8a4b00; }
+/* a figure keeps its aspect ratio wherever the column caps its width */
+.bd-article img { max-width: 100%; height: auto; }
+/* pandas Styler and DataFrame tables: cell padding; a wide table scrolls inside the column */
+.bd-article .cell_output .output, .bd-article .cell_output > div { max-width: 100%; overflow-x: auto; }
+.bd-article .cell_output table td, .bd-article .cell_output table th { padding: 0.2em 0.6em; }
+.bd-article table { max-width: 100%; }
+.bd-article .pst-scrollable-table-container, .bd-article .table-wrapper { overflow-x: auto; max-width: 100%; }
+details.attnum-fold { margin: 0.5em 0 1em 0; }
+details.attnum-fold > summary { cursor: pointer; color: #555; }
 """
+SNAPSHOT_FILES = ("RUN.json", "FAILED", "results.nc", "notebook.ipynb")
+REPORTS = "report"  # outputs/report/<name>/: the kernel reports of ``python -m attnum report``
+REPORT_FILES = ("REPORT.json", "results.nc", "notebook.ipynb")
+SUMMARY_TAG = "summary"  # the notebook's conclusions cell: the study page opens with it
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class PublishError(RunError):
@@ -128,24 +153,44 @@ def _question(nb) -> str:
     return paras[0] if paras else ""
 
 
-def _key_result(nb) -> str:
-    """The first item of the notebook's Conclusions section, as written there."""
-    for cell in nb.cells:
-        if cell.cell_type != "markdown" or not re.match(r"#+\s*Conclusions", cell.source.lstrip()):
-            continue
-        item: list[str] = []
-        for line in cell.source.splitlines()[1:]:
-            start = re.match(r"\s*(\d+\.|[-*])\s+(.*)", line)
-            if start and item:
-                break
-            if start:
-                item.append(start.group(2).strip())
-            elif item and line.strip():
-                item.append(line.strip())
-            elif item:
-                break
-        return " ".join(item)
-    return ""
+_GLUE_ROLE = re.compile(r"\{glue(?::[a-z]+)?\}`([^`:]+)(?::([^`]*))?`")
+
+
+def _glued_text(value, spec: str | None) -> str:
+    """A glued value as plain Markdown text: numbers formatted by the role's spec, every string escaped."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and spec:
+        with contextlib.suppress(ValueError, TypeError):
+            return _text(format(value, spec))
+    return _text(value)
+
+
+def _finding_template(nb) -> str:
+    """The study's one-sentence finding, written by its author in the notebook's metadata
+    (``metadata.attnum.finding``: Markdown whose numbers are glue roles of the notebook's own keys)."""
+    meta = (nb.metadata.get("attnum") or {}) if nb is not None else {}
+    value = meta.get("finding", "") if isinstance(meta, dict) else ""
+    return value if isinstance(value, str) else ""
+
+
+def render_finding(template: str, values: dict) -> str | None:
+    """``template`` with each glue role replaced by the run's glued value (escaped); ``None`` when the run
+    glued none of the values the template states (a run made before they were glued)."""
+    keys = _GLUE_ROLE.findall(template)
+    if not template or (keys and not any(k in values for k, _ in keys)):
+        return None
+    return _cell(_GLUE_ROLE.sub(lambda m: _glued_text(values.get(m.group(1), glue.MISSING), m.group(2)), template))
+
+
+def _summary_cell_index(nb) -> int | None:
+    """The notebook's conclusions: the markdown cell tagged ``summary`` (else, in a notebook executed before
+    the tag, the cell that opens with a ``Conclusions`` heading)."""
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and SUMMARY_TAG in cell.metadata.get("tags", []):
+            return i
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and cell.source.lstrip().startswith("## Conclusions"):
+            return i
+    return None
 
 
 def _error_summary(nb, record: dict) -> str:
@@ -216,6 +261,71 @@ def _publish_lock(base: Path):
         yield
 
 
+# -- the snapshot a page is rendered from --
+
+def _copy_plain(src: Path, dest: Path, name: str) -> bool:
+    """Copy ``src/name`` to ``dest/name`` without following a link or blocking on a FIFO; False where absent.
+    ``DamagedRunError`` for a link, a folder or a FIFO in a file's place."""
+    try:
+        fd = open_own_file(src, src / name)
+    except FileNotFoundError:
+        return False
+    except UnsafePathError as exc:
+        raise ncio.DamagedRunError(f"{name} is not a plain file ({exc})") from None
+    with os.fdopen(fd, "rb") as fin, open(dest / name, "xb") as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+    return True
+
+
+def _copy_run(src: Path, dest: Path, names) -> None:
+    dest.mkdir(parents=True)
+    for name in names:
+        _copy_plain(src, dest, name)
+    for name in sorted(os.listdir(src)):
+        if name.endswith(".png"):
+            if not ncio.FIGURE_NAME.fullmatch(name):
+                raise ncio.DamagedRunError(f"figure {name!r} holds characters other than letters, digits and _ . @ = , + -")
+            _copy_plain(src, dest, name)
+
+
+def _snapshot(study: str, run_dir: Path, dest: Path, names=SNAPSHOT_FILES) -> Path:
+    """Copy one run's files (record, results, notebook, figures) into ``dest`` from the version folder its
+    pointer names at this moment, then let the caller verify the copy: the page, ``results.nc`` and the
+    figures published are then one version's, even when a run finishing meanwhile swaps the pointer (the
+    version the pointer named when the copy began is published; a newer one, by the next ``publish``). A
+    copy that loses a file to that swap (an old version removed while it is read) is made again, whole,
+    from the new version, at most three times."""
+    for attempt in range(3):
+        source = pointer_target(run_dir.parent, run_dir.name) or run_dir
+        if dest.exists():
+            shutil.rmtree(dest)
+        try:
+            _copy_run(source, dest, names)
+        except FileNotFoundError:
+            if attempt < 2 and (pointer_target(run_dir.parent, run_dir.name) or run_dir) != source:
+                continue
+            raise
+        except ncio.DamagedRunError as exc:
+            raise ncio.DamagedRunError(f"run {study}/{run_dir.name}: {exc}") from None
+        return source
+    return source
+
+
+def _snapshot_checked(study: str, run_dir: Path, dest: Path, check, names=SNAPSHOT_FILES):
+    """``check(dest)`` on a fresh snapshot of ``run_dir``; a failure is read again once when the run's pointer
+    moved meanwhile (a run that finished during the copy), and is named as the run's, not the copy's."""
+    for attempt in range(2):
+        source = _snapshot(study, run_dir, dest, names)
+        try:
+            return check(dest)
+        except ncio.DamagedRunError as exc:
+            if attempt == 0 and (pointer_target(run_dir.parent, run_dir.name) or run_dir) != source:
+                continue
+            text = str(exc).replace(ncio.logical_run_path(dest), f"{study}/{run_dir.name}")
+            raise ncio.DamagedRunError(text) from None
+    raise AssertionError("unreachable")
+
+
 def is_gpu_run(name: str, device: str) -> bool:
     """A run named ``gpu`` or whose recorded device names CUDA."""
     return name == "gpu" or "cuda" in str(device).lower()
@@ -236,12 +346,22 @@ def _kind(entry: dict) -> str:
     return "gpu" if is_gpu_run(name, entry.get("provenance", {}).get("device", "")) else "result"
 
 
-def _collect(study: str, run_dir: Path) -> dict:
-    """Check one run and read what the site needs; raises ``DamagedRunError`` naming what is wrong."""
-    failed = run_dir.name.endswith(".failed") or (run_dir / "FAILED").exists()
-    record = ncio.verify_run(run_dir) if not failed else ncio.read_record(run_dir)
-    entry = {"study": study, "run": run_dir.name, "dir": run_dir, "record": record, "nb": None,
+def _collect(study: str, run_dir: Path, snapshots: Path | None = None) -> dict:
+    """Check one run and read what the site needs; raises ``DamagedRunError`` naming what is wrong.
+    With ``snapshots``, the run's files are first copied to ``snapshots/<study>/<run>`` and the copy is
+    checked and read (``entry["dir"]``): everything published of the run comes from that copy."""
+    if snapshots is None:
+        return _read_run(study, run_dir, run_dir)
+    return _snapshot_checked(study, run_dir, snapshots / study / run_dir.name,
+                             lambda folder: _read_run(study, run_dir, folder))
+
+
+def _read_run(study: str, run_dir: Path, folder: Path) -> dict:
+    failed = run_dir.name.endswith(".failed") or (folder / "FAILED").exists()
+    record = ncio.verify_run(folder) if not failed else ncio.read_record(folder)
+    entry = {"study": study, "run": run_dir.name, "dir": folder, "source": run_dir, "record": record, "nb": None,
              "failed": failed or record.get("status") in ("failed", "interrupted"), "figures": []}
+    run_dir = folder
     nb_file = run_dir / "notebook.ipynb"
     if nb_file.exists():
         try:
@@ -277,6 +397,74 @@ def _collect(study: str, run_dir: Path) -> dict:
     entry["verified"] = record.get("verified", False)
     entry["figures_verified"] = record.get("figures_verified", False)
     return entry
+
+
+def _read_report(run_dir: Path, folder: Path) -> dict:
+    """A kernel report (``outputs/report/<name>/``): its notebook and ``results.nc`` (Fletcher-32 checked while
+    reading). ``REPORT.json`` is written last, so a folder without it is a report still being written."""
+    entry = {"study": REPORTS, "run": run_dir.name, "dir": folder, "source": run_dir, "nb": None, "failed": False,
+             "figures": [], "kind": "report", "verified": False}
+    if not (folder / "REPORT.json").exists():
+        entry.update(unfinished=True, record={})
+        return entry
+    try:
+        meta = json.loads((folder / "REPORT.json").read_text())
+        entry["nb"] = nbformat.read(folder / "notebook.ipynb", as_version=4)
+    except Exception as exc:  # json and nbformat raise many kinds on a damaged file
+        raise ncio.DamagedRunError(f"report {run_dir.name}: REPORT.json or notebook.ipynb cannot be read "
+                                   f"({type(exc).__name__}: {exc})") from None
+    if not isinstance(meta, dict):
+        raise ncio.DamagedRunError(f"report {run_dir.name}: REPORT.json is not a table")
+    params = {k: meta[k] for k in ("kernel_names", "against", "device", "tier", "overrides") if k in meta}
+    entry["record"] = {"parameters": params, "param_set": str(meta.get("tier", "?")), "status": "ok"}
+    ds = ncio.open_results(folder / "results.nc")
+    entry["provenance"] = {k: str(ds.attrs.get(k, "")) for k in
+                           ("git_commit", "git_dirty", "created", "device", "package_versions", "accelerator_versions")}
+    entry["headline"] = ""
+    return entry
+
+
+def _collect_report(run_dir: Path, snapshots: Path) -> dict:
+    return _snapshot_checked(REPORTS, run_dir, snapshots / REPORTS / run_dir.name,
+                             lambda folder: _read_report(run_dir, folder), REPORT_FILES)
+
+
+# -- the pinned versions --
+
+def pins() -> dict[str, str]:
+    """``{package: version}`` pinned by ``requirements.txt`` (``name==version``) and Python's version from
+    ``environment.yml`` (``python=X.Y``); names in lower case."""
+    found = {}
+    with contextlib.suppress(OSError):
+        for line in (ROOT / "requirements.txt").read_text().splitlines():
+            m = re.match(r"\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s#;]+)", line)
+            if m:
+                found[m.group(1).lower()] = m.group(2)
+    with contextlib.suppress(OSError):
+        m = re.search(r"^\s*-\s*python\s*=+\s*([0-9.]+)", (ROOT / "environment.yml").read_text(), re.M)
+        if m:
+            found["python"] = m.group(1)
+    return found
+
+
+def _matches_pin(ran: str, pinned: str) -> bool:
+    """``2.13.0+cu130`` matches the pin ``2.13.0`` (a build of that release); ``3.11.7`` matches ``3.11``."""
+    release = str(ran).split("+", 1)[0]
+    return release == pinned or release.startswith(pinned + ".")
+
+
+def off_pins(prov: dict, pinned: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """``(package, version the run used, pinned version)`` for every recorded package whose version is not
+    the pin (``package_versions``; the accelerator's torch and triton builds too)."""
+    pinned = pins() if pinned is None else pinned
+    used = {k.lower(): str(v) for k, v in _json_attr(prov, "package_versions").items()}
+    accel = _json_attr(prov, "accelerator_versions")
+    for key in ("torch", "triton"):
+        if accel.get(key) and accel[key] != "none":
+            used.setdefault(key, str(accel[key]))
+            if not _matches_pin(str(accel[key]), pinned.get(key, str(accel[key]))):
+                used[key] = str(accel[key])
+    return [(k, used[k], pinned[k]) for k in sorted(used) if k in pinned and not _matches_pin(used[k], pinned[k])]
 
 
 # -- markdown helpers --
@@ -344,6 +532,26 @@ def _commit(prov: dict, table: bool = False) -> str:
     return _code(commit[:12], table) + (" (uncommitted changes)" if prov.get("git_dirty") == "true" else "")
 
 
+def _pins_md(prov: dict) -> str:
+    """Whether the run used the pinned versions (``requirements.txt``, ``environment.yml``), with each difference."""
+    off = off_pins(prov)
+    if not off:
+        return "the pinned versions (`requirements.txt`, `environment.yml`)"
+    return ("**made off the pins**: " + ", ".join(f"{_text(k)} {_code(ran)} (pinned {_code(pin)})" for k, ran, pin in off)
+            + "; its numbers may differ from a run on the pinned versions")
+
+
+def short_label(name: str, limit: int = 24) -> str:
+    """A run's name as a table shows it: as it is up to ``limit`` characters, else its parameter set and the
+    hash the runner appends to long names (``gpu…h5172af6ac6``), or its head and tail."""
+    name = str(name)
+    if len(name) <= limit:
+        return name
+    head = re.split(r"__|@", name, maxsplit=1)[0][:limit // 2]
+    m = re.search(r"-(h[0-9a-f]{6,})$", name)
+    return f"{head}…{m.group(1) if m else name[-(limit // 2):]}"
+
+
 def _provenance_md(entry: dict, nav: str) -> str:
     prov, record = entry.get("provenance", {}), entry["record"]
     overrides = record.get("overrides") or {}
@@ -356,11 +564,15 @@ def _provenance_md(entry: dict, nav: str) -> str:
             ("created", _text(prov.get("created") or record.get("finished") or record.get("started", ""))),
             ("git commit", _commit(prov)),
             ("versions", _text(_versions(prov)))]
+    if _json_attr(prov, "package_versions"):
+        rows.append(("pinned versions", _pins_md(prov)))
     backends = _json_attr(prov, "real_kernel_backends")
     if backends:
         rows.append(("real kernels ran as", "; ".join(f"{_code(k)}: {_text(v)}" for k, v in backends.items())))
     if entry.get("figures") is not None and (entry["dir"] / "results.nc").exists() and not entry["failed"]:
-        rows.append(("data", "[results.nc](results.nc)" + ("" if entry.get("verified") else " (no checksum recorded)")
+        unverified = (" (a kernel report records no checksum: Fletcher-32 checked while reading)"
+                      if entry.get("kind") == "report" else " (no checksum recorded)")
+        rows.append(("data", "[results.nc](results.nc)" + ("" if entry.get("verified") else unverified)
                      + (" (figures not hashed: recorded before figure hashes)"
                         if entry.get("figures") and not entry.get("figures_verified") else "")))
     if entry["failed"]:
@@ -370,7 +582,16 @@ def _provenance_md(entry: dict, nav: str) -> str:
 
 
 KIND_LABELS = {"result": "CPU result", "gpu": "GPU result", "smoke": "smoke run", "sweep": "sweep point",
-               "lab": "JupyterLab run", "failed": "failed run", "damaged": "damaged"}
+               "lab": "JupyterLab run", "failed": "failed run", "damaged": "damaged", "report": "kernel report"}
+
+
+def _same_value(value, default, shown: str) -> bool:
+    """Whether a run's value is the notebook's default (source text of a Python literal): compared as values,
+    so ``[false, true]`` from RUN.json equals the default ``[False, True]``."""
+    try:
+        return ast.literal_eval(str(default)) == value
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return shown.replace("'", '"') == str(default).replace("'", '"')
 
 
 def _parameter_table(entry: dict, params_cell) -> str:
@@ -388,23 +609,96 @@ def _parameter_table(entry: dict, params_cell) -> str:
         if name not in values and name not in ("output_dir", "sweep_dims"):
             values[name] = p.default
     lines = ["| parameter | this run | notebook default | meaning |", "|---|---|---|---|"]
+    differs = []
     for name, value in values.items():
         shown = json.dumps(value) if not isinstance(value, str) or name not in info else repr(value)
         default = info[name].default if name in info else ""
-        changed = name in info and shown.replace("'", '"') != str(default).replace("'", '"')
+        changed = name in info and not _same_value(value, default, shown)
         cell = f"**{_code(shown, True)}**" if changed else _code(shown, True)
-        lines.append(f"| {_code(name, True)} | {cell} | {_code(default, True)} | "
+        if changed:
+            differs.append(f"{_code(name)} = {_code(shown)} (default {_code(default)})")
+        lines.append(f"| {_code(name, True)} | {cell} | {_code(default, True) if str(default) else ''} | "
                      f"{_text(info[name].help if name in info else '')} |")
     sweep = entry["record"].get("sweep_dims") or []
     note = f" Swept here: {', '.join(_code(d) for d in sweep)}." if sweep else ""
-    return ("## Parameters of this run\n\nThe values papermill injected (from `RUN.json`); **bold**: differs from "
-            f"the notebook's default.{note}\n\n" + "\n".join(lines) + "\n")
+    if not info:
+        head = "The notebook's parameters cell was not read: the values of this run alone."
+    elif differs:
+        head = "**Differs from the notebook's defaults**: " + "; ".join(differs) + "."
+    else:
+        head = "Every parameter has the notebook's default."
+    return (f"## Parameters of this run\n\n{head}{note}\n\n"
+            f'<details class="attnum-fold attnum-params"><summary>All {len(values)} parameters: this run\'s values '
+            "(from <code>RUN.json</code>), the notebook's defaults, their meaning</summary>\n\n"
+            "**Bold**: differs from the notebook's default.\n\n" + "\n".join(lines) + "\n\n</details>\n")
 
 
 # -- pages --
 
 class GlueMissing(RuntimeError):
     """A run's notebook refers to glued values that the run did not glue."""
+
+
+def _table_values(markup: str) -> list[str] | None:
+    """The text of every ``<td>`` of an HTML output holding one table (``None`` if it holds no table)."""
+    from html.parser import HTMLParser
+
+    class Cells(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.cells, self.tables, self._in = [], 0, None
+
+        def handle_starttag(self, tag, attrs):
+            if tag == "table":
+                self.tables += 1
+            elif tag == "td":
+                self._in = []
+
+        def handle_endtag(self, tag):
+            if tag == "td" and self._in is not None:
+                self.cells.append("".join(self._in).strip())
+                self._in = None
+
+        def handle_data(self, data):
+            if self._in is not None:
+                self._in.append(data)
+
+    parser = Cells()
+    parser.feed(markup)
+    return parser.cells if parser.tables == 1 else None
+
+
+def _zero_or_nan(text: str) -> bool:
+    text = text.strip().rstrip("%").strip()
+    if text.lower() in ("", "nan", "<na>", "none", "n/a", "-"):
+        return True
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return value == 0 or value != value
+
+
+def _fold_empty_table(out) -> None:
+    """An HTML table output whose every cell is 0 or NaN is folded (a closed ``<details>`` saying so)."""
+    data = out.get("data", {})
+    markup = data.get("text/html")
+    if isinstance(markup, list):
+        markup = "".join(markup)
+    if not isinstance(markup, str) or "<table" not in markup:
+        return
+    cells = _table_values(markup)
+    if not cells or not all(_zero_or_nan(c) for c in cells):
+        return
+    data["text/html"] = (f'<details class="attnum-fold attnum-empty"><summary>A table whose {len(cells)} values are '
+                         "all 0 or NaN (folded; open to see it)</summary>\n" + markup + "\n</details>")
+
+
+def _headline_cell(entry: dict):
+    if not entry.get("headline"):
+        return None
+    return nbformat.v4.new_markdown_cell(_figure(entry["headline"], f"headline figure of {entry['study']}",
+                                                 f"Headline figure: {_code(entry['headline'])}"))
 
 
 def _page_notebook(entry: dict, nav: str):
@@ -417,7 +711,7 @@ def _page_notebook(entry: dict, nav: str):
     glue.unformat_missing(nb)
     nb.metadata.pop("widgets", None)  # widget state would pull the widget manager from a CDN
     cells, params_cell, table_done = [], None, False
-    staged = _staged_folders(nb, entry["dir"])
+    staged = _staged_folders(nb, entry.get("source", entry["dir"]))
     shown = f"outputs/{entry['study']}/{entry['run']}"
     for cell in nb.cells:
         tags = list(cell.metadata.get("tags", []))
@@ -427,6 +721,7 @@ def _page_notebook(entry: dict, nav: str):
                             and WIDGET_MIME not in o.get("data", {})]
             for out in cell.outputs:  # the staging folder a run executed in is named as the run
                 _unstage(out, staged, shown)
+                _fold_empty_table(out)
             if "parameters" in tags:
                 params_cell = cell
                 continue
@@ -448,7 +743,12 @@ def _page_notebook(entry: dict, nav: str):
     elif entry.get("page_suffix"):
         first, _, rest = cells[title_at].source.partition("\n")
         cells[title_at].source = f"{first} {entry['page_suffix']}\n{rest}"
-    cells.insert(title_at + 1, nbformat.v4.new_markdown_cell(_provenance_md(entry, nav)))
+    # results first: the headline figure and the conclusions right below the title, then the provenance
+    summary_at = _summary_cell_index(nbformat.v4.new_notebook(cells=cells))
+    first = [c for c in [_headline_cell(entry)] if c is not None]
+    if summary_at is not None and summary_at > title_at:
+        first.append(cells.pop(summary_at))
+    cells[title_at + 1:title_at + 1] = first + [nbformat.v4.new_markdown_cell(_provenance_md(entry, nav))]
     nb.cells = cells
     return nb
 
@@ -480,10 +780,18 @@ def _unstage(out, staged: list[str], shown: str) -> None:
             out["data"][mime] = fix(value)
 
 
-def _lab_page(entry: dict, nav: str) -> str:
-    """A JupyterLab run keeps its notebook in notebooks/: its page shows its record and figures."""
+def _params_cell(nb):
+    """The committed notebook's ``parameters`` cell (its defaults and their meaning), if any."""
+    if nb is None:
+        return None
+    return next((c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])), None)
+
+
+def _lab_page(entry: dict, nav: str, params_cell=None) -> str:
+    """A JupyterLab run keeps its notebook in notebooks/: its page shows its record and figures, its parameters
+    beside the committed notebook's defaults and their meaning."""
     parts = [f"# {_text(entry['study'])} · JupyterLab run {_code(entry['run'])}\n", _provenance_md(entry, nav),
-             _parameter_table(entry, None)]
+             _parameter_table(entry, params_cell)]
     if entry.get("unfinished"):
         parts.append("This JupyterLab run has not written `results.nc` (unfinished or still running).\n")
     for fig in entry.get("figures", []):
@@ -495,14 +803,41 @@ def _figure(path: str, alt: str, caption: str) -> str:
     return f":::{{figure}} {path}\n:width: 100%\n:alt: {alt}\n\n{caption}\n:::\n"
 
 
+def _finding_md(study: str, main: dict | None, committed: dict) -> str | None:
+    """The study's finding (its committed notebook's template, else the run's own) with the main run's values."""
+    if main is None or main.get("nb") is None:
+        return None
+    template = _finding_template(committed.get(study)) or _finding_template(main["nb"])
+    return render_finding(template, glue.read_glued(main["nb"])) if template else None
+
+
 def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, damaged: list[dict],
-              others: list[dict]) -> str:
+              others: list[dict], reports: list[dict] | None = None) -> str:
+    reports = reports or []
     parts = ["# Numerical deviation of FlashAttention-style attention kernels\n",
              "Five studies of how far attention kernels drift from the exact answer: how the error grows with "
              "sequence length, what extreme inputs do, and what the deviation does to training. Each study is "
              "an executed notebook; every number and figure on its page comes from that run's `results.nc`, "
              "whose attributes record the parameters, code version, library versions and machine. "
-             "Headline figures open at full size on click.\n"]
+             "Figures open at full size on click.\n"]
+    lead = next((primary[s] for s in order if s in primary and primary[s].get("headline")), None)
+    if lead is not None:
+        title = _title(committed[lead["study"]]) if lead["study"] in committed else lead["study"]
+        parts.append(_figure(f"{lead['study']}/{lead['run']}/{lead['headline']}",
+                             f"headline figure of {lead['study']}, run {lead['run']}",
+                             f"{_text(_short_title(title, lead['study']))}, {_text(_device_label(lead))} run "
+                             f"{_code(short_label(lead['run']))}: {_code(lead['headline'])}"))
+    findings = []
+    for study in order:
+        text = _finding_md(study, primary.get(study), committed)
+        if text:
+            main = primary[study]
+            title = _short_title(_title(committed[study]) if study in committed else study, study)
+            findings.append(f"* **{_text(title)}**: {text} ([{_text(_device_label(main).split(' ')[0])} run "
+                            f"{_text(short_label(main['run']))}]({study}/{main['run']}/notebook.ipynb))")
+    if findings:
+        parts.append("## Findings\n\nOne sentence per study, written by its author, with the numbers of the run "
+                     "it links to (glued from that run's data).\n\n" + "\n".join(findings) + "\n")
     if damaged:
         parts.append(":::{admonition} Damaged runs, not published\n:class: error attnum-damaged\n\n"
                      + "\n".join(f"* DAMAGED, not published: {_code(d['study'] + '/' + d['run'])}: {_text(d['damaged'])}"
@@ -527,20 +862,23 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
                             f"{_text(_device_label(r))} run {_code(r['run'])}: {_code(r['headline'])}") for r in shown]
             parts.append("::::{container} attnum-figs\n" + "\n".join(figs) + "::::\n")
         if main is not None:
-            key = _key_result(main["nb"]) if main.get("nb") is not None else ""
-            if key:
-                parts.append(f"**Key result** (the notebook's first conclusion, run {_code(main['run'])}): {key}\n")
+            text = _finding_md(study, main, committed)
+            if text:
+                parts.append(f"**Finding** (run {_code(short_label(main['run']))}): {text}\n")
             parts.append(f"[Read the study →]({study}/{main['run']}/notebook.ipynb)\n")
         else:
             parts.append("*No result run of this study is published yet* (`make reproduce`, or "
                          f"`python -m attnum run {study}`).\n")
         if results:
-            rows = ["| run | device | created | git commit | page |", "|---|---|---|---|---|"]
+            rows = ["| run | device | created | git commit | versions | page |", "|---|---|---|---|---|---|"]
             for r in results:
                 prov = r.get("provenance", {})
-                page = f"[{_text(r['run'])}]({study}/{r['run']}/notebook.ipynb)" if r.get("nb") is not None else ""
-                rows.append(f"| {_code(r['run'], True)} | {_text(_device_label(r))} | {_text(prov.get('created', ''))} | "
-                            f"{_commit(prov, True)} | {page} |")
+                page = f"[page]({study}/{r['run']}/notebook.ipynb)" if r.get("nb") is not None else ""
+                off = off_pins(prov)
+                versions = (f"off the pins: {_text(', '.join(k for k, _, _ in off))}" if off else
+                            "pinned" if _json_attr(prov, "package_versions") else "not recorded")
+                rows.append(f"| {_code(short_label(r['run']), True)} | {_text(_device_label(r))} | "
+                            f"{_text(prov.get('created', ''))} | {_commit(prov, True)} | {versions} | {page} |")
             parts.append("Result runs of this study:\n\n" + "\n".join(rows) + "\n")
         rest = [r for r in others if r["study"] == study]
         if rest:
@@ -549,12 +887,28 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
         for r in results:
             if r.get("nb") is None:
                 continue
-            label = _short_title(title, study) + ("" if r is main else f" · {r['run']} ({_device_label(r).split(' ')[0]})")
+            label = _short_title(title, study) + ("" if r is main else f" · {short_label(r['run'])} ({_device_label(r).split(' ')[0]})")
             (toc_main if r is main else toc_more).append(f"{label} <{study}/{r['run']}/notebook>")
     parts.append("```{toctree}\n:hidden:\n:caption: Studies\n:maxdepth: 1\n\n" + "\n".join(toc_main) + "\n```\n")
     if toc_more:
         parts.append("```{toctree}\n:hidden:\n:caption: More result runs (GPU, other tiers)\n:maxdepth: 1\n\n"
                      + "\n".join(toc_more) + "\n```\n")
+    if reports:
+        rows = ["| report | kernels | device | created | page |", "|---|---|---|---|---|"]
+        for r in reports:
+            params = r["record"].get("parameters") or {}
+            kernels = params.get("kernel_names") or []
+            page = f"[page]({REPORTS}/{r['run']}/notebook.ipynb)" if r.get("doc") else "unfinished (no `REPORT.json` yet)"
+            rows.append(f"| {_code(short_label(r['run']), True)} | "
+                        f"{', '.join(_code(k, True) for k in kernels) if isinstance(kernels, list) else ''} | "
+                        f"{_text(r.get('provenance', {}).get('device', ''))} | "
+                        f"{_text(r.get('provenance', {}).get('created', ''))} | {page} |")
+        parts.append("## Kernel reports\n\nReports of `python -m attnum report KERNEL`: is a kernel's error what a "
+                     "correct kernel of its precision makes? (not one of the studies; each is its own run).\n\n"
+                     + "\n".join(rows) + "\n")
+        toc = [f"Report {short_label(r['run'])} <{REPORTS}/{r['run']}/notebook>" for r in reports if r.get("doc")]
+        if toc:
+            parts.append("```{toctree}\n:hidden:\n:caption: Kernel reports\n:maxdepth: 1\n\n" + "\n".join(toc) + "\n```\n")
     parts.append("```{toctree}\n:hidden:\n:caption: Not results\n:maxdepth: 1\n\nOther runs <runs>\n```\n")
     return "\n".join(parts)
 
@@ -584,10 +938,10 @@ def _runs_md(others: list[dict], damaged: list[dict], short: dict) -> str:
             page = f"[page]({doc}.{'ipynb' if r.get('nb') is not None else 'md'})" if r.get("doc") else ""
             when = r.get("provenance", {}).get("created") or r["record"].get("finished") or r["record"].get("started", "")
             last = (f"{_code(r.get('error', ''), True)} {page}" if kind == "failed" else page)
-            table.append(f"| {_text(short.get(r['study'], r['study']))} | {_code(r['run'], True)} | "
+            table.append(f"| {_text(short.get(r['study'], r['study']))} | {_code(short_label(r['run'], 40), True)} | "
                          f"{_text(_device_label(r))} | {_text(when)} | {last} |")
             if r.get("doc"):
-                toc.append(f"{r['study']} · {r['run']} <{doc}>")
+                toc.append(f"{r['study']} · {short_label(r['run'], 40)} <{doc}>")
         parts.append("\n".join(table) + "\n")
     if toc:
         parts.append("```{toctree}\n:hidden:\n:maxdepth: 1\n\n" + "\n".join(toc) + "\n```\n")
@@ -625,6 +979,9 @@ def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
     for study, path in known.items():
         with contextlib.suppress(Exception):
             committed[study] = nbformat.read(path, as_version=4)
+    reports = [e for e in entries if e.get("kind") == "report"]
+    entries = [e for e in entries if e.get("kind") != "report"]
+    order = [s for s in order if s != REPORTS or s in known]
     by_study: dict[str, list] = {}
     for e in entries:
         e["kind"] = _kind(e)
@@ -652,10 +1009,19 @@ def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
             nbformat.write(_page_notebook(e, nav), dest / "notebook.ipynb")
             e["doc"] = True
         elif e["kind"] == "lab":
-            (dest / "notebook.md").write_text(_lab_page(e, nav))
+            (dest / "notebook.md").write_text(_lab_page(e, nav, _params_cell(committed.get(e["study"]))))
             e["doc"] = True
+    for e in reports:
+        if e.get("nb") is None:
+            continue
+        dest = src / REPORTS / e["run"]
+        dest.mkdir(parents=True)
+        shutil.copy2(e["dir"] / "results.nc", dest / "results.nc")
+        e["page_suffix"] = f"(report {_code(e['run'])})"
+        nbformat.write(_page_notebook(e, "[↑ All studies](../../index.md)"), dest / "notebook.ipynb")
+        e["doc"] = True
     others = [e for e in entries if e["kind"] not in ("result", "gpu")]
-    (src / "index.md").write_text(_index_md(order, by_study, primary, committed, damaged, others))
+    (src / "index.md").write_text(_index_md(order, by_study, primary, committed, damaged, others, reports))
     (src / f"{OTHER}.md").write_text(_runs_md(others, damaged, short))
 
 
@@ -683,17 +1049,23 @@ def publish(outputs: str | Path | None = None, *, strict: bool = True) -> Path:
         build.mkdir()
         try:
             entries, damaged = [], []
+            snapshots = build / "snapshot"  # each run's files, copied, then verified: what the site is made of
             for study, run_dir, damage in _run_folders(base):
                 try:
                     if damage:
                         raise ncio.DamagedRunError(damage)
-                    entries.append(_collect(study, run_dir))
+                    if study == REPORTS:
+                        entries.append(_collect_report(run_dir, snapshots))
+                    else:
+                        entries.append(_collect(study, run_dir, snapshots))
                 except (ncio.DamagedRunError, OSError) as exc:  # a folder, FIFO or link in a file's place too
                     damaged.append({"study": study, "run": run_dir.name, "damaged": str(exc)})
             src, html = build / "src", build / "html"
             _build_sources(src, entries, damaged)
             _sphinx(src, html, build / "doctrees")
-            for e in entries:  # the run's data and figures at stable addresses beside its page
+            for e in entries:  # the run's data and figures (from its verified snapshot) beside its page
+                if e.get("nb") is None and e.get("kind") == "report":
+                    continue
                 dest = html / e["study"] / e["run"]
                 dest.mkdir(parents=True, exist_ok=True)
                 for name in e.get("figures", []) + (["results.nc"] if e.get("provenance") else []):

@@ -11,6 +11,7 @@ installs it) or no Playwright. ``$ATTNUM_CHROMIUM`` names another Chromium binar
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,6 +29,24 @@ CHROMIUM = os.environ.get("ATTNUM_CHROMIUM") or shutil.which("chromium") or shut
 COMMITTED_GPU = Path(__file__).resolve().parents[2] / "outputs" / "length_scaling" / "gpu"
 STUDY = "extreme_inputs"
 PROGRESS = re.compile(r"TqdmWarning|IProgress|\d+it/s\]|s/it\]|\d%\|")
+
+
+# what a reader would see go wrong: the page scrolls sideways, a figure is squashed, a table runs out of the
+# column without a scroll bar of its own, table cells without padding
+LAYOUT = """() => {
+  const art = document.querySelector('article');
+  const right = art.getBoundingClientRect().right;
+  const scrolls = (t) => { for (let el = t.parentElement; el && el !== art; el = el.parentElement) {
+      const o = getComputedStyle(el).overflowX;
+      if ((o === 'auto' || o === 'scroll') && el.getBoundingClientRect().right <= right + 1) return true; }
+    return false; };
+  const overflowing = [...art.querySelectorAll('table')].filter(t => t.getBoundingClientRect().right > right + 1
+                                                                 && !scrolls(t)).map(t => t.outerHTML.slice(0, 80));
+  const squashed = [...art.querySelectorAll('img')].filter(i => i.naturalWidth && i.width && i.height &&
+      Math.abs((i.width / i.height) / (i.naturalWidth / i.naturalHeight) - 1) > 0.02).map(i => i.currentSrc);
+  const padding = [...art.querySelectorAll('.cell_output table td')].map(td => parseFloat(getComputedStyle(td).paddingLeft));
+  return {page: document.documentElement.scrollWidth, window: window.innerWidth, overflowing, squashed, padding};
+}"""
 
 
 def _browser():
@@ -77,8 +96,31 @@ def site(tmp_path_factory):
 
         shutil.copytree(base / STUDY / "smoke", base / STUDY / "as_result", symlinks=False)
         mp.setattr(attnum.site, "_kind", kind)
+        _report(base)
+        real_sphinx = attnum.site._sphinx
+
+        def sphinx_while_a_run_finishes(*args):  # a run's files replaced after its snapshot was taken
+            gpu = base / "length_scaling" / "gpu"
+            (gpu / "results.nc").write_bytes((base / STUDY / "smoke" / "results.nc").read_bytes())
+            (gpu / "error_vs_length.png").write_bytes(b"not the run's figure")
+            return real_sphinx(*args)
+
+        mp.setattr(attnum.site, "_sphinx", sphinx_while_a_run_finishes)
         index = attnum.site.publish(base)
     return index
+
+
+REPORT = "my_kernel"
+
+
+def _report(base: Path) -> None:
+    """A kernel report as ``python -m attnum report`` leaves it (its notebook and data from the smoke run)."""
+    folder = base / "report" / REPORT
+    folder.mkdir(parents=True)
+    for name in ("notebook.ipynb", "results.nc"):
+        shutil.copy2(base / STUDY / "smoke" / name, folder / name)
+    (folder / "REPORT.json").write_text(json.dumps({"kernel_names": ["mypkg.attn:forward"], "against": ["sdpa:math"],
+                                                    "device": "cpu", "tier": "quick", "overrides": {}}))
 
 
 def test_the_site_builds_offline_with_every_kind_of_run(site):
@@ -89,6 +131,16 @@ def test_the_site_builds_offline_with_every_kind_of_run(site):
         assert not re.search(r"<(script|link)\b[^>]*(src|href)=\"https?://", text), f"{path} loads from the network"
     assert (site.parent / "length_scaling" / "gpu" / "results.nc").exists()
     assert (site.parent / STUDY / "as_result" / "notebook.html").exists()
+    assert (site.parent / "report" / REPORT / "notebook.html").exists()
+
+
+def test_a_run_replaced_during_publish_is_published_as_it_was_verified(site):
+    """The fixture replaces the GPU run's results.nc and a figure after publish took its snapshot: the site
+    holds the files that were verified, the ones RUN.json hashes."""
+    record = json.loads((COMMITTED_GPU / "RUN.json").read_text())
+    published = site.parent / "length_scaling" / "gpu"
+    assert hashlib.sha256((published / "results.nc").read_bytes()).hexdigest() == record["results_sha256"]
+    assert (published / "error_vs_length.png").read_bytes() == (COMMITTED_GPU / "error_vs_length.png").read_bytes()
 
 
 def test_in_a_browser(site):
@@ -122,18 +174,36 @@ def test_in_a_browser(site):
             assert all(ok for _, ok in images), f"{url}: figures that did not load: {images}"
             for i in range(page.locator("article img").count()):
                 assert page.locator("article img").nth(i).is_visible(), f"{url}: figure {i} is not visible"
+            layout = page.evaluate(LAYOUT)
+            assert layout["page"] <= layout["window"], f"{url} scrolls sideways ({layout['page']} px)"
+            assert layout["squashed"] == [], f"{url}: figures not shown at their aspect ratio {layout['squashed']}"
+            assert layout["overflowing"] == [], f"{url}: tables wider than the column, not scrolling inside it"
+            assert all(p >= 4 for p in layout["padding"]), f"{url}: output table cells without padding"
+            assert not any(page.eval_on_selector_all("details.attnum-empty", "els => els.map(e => e.open)"))
             return text, len(images)
 
         # the landing page: the five studies in order, question, headline figures (full size on click)
         text, n_images = check_page(index_url)
         titles = page.eval_on_selector_all("article h2", "els => els.map(e => e.textContent.trim())")
-        numbers = [t[:2] for t in titles]
+        numbers = [t[:2] for t in titles if t[:2].isdigit()]
         assert numbers == ["01", "02", "03", "04", "05"], titles
+        assert [t.rstrip("#") for t in titles if not t[:2].isdigit()] == ["Findings", "Kernel reports"], titles
         assert text.count("Question.") == 5
-        assert n_images == 2  # 01's GPU run and 02's run; the other studies have no result run here
+        # one headline figure first, then 01's GPU run and 02's run; the other studies have no result run here
+        assert n_images == 3
+        first_img = page.locator("article img").first.bounding_box()["y"]
+        assert first_img < page.locator("article h2").first.bounding_box()["y"]  # above the findings
+        findings = page.eval_on_selector_all("#findings li", "els => els.map(e => e.innerText)")
+        as_result = nbformat.read(root.parent / STUDY / "as_result" / "notebook.ipynb", as_version=4)
+        template = attnum.site._finding_template(nbformat.read(runs.studies()[STUDY], as_version=4))
+        glued = attnum.glue.read_glued(as_result)
+        expected = [format(glued[k], spec) if spec else str(glued[k]) for k, spec in attnum.site._GLUE_ROLE.findall(template)]
+        assert expected and len(findings) == 1 and findings[0].startswith("02 · Extreme inputs")  # 01's GPU run glued none
+        assert [e for e in expected if e not in findings[0]] == [], (expected, findings)
         full_size = page.eval_on_selector_all("article figure a:has(img)", "els => els.map(e => e.href)")
         assert full_size and all(h.endswith(".png") for h in full_size)
-        assert "GPU (cuda:0 NVIDIA H200" in text and "Key result" in text
+        assert "GPU (cuda:0 NVIDIA H200" in text and "Finding (run" in text
+        assert "mypkg.attn:forward" in text  # the kernel report, listed with its kernels
         assert "No result run of this study is published yet" in text
         assert "05 · GProj" in text and "failed run" in text  # named, not shown as a result
         assert "smoke" in text  # 02's smoke run is named as another run, not a result
@@ -145,14 +215,28 @@ def test_in_a_browser(site):
         pages = sorted({h.split("#")[0] for h in links if h.startswith("file://") and h.split("#")[0].endswith(".html")
                         and "genindex" not in h and "search" not in h})
         study_pages = [p for p in pages if p.endswith("/notebook.html")]
-        assert len(study_pages) == 4, pages  # 01 gpu, 02 as_result, 02 smoke, 05 failed
+        assert len(study_pages) == 5, pages  # 01 gpu, 02 as_result, 02 smoke, 05 failed, the report
         for url in pages:
             check_page(url)
 
-        # a study page: hidden code (openable), parameter table, provenance, table of contents, navigation
+        # a study page: results first (headline figure, conclusions), then provenance and a folded parameter table
         url = (root / STUDY / "as_result" / "notebook.html").as_uri()
         text, n_images = check_page(url)
         assert n_images >= 3
+        heads = page.eval_on_selector_all("article h2", "els => els.map(e => e.textContent.trim().replace(/#$/, ''))")
+        assert heads[0] == "Conclusions" and heads.index("Parameters of this run") > 0, heads
+        record = json.loads((root.parent / STUDY / "as_result" / "RUN.json").read_text())
+        headline = ncio.open_results(root.parent / STUDY / "as_result" / "results.nc").attrs["headline_figure"]
+        assert page.locator("article img").first.evaluate("e => e.currentSrc").endswith("/" + headline)
+        y = lambda sel: page.locator(sel).first.bounding_box()["y"]  # noqa: E731
+        assert y("article img") < y("#conclusions") < y(".admonition.note") < y("#parameters-of-this-run")
+        folded = page.locator("details.attnum-params")
+        assert folded.count() == 1 and not folded.evaluate("e => e.open")
+        bold = folded.evaluate("e => [...e.querySelectorAll('tbody tr')].filter(r => r.cells[1].querySelector("
+                               "'strong')).map(r => r.cells[0].textContent.trim())")
+        differs = page.locator("#parameters-of-this-run p").first.inner_text()
+        named = re.findall(r"(\w+) = ", differs) if differs.startswith("Differs") else []
+        assert named == bold and set(bold) <= set(record["parameters"]), (differs, bold)
         assert "Parameters of this run" in text and "Provenance of this run" in text
         assert "git commit" in text and "versions" in text and "created" in text
         # study 02's smoke run has real kernels: the backend each ran as is on its page
@@ -164,6 +248,12 @@ def test_in_a_browser(site):
         page.click("text=← 01 · Length scaling")
         page.wait_for_load_state("load")
         assert page.url.endswith("length_scaling/gpu/notebook.html")
+        # 01's GPU run was made off the pinned versions: its page says so, naming each difference
+        prov = ncio.open_results(COMMITTED_GPU / "results.nc").attrs
+        off = attnum.site.off_pins(prov)
+        text = page.inner_text("article")
+        assert off and "made off the pins" in text
+        assert [f"{k} {ran} (pinned {pin})" for k, ran, pin in off if f"{k} {ran} (pinned {pin})" not in text] == []
         assert "02 · Extreme inputs →" in page.inner_text("body")
         page.click("text=↑ All studies")
         page.wait_for_load_state("load")
@@ -207,3 +297,102 @@ def test_versions_name_the_accelerator_of_a_gpu_run_only():
     assert _versions({"package_versions": packages, "accelerator_versions": json.dumps(cpu)}) == \
         "python 3.12.3, torch 2.11.0, numpy 2.5, xarray 2026.9"
     assert _versions({"package_versions": packages}) == "python 3.12.3, torch 2.11.0, numpy 2.5, xarray 2026.9"
+
+
+def test_off_pins_names_each_package_that_differs_from_its_pin():
+    from attnum.site import off_pins
+
+    pinned = {"torch": "2.13.0", "numpy": "2.4.6", "python": "3.11", "triton": "3.6.0", "xarray": "2026.9.0"}
+    prov = {"package_versions": json.dumps({"python": "3.12.3", "torch": "2.11.0", "numpy": "2.4.6",
+                                            "xarray": "2026.9.0", "attnum": "not installed"}),
+            "accelerator_versions": json.dumps({"torch": "2.11.0+cu130", "triton": "3.6.0", "gpu": "NVIDIA H200"})}
+    assert off_pins(prov, pinned) == [("python", "3.12.3", "3.11"), ("torch", "2.11.0+cu130", "2.13.0")]
+    on = {"package_versions": json.dumps({"python": "3.11.7", "torch": "2.13.0+cpu", "numpy": "2.4.6"})}
+    assert off_pins(on, pinned) == []
+    assert off_pins({}, pinned) == []  # nothing recorded: nothing to compare (the page says "not recorded")
+
+
+def test_pins_are_read_from_the_requirements_and_the_environment():
+    from attnum.site import ROOT, pins
+
+    found = pins()
+    lines = [ln.split("#")[0].strip() for ln in (ROOT / "requirements.txt").read_text().splitlines()]
+    assert {ln.split("==")[0].lower(): ln.split("==")[1] for ln in lines if "==" in ln}.items() <= found.items()
+    assert re.search(rf"python\s*=\s*{re.escape(found['python'])}\b", (ROOT / "environment.yml").read_text())
+
+
+def test_short_labels_keep_short_names_and_shorten_long_ones_to_set_and_hash():
+    from attnum.site import short_label
+
+    assert short_label("gpu") == "gpu"
+    long = "gpu__attribution_seeds=0__attribution_seq_lens=1024,8192__block_seeds=0__block_seq_len=4-h5172af6ac6"
+    assert short_label(long) == "gpu…h5172af6ac6"
+    assert len(short_label("x" * 80)) <= 24 + 1
+    assert short_label("x" * 30) != short_label("x" * 29 + "y")  # the tail tells long names apart
+
+
+def test_a_finding_states_the_runs_values_escaped_and_none_when_the_run_glued_nothing():
+    from attnum.site import render_finding
+
+    template = "rejects {glue:text}`a:.0%` of points, on {glue:text}`b`; `code` stays"
+    assert render_finding(template, {"a": 0.777, "b": "x<img src=y onerror=alert(1)>`"}) == (
+        "rejects 78\\% of points, on x\\<img src\\=y onerror\\=alert\\(1\\)\\>\\`; `code` stays")
+    assert render_finding(template, {"a": 0.5}) == "rejects 50\\% of points, on n\\/a; `code` stays"
+    assert render_finding(template, {"other": 1}) is None
+    assert render_finding("", {"a": 1}) is None
+
+
+def test_tables_of_only_zeros_or_nan_are_folded_and_others_left_alone():
+    import numpy as np
+    import pandas as pd
+
+    from attnum.site import _fold_empty_table
+
+    empty = {"output_type": "display_data",
+             "data": {"text/html": pd.DataFrame({"a": [0.0, np.nan], "b": [0, 0]}).style.format("{:.2f}").to_html()}}
+    _fold_empty_table(empty)
+    assert empty["data"]["text/html"].startswith('<details class="attnum-fold attnum-empty"><summary>A table whose 4 ')
+    full = {"output_type": "display_data", "data": {"text/html": pd.DataFrame({"a": [0.0, 1e-9]}).to_html()}}
+    before = full["data"]["text/html"]
+    _fold_empty_table(full)
+    assert full["data"]["text/html"] == before
+
+
+def test_a_parameter_differs_from_its_default_by_value_not_by_spelling():
+    import nbformat
+
+    from attnum.site import _parameter_table
+
+    cell = nbformat.v4.new_code_cell("real_causal: list = [False, True]  # masks\nname: str = 'bf16'  # format\n"
+                                     "seeds: list = [0, 1, 2]  # seeds")
+    entry = {"record": {"parameters": {"real_causal": [False, True], "name": "bf16", "seeds": [0]}}}
+    head = _parameter_table(entry, cell).split("\n\n")[1]
+    assert re.findall(r"`(\w+)` = ", head) == ["seeds"]
+
+
+def test_a_snapshot_lost_to_a_pointer_swap_is_taken_again_from_the_new_version(tmp_path, monkeypatch):
+    """A run finishing while publish copies the old version: the pointer moves and the old version goes; the
+    copy is made again, whole, from the new version (never half of each)."""
+    study = tmp_path / "outputs" / "length_scaling"
+    for version, text in (("v1", "old"), ("v2", "new")):
+        folder = study / ".versions" / "smoke" / version
+        folder.mkdir(parents=True)
+        for name in ("RUN.json", "results.nc", "fig.png"):
+            (folder / name).write_text(f"{text} {name}")
+    (study / "smoke").symlink_to(Path(".versions") / "smoke" / "v1")
+    real_copy, calls = attnum.site._copy_plain, []
+
+    def copy_while_the_run_finishes(src, dest, name):
+        calls.append(src.name)
+        if src.name == "v1" and name == "results.nc":  # the new run swaps the pointer and removes v1
+            (study / "smoke").unlink()
+            (study / "smoke").symlink_to(Path(".versions") / "smoke" / "v2")
+            shutil.rmtree(src)
+        return real_copy(src, dest, name)
+
+    monkeypatch.setattr(attnum.site, "_copy_plain", copy_while_the_run_finishes)
+    dest = tmp_path / "snapshot" / "length_scaling" / "smoke"
+    source = attnum.site._snapshot("length_scaling", study / "smoke", dest)
+    assert source.name == "v2" and "v1" in calls
+    assert {p.name: p.read_text() for p in dest.iterdir()} == {
+        "RUN.json": "new RUN.json", "results.nc": "new results.nc", "fig.png": "new fig.png"}
