@@ -18,7 +18,6 @@ from attnum.train.__main__ import main
 
 ROOT = Path(__file__).parents[2]
 LIB = ROOT / "lib"
-BEFORE = "385be1f"  # the trainer before data parallelism: a one-process run must be bitwise its run
 TINY = dict(n_layer=2, n_head=2, d_model=32, context=32, batch_size=8, steps=20, log_every=1, eval_every=10,
             snapshot_every=10, corpus_max_bytes=2_000_000, val_windows=8, diag_batch=2, warmup_steps=5, lr=3e-3,
             sketch_size=16, device="cpu", budget_s=0.0, time_attention=False, threads=1,
@@ -176,39 +175,6 @@ def test_one_rank_in_a_process_group_is_bitwise_one_process(tmp_path, one_proces
     assert all(torch.equal(p, one_process.model.state_dict()[n]) for n, p in res.model.state_dict().items())
 
 
-REFERENCE = """
-import sys, torch
-from attnum.model import GPTConfig
-from attnum.train import Task, TrainConfig, train
-corpus = train(TrainConfig.byte_lm(**{tiny}), out_dir=sys.argv[1], progress=False)
-task = train(TrainConfig(steps=12, batch_size=4, warmup_steps=3, grad_clip=1.0, record_every=1),
-             Task("copy", context=16, n_symbols=8), GPTConfig(vocab_size=9, context=16, n_layer=2, n_head=2, d_model=16,
-             attention=("sdpa:flash", "sdpa:math")), progress=False)
-torch.save({{"corpus_loss": torch.from_numpy(corpus.records["loss"].values), "corpus": corpus.model.state_dict(),
-            "task_loss": torch.from_numpy(task.records["loss"].values), "task": task.model.state_dict()}}, sys.argv[2])
-"""
-
-
-def test_a_one_process_run_is_bitwise_the_trainer_before_data_parallelism(tmp_path, one_process):
-    before = tmp_path / "before"
-    before.mkdir()
-    archive = subprocess.run(["git", "-C", str(ROOT), "archive", BEFORE, "lib"], capture_output=True, check=True)
-    subprocess.run(["tar", "-x", "-C", str(before)], input=archive.stdout, check=True)
-    script = tmp_path / "reference.py"
-    script.write_text(REFERENCE.format(tiny=repr(TINY)))
-    env = {**_env(), "PYTHONPATH": str(before / "lib")}
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tmp_path / "ref.pt")], env=env,
-                          capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stderr[-3000:]
-    ref = torch.load(tmp_path / "ref.pt")
-    loss = torch.from_numpy(one_process.records["loss"].values)
-    assert torch.equal(loss[:, 1:], ref["corpus_loss"][:, 1:]) and torch.isnan(ref["corpus_loss"][:, 0]).all()
-    assert all(torch.equal(p, ref["corpus"][n]) for n, p in one_process.model.state_dict().items())
-    task = train(TrainConfig(steps=12, batch_size=4, warmup_steps=3, grad_clip=1.0, record_every=1),
-                 Task("copy", context=16, n_symbols=8), GPTConfig(vocab_size=9, context=16, n_layer=2, n_head=2,
-                 d_model=16, attention=("sdpa:flash", "sdpa:math")), progress=False)
-    assert torch.equal(torch.from_numpy(task.records["loss"].values), ref["task_loss"])
-    assert all(torch.equal(p, ref["task"][n]) for n, p in task.model.state_dict().items())
 
 
 def test_every_long_run_plan_is_a_valid_configuration_for_its_ranks():
