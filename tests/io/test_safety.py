@@ -159,7 +159,9 @@ def _forge(folder: Path, **changes) -> None:
     ncio.write_record(folder, record)
 
 
-def test_data_reaches_the_site_as_text_never_as_a_tag(outputs, fake, monkeypatch):
+@pytest.fixture
+def planted_site(outputs, fake, monkeypatch):
+    """A published site whose data carry ``PAYLOAD`` in every place data reach a page."""
     run = runs.run(STUDY, "smoke", {"head_dim": 32}, progress=False, name="default")
     results = run / "results.nc"
     ds = ncio.open_results(results)
@@ -178,7 +180,11 @@ def test_data_reaches_the_site_as_text_never_as_a_tag(outputs, fake, monkeypatch
     (named / f"{PAYLOAD}.png").write_bytes(b"\x89PNG\r\n")  # a figure's file name: named as damage
     with contextlib.suppress(attnum.site.PublishError):  # that run is damaged: publish exits non-zero
         attnum.site.publish()
-    site = outputs / "site"
+    return outputs / "site"
+
+
+def test_data_reaches_the_site_as_text_never_as_a_tag(planted_site):
+    site = planted_site
     pages = sorted(site.rglob("*.html"))
     live = [(p.name, tag, attrs) for p in pages for tag, attrs in _parse(p).tags
             if "onerror" in attrs or (tag == "img" and attrs.get("src") == "x")]
@@ -189,6 +195,31 @@ def test_data_reaches_the_site_as_text_never_as_a_tag(outputs, fake, monkeypatch
     assert shown in "".join(_parse(site / "runs.html").text)  # the failed run's error
     page = "".join(_parse(site / STUDY / "default" / "notebook.html").text)
     assert page.count(shown) >= 3  # overrides, parameter table, device
+
+
+def test_no_planted_payload_runs_script_in_a_browser(planted_site):
+    """Every page of the planted site in headless Chromium: no ``alert()`` fires (no dialog opens)."""
+    import shutil
+
+    chromium = os.environ.get("ATTNUM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not chromium:
+        pytest.skip("no Chromium browser on this machine (Debian: apt-get install chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    pages = sorted(planted_site.rglob("*.html"))
+    assert len(pages) >= 3
+    fired = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page()
+            page.on("dialog", lambda dialog: (fired.append((page.url, dialog.message)), dialog.dismiss()))
+            for path in pages:
+                page.goto(path.as_uri(), wait_until="load")
+                page.wait_for_timeout(100)  # an <img onerror> fires once its load fails
+        finally:
+            browser.close()
+    assert fired == []
 
 
 # -- damage: named and skipped, never a crash or a hang --
