@@ -69,8 +69,7 @@ clean:
 # Deletes every study result not tracked by git: only when asked explicitly, and not while a run is live.
 clean-results:
 	@test "$(CONFIRM)" = yes || { echo "refusing: run 'make clean-results CONFIRM=yes' to delete outputs/*"; exit 2; }
-	$(PY) -m attnum idle
-	git clean -fdqX -- outputs/
+	$(PY) -m attnum clean-results --yes --outputs outputs
 
 distclean: clean
 	rm -rf $(VENV)

@@ -7,13 +7,15 @@ trainer (``train ...``: its own options, ``python -m attnum train --help``).
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from pathlib import Path
 import time
 
 from . import runs
 from .paths import UnsafePathError
-from .runs import batch
+from .runs import batch, store
 
 
 def _overrides(pairs) -> dict:
@@ -43,14 +45,27 @@ def _nonneg(text: str) -> int:
 
 
 def _outputs_folder(text: str) -> str:
-    """``--outputs``: a folder (or one to be made), never a file; a folder this user cannot write is refused."""
-    import os
+    """``--outputs``: a folder (or one to be made), never a file; a folder where this user cannot create a
+    file is refused. The check creates (and deletes) a file there: ``os.access`` answers yes to root for
+    a folder that refuses files all the same (``/proc``, a read-only mount seen through some layers)."""
+    import tempfile
 
     path = Path(text)
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text} is not a folder")
-    if path.is_dir() and not os.access(path, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text} is not writable by this user")
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent  # a folder still to be made: its nearest existing parent must take it
+    if not probe.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} cannot be made: {probe} is not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=probe, prefix=".attnum-write-check-"):
+            pass
+    except OSError as exc:
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        if exc.errno == errno.ENOENT:
+            why = "it takes no new files"
+        raise argparse.ArgumentTypeError(f"{text} is not writable by this user ({probe}: {why})") from None
     return text
 
 
@@ -125,6 +140,10 @@ def main(argv=None) -> int:
     p_clean = sub.add_parser("clean", help="remove leftovers of interrupted runs and the rendered site; "
                                            "never results, never a live run")
     p_clean.add_argument("--outputs", type=_outputs_folder, default=None)
+    p_results = sub.add_parser("clean-results", help="delete the results under the outputs root (what git ignores "
+                                                     "there), holding the run locks; refused while a run is live")
+    p_results.add_argument("--outputs", type=_outputs_folder, default=None)
+    p_results.add_argument("--yes", action="store_true", help="required: the results are deleted for good")
     p_idle = sub.add_parser("idle", help="exit 1 naming the runs in progress, 0 when none is")
     p_idle.add_argument("--outputs", default=None)
     sub.add_parser("train", help="train a GPT (the trainer's own command line: train --help)", add_help=False)
@@ -219,6 +238,13 @@ def main(argv=None) -> int:
             if live:
                 print(f"error: run(s) in progress: {', '.join(live)}; wait for them to finish", file=sys.stderr)
                 return 1
+        elif args.cmd == "clean-results":
+            if not args.yes:
+                print("error: clean-results deletes every result under the outputs root; pass --yes", file=sys.stderr)
+                return 2
+            removed = store.clean_results(args.outputs)
+            print(f"removed {len(removed)} entr{'y' if len(removed) == 1 else 'ies'} under "
+                  f"{args.outputs or runs.store.outputs_root()}")
         elif args.cmd == "clean":
             for line in runs.clean(args.outputs):
                 print(line if line.startswith(("recovered", "refused")) else f"removed {line}")
@@ -227,5 +253,10 @@ def main(argv=None) -> int:
         return 2
     except (runs.RunError, batch.BatchError, UnsafePathError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a folder that refuses writes, a full disk: named, not a traceback
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT):
+            raise
+        print(f"error: cannot write {exc.filename or 'the outputs'}: {os.strerror(exc.errno)}", file=sys.stderr)
         return 1
     return 0

@@ -10,6 +10,13 @@
   a file's place, a compression bomb: each a named, skipped damaged run, never a crash or a hang.
 * Inputs: YAML aliases and deep nesting refused, decode errors naming the file, ``--timeout`` below 1,
   the same ``-p`` key twice and a ``-p`` key also swept: refused before any folder exists.
+* ``clean-results``: refused while a run is live; a run starting during the deletion waits for it and
+  keeps its folders (the run locks are held from the check to the last deletion).
+* Failures: the record names the kernel's own error (or that it reported none, or that the kernel died);
+  a kernel killed in a cell ends the run; an address-space limit too small for a kernel is refused first.
+* Sizes and devices: a list past its limit and a grid past its size refused naming the limit; your own
+  kernel test-run on the run's device; an outputs folder that takes no files; in JupyterLab a misspelled
+  name in the parameters cell ("did you mean"), and a refused value shown as its one message.
 
 Runs use ``robust_helpers.fake_execute`` in place of papermill (a real results.nc in milliseconds).
 """
@@ -524,3 +531,231 @@ def test_a_lost_scheduler_fails_the_sweep_with_its_summary(outputs):
         _guarded(lambda: batch.run_batch(tasks, outputs=outputs, client=_LostClient(), log=lines.append), 60)
     summary = [line for line in lines if "lost the Dask scheduler" in line or "not started" in line]
     assert summary and not (outputs / STUDY).exists()
+
+
+# -- clean-results: the run locks held from the check to the last deletion --
+
+def test_clean_results_refuses_a_live_run_and_deletes_nothing(outputs, fake):
+    run = runs.run(STUDY, "smoke", progress=False)
+    with runs.store.run_lock(outputs / STUDY, "smoke"):
+        with pytest.raises(runs.RunLocked, match=f"{STUDY}/smoke"):
+            runs.store.clean_results()
+    assert ncio.verify_run(run)["status"] == "ok"
+
+
+def test_a_run_starting_during_clean_results_waits_and_keeps_its_folders(outputs, fake, monkeypatch):
+    old = runs.run(STUDY, "smoke", {"head_dim": 32}, progress=False)
+    started = {}
+
+    def start_a_run():  # clean_results holds its locks and has not deleted anything yet
+        started["thread"] = threading.Thread(target=lambda: started.setdefault(
+            "run", runs.run(STUDY, "smoke", {"head_dim": 16}, progress=False)), daemon=True)
+        started["thread"].start()
+
+    monkeypatch.setattr(runs.store, "_CLEAN_RESULTS_HOOK", start_a_run)
+    removed = runs.store.clean_results()
+    started["thread"].join(120)
+    assert str(outputs / STUDY) in removed and not os.path.lexists(old)
+    new = started["run"]  # made after the deletion: its version folder and record are whole
+    assert ncio.verify_run(new)["status"] == "ok"
+    assert sorted(p.name for p in (outputs / STUDY).iterdir()) == [".locks", ".versions", new.name]
+
+
+def test_make_clean_results_deletes_through_the_locked_python_step(outputs, fake, capsys):
+    text = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    target = text.split("\nclean-results:", 1)[1].split("\n\n", 1)[0]
+    assert "-m attnum clean-results --yes" in target and "git clean" not in target
+    runs.run(STUDY, "smoke", progress=False)
+    assert cli.main(["clean-results", "--outputs", str(outputs)]) == 2  # --yes is required
+    assert (outputs / STUDY / "smoke").exists()
+    assert cli.main(["clean-results", "--yes", "--outputs", str(outputs)]) == 0
+    assert sorted(p.name for p in outputs.iterdir()) == [runs.store.RUNS_LOCK]
+
+
+# -- the failure record says why: the kernel's own error, or that the kernel died --
+
+def _raising(exc):
+    def execute(input_path, output_path, parameters=None, **kwargs):
+        raise exc
+    return execute
+
+
+KERNEL_ERRORS = [
+    (papermill.PapermillExecutionError(5, 3, "a = np.ones(10**12)", "MemoryError", "Unable to allocate 7.28 TiB",
+                                       ["\x1b[0;31m----\x1b[0m", "\x1b[0;31mMemoryError\x1b[0m: Unable to allocate"]),
+     "MemoryError: Unable to allocate 7.28 TiB (notebook cell In [3])"),
+    (papermill.PapermillExecutionError(5, 3, "import torch", "CellExecutionError", "", []),  # ulimit -v 1900000
+     "the kernel reported CellExecutionError with no message or traceback (notebook cell In [3]); "
+     "it may have run out of memory"),
+    (papermill.PapermillExecutionError(5, 3, "a = f()", "", "", ["-" * 75, "\x1b[0;31mRecursionError\x1b[0m: deep"]),
+     "RecursionError: deep (notebook cell In [3])"),
+    (papermill.PapermillExecutionError(5, 3, "a = f()", "", "", []),
+     "the kernel reported an error with no message or traceback (notebook cell In [3]); it may have run out of memory"),
+]
+
+
+@pytest.mark.parametrize("exc, error", KERNEL_ERRORS)
+def test_a_failed_cell_records_the_kernels_own_error(outputs, fake, monkeypatch, exc, error):
+    monkeypatch.setattr(papermill, "execute_notebook", _raising(exc))
+    with pytest.raises(runs.RunError) as err:
+        runs.run(STUDY, "smoke", progress=False)
+    record = ncio.read_record(outputs / STUDY / "smoke.failed")
+    assert record["error"] == error and str(err.value).endswith(error)
+
+
+def test_a_kernel_that_dies_ends_the_run_and_says_so(outputs, monkeypatch, tmp_path):
+    import nbformat
+
+    notebook = tmp_path / "99_dies.ipynb"  # a real kernel, killed in its second cell (as a memory limit does)
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell("import os, signal\n"
+                                                                             "os.kill(os.getpid(), signal.SIGKILL)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    nbformat.write(nb, notebook)
+    monkeypatch.setattr(runs.execute, "notebook_path", lambda study: notebook)
+    with pytest.raises(runs.RunError):
+        _guarded(lambda: runs.run(STUDY, "smoke", progress=False), 300)
+    record = ncio.read_record(outputs / STUDY / "smoke.failed")
+    assert record["status"] == "failed" and record["error"].startswith("the kernel died: ")
+
+
+def test_a_run_under_a_small_address_space_limit_is_refused_before_its_kernel_starts(outputs):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # ulimit -v 3145728: below the 4 GiB needed
+
+    proc = subprocess.run([sys.executable, "-m", "attnum", "run", STUDY, "--params", "smoke", "--no-progress",
+                           "--outputs", str(outputs)], capture_output=True, text=True, preexec_fn=limit,
+                          timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(Path(runs.__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 2, proc.stderr
+    assert "address-space limit (ulimit -v) is 3.00 GiB, below the 4 GiB" in proc.stderr
+    assert not (outputs / STUDY).exists()
+
+
+# -- sizes bounded before any work --
+
+def test_a_list_longer_than_its_limit_is_refused_naming_the_parameter(outputs, fake):
+    with pytest.raises(runs.ParameterError, match=r"parameter 'seeds' takes at most 4096 entries \(attnum's limit "
+                                                  r"for a list parameter\), got 1000000"):
+        runs.run(STUDY, "smoke", {"seeds": list(range(1_000_000))}, progress=False)
+    assert not outputs.exists()
+
+
+def test_a_grid_too_large_is_refused_counting_its_points_first(outputs, tmp_path):
+    grid = {"batch": list(range(1, 21)), "heads": list(range(1, 21)), "head_dim": list(range(1, 33)),
+            "block_q": list(range(1, 33))}  # 20 x 20 x 32 x 32 = 409,600 valid points
+    from attnum.runs import batch
+
+    with pytest.raises(runs.ParameterError, match=r"the grid has 409600 points \(20 batch x 32 block_q x "
+                                                  r"32 head_dim x 20 heads\), more than the 1024 runs"):
+        _guarded(lambda: batch.plan_sweep(STUDY, grid, "smoke", {}), 60)
+    file = tmp_path / "grid.yaml"
+    file.write_text("".join(f"{k}: {v}\n" for k, v in grid.items()))
+    with pytest.raises(runs.ParameterError, match="the grid has 409600 points"):
+        _guarded(lambda: runs.parse_grid(str(file)), 60)
+    assert not outputs.exists()
+
+
+# -- your own kernel is checked on the run's device --
+
+CUDA_ONLY = '''
+def attention(q, k, v, is_causal=False, attn_mask=None, scale=None):
+    if not q.is_cuda:
+        raise RuntimeError("this kernel runs on CUDA only")
+    import torch.nn.functional as F
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
+'''
+
+
+@pytest.fixture
+def cuda_only_kernel(tmp_path, monkeypatch):
+    (tmp_path / "cuda_only_kernel.py").write_text(CUDA_ONLY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "cuda_only_kernel:attention"
+
+
+def test_your_own_kernel_is_test_run_on_the_runs_device(cuda_only_kernel, monkeypatch):
+    from attnum import kernels
+
+    asked = []
+    monkeypatch.setattr(runs.params, "check_device", lambda device: None)  # as if the GPU were there
+    monkeypatch.setattr(kernels, "check_runs", lambda kernel, device="cpu", **kw: asked.append(device))
+    runs.check_parameters(STUDY, {"device": "cuda", "real_kernels": [cuda_only_kernel]})
+    runs.check_parameters(STUDY, {"real_kernels": [cuda_only_kernel], "device": "cuda:1"})
+    assert asked == ["cuda", "cuda:1"]
+
+
+def test_a_cuda_run_on_a_cpu_machine_is_refused_for_its_device_first(outputs, cuda_only_kernel):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(runs.ParameterError, match="'cuda' was asked for but torch sees no CUDA device"):
+        runs.run(STUDY, "smoke", {"real_kernels": [cuda_only_kernel], "device": "cuda"}, progress=False)
+    with pytest.raises(runs.ParameterError, match="this kernel runs on CUDA only"):  # on the CPU: its own error
+        runs.run(STUDY, "smoke", {"real_kernels": [cuda_only_kernel]}, progress=False)
+    assert not outputs.exists()
+
+
+# -- an outputs folder that takes no files --
+
+def test_an_outputs_folder_that_takes_no_files_is_refused(capsys):
+    # /proc takes no new files, even from root (for whom os.access says it is writable)
+    for argv in (["run", STUDY, "--params", "smoke"], ["clean"], ["publish"]):
+        for folder in ("/proc", "/proc/attnum-outputs"):
+            with pytest.raises(SystemExit) as exit_:
+                cli.main([*argv, "--outputs", folder])
+            err = capsys.readouterr().err
+            assert exit_.value.code == 2 and f"--outputs: {folder} is not writable by this user (/proc: " in err
+
+
+# -- JupyterLab: the parameters cell is checked as the runner checks -p --
+
+LAB_STUDY = "late_training_gradient_blowup"
+
+
+def _lab_namespace(extra_line: str = "") -> dict:
+    """What a Lab kernel holds after Run All reaches ``runs.start``: the parameters cell (with one more line)
+    executed, its names in the namespace, and IPython's input history ``In``."""
+    import nbformat
+
+    nb = nbformat.read(runs.notebook_path(LAB_STUDY), 4)
+    cell = next(c.source for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    source = cell + ("\n" + extra_line if extra_line else "")
+    namespace = {"In": ["", source, "PARAMS, OUT = runs.start(STUDY, globals())"]}
+    exec(compile(source, "<parameters cell>", "exec"), namespace)  # noqa: S102 - the notebook's own cell
+    return namespace
+
+
+def test_a_misspelled_name_in_the_parameters_cell_is_refused_in_lab(outputs):
+    with pytest.raises(runs.ParameterError, match=r"the parameters cell assigns 'n_layers' \(did you mean "
+                                                  r"'n_layer'\?\), not a parameter of study"):
+        runs.start(LAB_STUDY, _lab_namespace("n_layers = 4"))
+    assert not outputs.exists()  # refused before the lab folder is made
+    params, out = runs.start(LAB_STUDY, _lab_namespace())  # the cell as committed passes
+    assert params["n_layer"] == runs.notebook_defaults(LAB_STUDY)["n_layer"] and out.parent == outputs / LAB_STUDY
+
+
+def test_an_unknown_injected_name_gets_a_did_you_mean(outputs):
+    with pytest.raises(runs.ParameterError, match=r"unknown parameter 'n_layers' for study '[a-z_]+' "
+                                                  r"\(did you mean 'n_layer'\?\)"):
+        runs.check_parameters(LAB_STUDY, {"n_layers": 4})
+
+
+def test_a_refused_value_shows_in_ipython_as_its_one_message():
+    import subprocess
+    import sys
+
+    code = ("from IPython.core.interactiveshell import InteractiveShell\n"
+            "shell = InteractiveShell.instance(colors='NoColor')\n"
+            "shell.run_cell('from attnum import runs\\nruns.check_parameters(\"length_scaling\", {\"head_dim\": 100000})')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              [str(Path(runs.__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        "ParameterError: parameter 'head_dim': 100000 is out of range; allowed: 1 <= value <= 512"]

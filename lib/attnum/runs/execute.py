@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import ncio
 from ..paths import outputs_root, remove_tree
-from .params import (ALLOW_LARGE_ENV, RUNNER_SET, ParameterError, check_machine, check_parameters,
+from .params import (ALLOW_LARGE_ENV, RUNNER_SET, ParameterError, check_machine, check_parameters, did_you_mean,
                      import_papermill, notebook_path, parameter_names, resolve_parameters)
 from .plan import folder_name
 from .store import (RunError, drop_stale_versions, new_version, now, point_link, record_failure, run_lock,
@@ -209,6 +209,45 @@ def _lab_folder(study: str) -> Path:
 PAPERMILL_MARK = "# Parameters"  # the first line of the cell papermill injects (its Python translator)
 
 
+def _history(namespace: dict) -> list:
+    history = namespace.get("In") or namespace.get("_ih") or []
+    return list(history) if isinstance(history, (list, tuple)) else []
+
+
+def _assigned_names(source: str) -> list[str] | None:
+    """Names a cell assigns at its top level (``x = ...``, ``x: int = ...``), in order; None if it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    names = []
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        for target in targets:
+            elements = target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]
+            names += [t.id for t in elements if isinstance(t, ast.Name) and t.id not in names]
+    return names
+
+
+def parameters_cell_names(namespace: dict, declared) -> list[str]:
+    """The names the notebook's ``parameters`` cell assigned in this kernel, as last executed ([] if not found).
+
+    In JupyterLab the kernel is not told which cell is tagged ``parameters``; IPython's input history
+    (``In``) holds every executed cell, and the parameters cell is the latest one that assigns most of
+    the study's declared parameters (no other cell assigns more than a few of them). papermill's
+    injected cell (``# Parameters``) is not it.
+    """
+    declared = set(declared)
+    for source in reversed(_history(namespace)):
+        if not isinstance(source, str) or source.lstrip().startswith(PAPERMILL_MARK):
+            continue
+        names = _assigned_names(source)
+        if names and 2 * len(declared.intersection(names)) >= len(declared):
+            return names
+    return []
+
+
 def injected_parameter_names(namespace: dict) -> list[str]:
     """The names papermill's injected-parameters cell assigned in this kernel, in order ([] if none).
 
@@ -217,20 +256,10 @@ def injected_parameter_names(namespace: dict) -> list[str]:
     unknown names are injected too (it only warns). IPython's input history (``In`` / ``_ih`` of the
     namespace) holds the sources of executed cells; the latest such cell is the injected one.
     """
-    history = namespace.get("In") or namespace.get("_ih") or []
-    for source in reversed(list(history) if isinstance(history, (list, tuple)) else []):
+    for source in reversed(_history(namespace)):
         if not isinstance(source, str) or not source.lstrip().startswith(PAPERMILL_MARK):
             continue
-        try:
-            tree = ast.parse(source)
-        except SyntaxError:
-            return []
-        names = []
-        for node in tree.body:
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, ast.AnnAssign) else []
-            names += [t.id for t in targets if isinstance(t, ast.Name) and t.id not in names]
-        return names
+        return _assigned_names(source) or []
     return []
 
 
@@ -256,10 +285,16 @@ def start(study: str, namespace: dict) -> tuple[dict, Path]:
 
     Raw papermill refuses what the runner refuses: a name papermill injected that the
     notebook does not declare (``-p n_sed 3``) raises the runner's "unknown parameter"
-    error here, before any work. In a run of the runner (``output_dir`` set) progress bars
+    error here, before any work; so does, in JupyterLab, a name the parameters cell assigns
+    that the study does not declare (``n_layers = 4``: "did you mean 'n_layer'?"). In a run of the runner (``output_dir`` set) progress bars
     are sent to the terminal (``attnum.progress``); in JupyterLab they are widgets.
     """
     names = parameter_names(study)
+    stray = [n for n in parameters_cell_names(namespace, names) if n not in names]
+    if stray:  # a misspelled name in the parameters cell (JupyterLab) would otherwise be ignored silently
+        raise ParameterError("the parameters cell assigns " + ", ".join(
+            f"{n!r}{did_you_mean(n, names)}" for n in stray) + f", not a parameter of study {study!r}; "
+            f"allowed parameters: {sorted(names)}")
     missing = [n for n in names if n not in namespace]
     if missing:
         raise ParameterError(f"the notebook of {study!r} does not define parameter(s) {missing}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import difflib
 import functools
 import hashlib
 import importlib
@@ -55,7 +56,22 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # lib/attnum
 
 
 class ParameterError(ValueError):
-    """A parameter set that must not run: names the key and what is allowed."""
+    """A parameter set that must not run: names the key and what is allowed.
+
+    In IPython (JupyterLab) it is shown as its one message: ``_render_traceback_`` is the hook IPython's
+    ``showtraceback`` calls instead of formatting the frames (the library's frames say nothing more)."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"{type(self).__name__}: {self}"]
+
+
+MAX_LIST_ITEMS = 4096  # entries of a list parameter whose schema sets no max_len (the committed sets hold <= 24)
+
+
+def did_you_mean(name: str, known) -> str:
+    """`` (did you mean 'x'?)`` when ``name`` is close to one of ``known`` (``difflib``), else ``""``."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # -- YAML: no repeated keys, errors that name the file and line --
@@ -345,9 +361,10 @@ def _remember_registry_name(name: str) -> None:
         pass
 
 
-def _kernel_problem(name, device: str = "cpu") -> str | None:
+def _kernel_problem(name, device: str | None = "cpu") -> str | None:
     """None if ``name`` names a kernel of the registry (``attnum.kernels.get``); otherwise why not.
-    A kernel of your own (``package.module:function``) must also run a tiny input on ``device``.
+    A kernel of your own (``package.module:function``) must also run a tiny input on ``device``
+    (None: a device not on this machine, where it is imported only).
 
     Checking a name imports torch and the kernels (about 1 s of a short run's start). A registry name
     that this exact code (``_code_key``: attnum's sources, torch's and Python's versions) accepted
@@ -366,13 +383,13 @@ def _kernel_problem(name, device: str = "cpu") -> str | None:
         return str(exc)
     family = kernels.families().get(name.split(":")[0])
     if isinstance(kernel, kernels.CallableKernel) or family is None:
-        return kernels.check_runs(kernel, device)
+        return None if device is None else kernels.check_runs(kernel, device)
     if getattr(family.build, "__module__", "").startswith(PACKAGE + "."):  # a family of attnum's own code
         _remember_registry_name(name)
     return None
 
 
-def _check_scalar(key: str, value, rule: dict, what: str = "") -> None:
+def _check_scalar(key: str, value, rule: dict, what: str = "", device: str | None = "cpu") -> None:
     where = f"parameter {key!r}{what}"
     if isinstance(value, float) and not math.isfinite(value):
         raise ParameterError(f"{where}: {value!r} is not a finite number")
@@ -388,12 +405,12 @@ def _check_scalar(key: str, value, rule: dict, what: str = "") -> None:
     if rule.get("power_of_two") and (value < 1 or value & (value - 1)):
         raise ParameterError(f"{where}: {value!r} must be a power of two")
     if rule.get("kernel"):
-        problem = _kernel_problem(value)
+        problem = _kernel_problem(value, device)
         if problem:
             raise ParameterError(f"{where}: {value!r} is not a known kernel: {problem}")
 
 
-def _check_value(study: str, key: str, value, type_name: str, rule: dict) -> None:
+def _check_value(study: str, key: str, value, type_name: str, rule: dict, device: str | None = "cpu") -> None:
     if type_name not in TYPES:
         raise ParameterError(f"parameter {key!r} has no checkable type ({type_name!r}); "
                              "annotate it in the notebook and in schema.yaml")
@@ -401,19 +418,21 @@ def _check_value(study: str, key: str, value, type_name: str, rule: dict) -> Non
         raise ParameterError(f"parameter {key!r} must be of type {type_name}, "
                              f"got {type(value).__name__} {value!r}")
     if type_name != "list":
-        _check_scalar(key, value, rule)
+        _check_scalar(key, value, rule, device=device)
         return
     if "min_len" in rule and len(value) < rule["min_len"]:
         raise ParameterError(f"parameter {key!r} needs at least {rule['min_len']} entries, got {value!r}")
-    if "max_len" in rule and len(value) > rule["max_len"]:
-        raise ParameterError(f"parameter {key!r} takes at most {rule['max_len']} entries, got {len(value)}")
+    if len(value) > rule.get("max_len", MAX_LIST_ITEMS):
+        limit = (f"{rule['max_len']} entries (its schema's max_len)" if "max_len" in rule else
+                 f"{MAX_LIST_ITEMS} entries (attnum's limit for a list parameter)")
+        raise ParameterError(f"parameter {key!r} takes at most {limit}, got {len(value)}")
     item_rule = rule.get("item", {})
     for i, item in enumerate(value):
         item_type = item_rule.get("type")
         if item_type and not _type_ok(item, item_type):
             raise ParameterError(f"parameter {key!r}[{i}] must be of type {item_type}, "
                                  f"got {type(item).__name__} {item!r}")
-        _check_scalar(key, item, item_rule, f"[{i}]")
+        _check_scalar(key, item, item_rule, f"[{i}]", device)
     if rule.get("unique"):
         seen = {}
         for i, item in enumerate(value):
@@ -424,19 +443,38 @@ def _check_value(study: str, key: str, value, type_name: str, rule: dict) -> Non
             seen[marker] = i
 
 
-def check_parameters(study: str, values: dict) -> None:
+def check_parameters(study: str, values: dict, *, machine: bool = True) -> None:
     """Raise ``ParameterError`` unless every key is declared, well typed, in range and the rules hold.
 
     The rules (``check_rules``) are checked on the notebook's defaults updated with ``values``.
+    A kernel of your own is test-run on the run's ``device``; a device that is not there is refused
+    first (``check_device``), with its own message. ``machine=False`` (checking a set meant for another
+    machine) refuses no device; a kernel of your own is then test-run only if the device is here.
     """
     declared = declared_parameters(study)
     rules = schema(study)
-    for key, value in values.items():
+    for key in values:
         if key not in declared:
-            raise ParameterError(f"unknown parameter {key!r} for study {study!r}; "
+            raise ParameterError(f"unknown parameter {key!r} for study {study!r}{did_you_mean(key, declared)}; "
                                  f"allowed parameters: {sorted(declared)}")
+    device = "cpu"
+    if "device" in declared:
+        rule = rules.get("device", {})
+        if "device" in values:
+            _check_value(study, "device", values["device"], rule.get("type", declared["device"]["type"]), rule)
+        device = str({**notebook_defaults(study), **values}.get("device", "cpu"))
+        if machine:
+            check_device(device)
+        else:
+            try:
+                check_device(device)
+            except ParameterError:
+                device = None  # not on this machine: own kernels are imported, not run
+    for key, value in values.items():
+        if key == "device":
+            continue
         rule = rules.get(key, {})
-        _check_value(study, key, value, rule.get("type", declared[key]["type"]), rule)
+        _check_value(study, key, value, rule.get("type", declared[key]["type"]), rule, device)
     check_rules(study, {**notebook_defaults(study), **values})
 
 
@@ -452,7 +490,7 @@ def resolve_parameters(study: str, param_set: str = "default", overrides: dict |
     bad = sorted(set(values) & set(RUNNER_SET))
     if bad:
         raise ParameterError(f"parameter(s) {bad} are set by the runner, not by parameter sets or -p")
-    check_parameters(study, values)
+    check_parameters(study, values, machine=machine)
     if machine:
         check_machine(study, values, allow_large=allow_large)
     return values
@@ -486,6 +524,43 @@ def machine_memory(device: str = "cpu") -> int:
 def check_machine(study: str, values: dict, *, allow_large: bool = False) -> None:
     """Refuse a device that is not there and a run whose estimated peak memory exceeds the machine's."""
     device = str({**notebook_defaults(study), **values}.get("device", "cpu"))
+    check_device(device)
+    if allow_large or os.environ.get(ALLOW_LARGE_ENV, "") not in ("", "0"):
+        return
+    check_address_space()
+    estimate = memory_estimate(study, values)
+    if estimate is None:
+        return
+    need, note = estimate
+    have = machine_memory(device)
+    if need > have:
+        raise ParameterError(f"estimated peak memory {need / 2**30:.1f} GiB ({note}) exceeds the "
+                             f"{have / 2**30:.1f} GiB of this machine's {device}; reduce the sizes, or pass "
+                             f"allow_large=True (--allow-large, or {ALLOW_LARGE_ENV}=1) to run anyway")
+
+
+MIN_ADDRESS_SPACE = 4 << 30  # bytes of virtual memory a study kernel needs (torch, matplotlib and their libraries)
+
+
+def check_address_space() -> None:
+    """Refuse to start a kernel under an address-space limit (``ulimit -v``) below ``MIN_ADDRESS_SPACE``.
+
+    Under such a limit (measured: 1.5 GB) the kernel's imports fail inside native extension code, where
+    the kernel can hang in a cell until it is killed, or its errors arrive without name or message
+    (1.9 GB). The limit is inherited by the kernel, so it is checked here, before anything runs.
+    """
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY and soft < MIN_ADDRESS_SPACE:
+        raise ParameterError(f"this process's address-space limit (ulimit -v) is {soft / 2**30:.2f} GiB, below the "
+                             f"{MIN_ADDRESS_SPACE / 2**30:.0f} GiB a study kernel needs to import torch and "
+                             "matplotlib (under less it can hang or fail without a message); raise it "
+                             f"(ulimit -v unlimited), or pass allow_large=True ({ALLOW_LARGE_ENV}=1) to run anyway")
+
+
+def check_device(device: str) -> None:
+    """Refuse a CUDA device that this machine does not have (a CPU device is always there)."""
     if device.startswith("cuda"):
         import torch
 
@@ -496,17 +571,6 @@ def check_machine(study: str, values: dict, *, allow_large: bool = False) -> Non
         if index >= torch.cuda.device_count():
             raise ParameterError(f"parameter 'device': {device!r} was asked for but this machine has "
                                  f"{torch.cuda.device_count()} CUDA device(s)")
-    if allow_large or os.environ.get(ALLOW_LARGE_ENV, "") not in ("", "0"):
-        return
-    estimate = memory_estimate(study, values)
-    if estimate is None:
-        return
-    need, note = estimate
-    have = machine_memory(device)
-    if need > have:
-        raise ParameterError(f"estimated peak memory {need / 2**30:.1f} GiB ({note}) exceeds the "
-                             f"{have / 2**30:.1f} GiB of this machine's {device}; reduce the sizes, or pass "
-                             f"allow_large=True (--allow-large, or {ALLOW_LARGE_ENV}=1) to run anyway")
 
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from .params import ParameterError, declared_parameters, load_yaml_file, parse_value, resolve_parameters
 from .params import studies as _studies
 
+MAX_GRID_POINTS = 1024  # runs of one sweep; planning checks every point (about 50 ms each), so it stays under a minute
 MAX_NAME = 100  # characters of a run name's readable part (sweep points: two parts joined by SWEEP_MARK)
 SWEEP_MARK = "@"  # in the folder name of every sweep point, never in a single run's
 
@@ -105,6 +106,8 @@ def parse_grid(spec: str) -> dict[str, list]:
     for key, vals in grid.items():
         if not isinstance(vals, list) or not vals:
             raise ParameterError(f"grid parameter {key!r} needs a non-empty list of values, got {vals!r}")
+    check_grid_size(grid)
+    for key, vals in grid.items():
         seen = set()
         for v in vals:
             marker = json.dumps(v, sort_keys=True, default=str)
@@ -114,7 +117,26 @@ def parse_grid(spec: str) -> dict[str, list]:
     return grid
 
 
+def grid_size(grid: dict[str, list]) -> int:
+    """How many points ``grid`` has: the product of its list lengths (nothing is expanded)."""
+    size = 1
+    for values in grid.values():
+        size *= len(values)
+    return size
+
+
+def check_grid_size(grid: dict[str, list]) -> int:
+    """``grid_size``, or ``ParameterError`` (saying how many points and the limit) above ``MAX_GRID_POINTS``."""
+    size = grid_size(grid)
+    if size > MAX_GRID_POINTS:
+        shape = " x ".join(f"{len(v)} {k}" for k, v in sorted(grid.items()))
+        raise ParameterError(f"the grid has {size} points ({shape}), more than the {MAX_GRID_POINTS} runs a "
+                             "sweep may hold; sweep fewer values (or split it into several sweeps)")
+    return size
+
+
 def grid_points(grid: dict[str, list]) -> list[dict]:
+    check_grid_size(grid)
     keys = sorted(grid)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(grid[k] for k in keys))]
 
@@ -172,6 +194,7 @@ def plan_sweep(study: str, grid: dict[str, list], param_set: str = "default",
     Raises ``ParameterError`` for a list parameter in the grid, any invalid point, or two points
     that would write the same folder; nothing is written. Swept keys are recorded as length-1 dims.
     """
+    check_grid_size(grid)  # counted before anything is expanded or checked
     declared = declared_parameters(study)
     for key in grid:
         if key in declared and declared[key]["type"] == "list":

@@ -13,7 +13,9 @@ failed or interrupted run (SIGINT, SIGTERM) leaves the earlier results in
 place; ``<run>.failed`` then points at its folder, which holds ``FAILED`` and
 ``RUN.json``. ``clean`` removes leftovers, never a live run, and never the site
 while a publish holds its lock (``SITE``, ``PUBLISH_LOCK``: the publisher,
-``attnum.site``, builds under the same names).
+``attnum.site``, builds under the same names). ``clean_results`` deletes the results themselves while
+holding ``RUNS_LOCK`` exclusively (every run holds it shared), so no run starts between its check and
+its deletion.
 """
 from __future__ import annotations
 
@@ -35,8 +37,10 @@ VERSIONS = ".versions"
 LOCKS = ".locks"
 SITE = "site"  # outputs/site/: the rendered site (attnum.site)
 PUBLISH_LOCK = ".publish.lock"  # outputs/.publish.lock: held while a publish builds the site
+RUNS_LOCK = ".runs.lock"  # outputs/.runs.lock: shared by every run in progress, exclusive while clean_results deletes
 SWAP_STEPS = ("before-link", "link-created", "replaced", "failure-cleared", "cleaned")
 _SWAP_HOOK = None  # tests: a callable(step) run at each step of the swap
+_CLEAN_RESULTS_HOOK = None  # tests: a callable() run by clean_results once it holds the locks, before deleting
 
 
 class RunError(RuntimeError):
@@ -60,9 +64,28 @@ def swap_step(step: str) -> None:
 
 @contextlib.contextmanager
 def run_lock(study_dir: Path, name: str, *, wait: bool = False):
-    """Hold the lock of one run name (``<study>/.locks/<name>.lock``, ``fcntl.flock``)."""
-    locks = study_dir / LOCKS
-    make_dirs(study_dir.parent, locks)  # refuses a link planted as the study or its .locks folder
+    """Hold the lock of one run name (``<study>/.locks/<name>.lock``, ``fcntl.flock``).
+
+    First a shared lock on the outputs root's ``RUNS_LOCK``: ``clean_results`` takes it exclusively
+    while it deletes, so a run starting meanwhile waits until the deletion is over (and then makes its
+    folders afresh) instead of losing them to it."""
+    with _shared_runs_lock(study_dir.parent):
+        locks = study_dir / LOCKS
+        make_dirs(study_dir.parent, locks)  # refuses a link planted as the study or its .locks folder
+        with _name_lock(study_dir, locks, name, wait=wait):
+            yield
+
+
+@contextlib.contextmanager
+def _shared_runs_lock(base: Path):
+    base.mkdir(parents=True, exist_ok=True)
+    with os.fdopen(open_own_file(base, base / RUNS_LOCK, os.O_RDWR | os.O_CREAT), "r") as fh:
+        fcntl.flock(fh, fcntl.LOCK_SH)  # waits only while clean_results deletes
+        yield
+
+
+@contextlib.contextmanager
+def _name_lock(study_dir: Path, locks: Path, name: str, *, wait: bool):
     # O_NOFOLLOW: a lock planted as a link to a file elsewhere is refused, never truncated and written
     fh = os.fdopen(open_own_file(study_dir.parent, locks / f"{name}.lock", os.O_RDWR | os.O_CREAT), "r+")
     try:
@@ -185,10 +208,40 @@ def drop_stale_versions(study_dir: Path, name: str) -> None:
             _remove(study_dir, version)
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line saying why a run failed: the kernel's own error where there is one.
+
+    papermill's ``PapermillExecutionError`` carries the kernel's ``ename``/``evalue`` and traceback
+    (its ``str`` starts with a line of dashes, so its first line says nothing); nbclient's
+    ``DeadKernelError`` means the kernel process ended (killed, a crash in native code, a memory
+    limit such as ``ulimit -v``). An error without a name or message is named as such.
+    """
+    if hasattr(exc, "ename") and hasattr(exc, "evalue"):
+        ename, evalue = str(exc.ename or "").strip(), str(exc.evalue or "").strip()
+        where = f" (notebook cell In [{exc.exec_count}])" if getattr(exc, "exec_count", None) is not None else ""
+        if evalue:
+            return f"{ename or 'error'}: {evalue}{where}"
+        lines = [_ANSI.sub("", line).strip() for line in "\n".join(getattr(exc, "traceback", None) or []).splitlines()]
+        lines = [line for line in lines if line and not set(line) <= {"-"}]
+        if lines:
+            return f"{lines[-1]}{where}"
+        # measured under ulimit -v 1900000: ename "CellExecutionError", no message, no traceback
+        return (f"the kernel reported {ename or 'an error'} with no message or traceback{where}; "
+                "it may have run out of memory")
+    if type(exc).__name__ == "DeadKernelError":
+        return (f"the kernel died: {exc or 'its process ended'} (killed, a crash in native code, or a memory limit "
+                "such as ulimit -v or the container's)")
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else f"{type(exc).__name__} (no message)"
+
+
 def record_failure(version: Path, final: Path, record: dict, exc: BaseException) -> Path:
     """Record a failed run; each step may fail on a full disk, the earlier record then stays."""
     record.update(status="interrupted" if isinstance(exc, KeyboardInterrupt) else "failed",
-                  error=f"{type(exc).__name__}: {exc}", finished=now())
+                  error=describe_error(exc), finished=now())
     with contextlib.suppress(OSError):
         ncio.write_record(version, record)
     with contextlib.suppress(OSError):
@@ -346,6 +399,63 @@ def live_runs(outputs: str | os.PathLike | None = None) -> list[str]:
             if lock_held(locks.parent, lock.name[:-len(".lock")]):
                 out.append(f"{locks.parent.name}/{lock.name[:-len('.lock')]}")
     return out
+
+
+def _results_entries(base: Path) -> list[Path]:
+    """What ``clean_results`` deletes: in a git work tree the entries git ignores under ``base`` (the
+    committed runs stay, as ``git clean -X`` kept them), elsewhere everything in ``base``; never ``RUNS_LOCK``."""
+    import subprocess
+
+    try:
+        proc = subprocess.run(["git", "-C", str(base), "ls-files", "-z", "--others", "--ignored",
+                               "--exclude-standard", "--directory", "--", "."],
+                              capture_output=True, check=False, timeout=120)
+        listed = proc.stdout.decode(errors="surrogateescape").split("\0") if proc.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        listed = None
+    if listed is None:
+        entries = sorted(base.iterdir())
+    else:
+        entries = []
+        for rel in filter(None, listed):
+            path = base / rel.rstrip("/")
+            entries += sorted(path.iterdir()) if path == base else [path]  # nothing of base is kept
+    return [p for p in entries if p != base / RUNS_LOCK]
+
+
+def clean_results(outputs: str | os.PathLike | None = None) -> list[str]:
+    """Delete the results under the outputs root (``make clean-results``), holding the run locks throughout.
+
+    Refuses (``RunLocked``, naming them) while runs are in progress. It takes ``RUNS_LOCK`` exclusively
+    before it looks and keeps it until the last file is gone, so no run can start between the check and
+    the deletion: one that starts meanwhile waits and then begins in an empty outputs root. In a git work
+    tree only what git ignores is deleted (committed runs stay). Links are removed as links, never followed.
+    Returns the paths removed.
+    """
+    base = Path(outputs).resolve() if outputs else outputs_root()
+    if not base.is_dir():
+        return []
+    removed: list[str] = []
+    with os.fdopen(open_own_file(base, base / RUNS_LOCK, os.O_RDWR | os.O_CREAT), "r") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunLocked(f"run(s) in progress under {base}: {', '.join(live_runs(base)) or 'starting'}; "
+                            "wait for them to finish") from None
+        live = live_runs(base)  # a name lock held without the shared lock (attnum from before RUNS_LOCK)
+        if live:
+            raise RunLocked(f"run(s) in progress under {base}: {', '.join(live)}; wait for them to finish")
+        if _CLEAN_RESULTS_HOOK is not None:
+            _CLEAN_RESULTS_HOOK()
+        for path in _results_entries(base):
+            check_inside(base, path)
+            if path.is_dir() and not path.is_symlink():
+                remove_tree(base, path)
+            else:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+            removed.append(str(path))
+    return removed
 
 
 def publish_lock_held(base: Path) -> bool:
