@@ -59,6 +59,7 @@ from .runs.store import PUBLISH_LOCK, SITE, publish_lock_held
 
 LOCK = PUBLISH_LOCK
 OTHER = "runs"  # the "Other runs" page
+SOURCES = "sources"  # docs/sources.md: the source documents and papers the studies cite
 KIND_TITLES = {"smoke": "Smoke runs", "sweep": "Sweep points", "lab": "JupyterLab runs",
                "failed": "Failed runs", "damaged": "Damaged runs (not published)"}
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
@@ -910,6 +911,10 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
         if toc:
             parts.append("```{toctree}\n:hidden:\n:caption: Kernel reports\n:maxdepth: 1\n\n" + "\n".join(toc) + "\n```\n")
     parts.append("```{toctree}\n:hidden:\n:caption: Not results\n:maxdepth: 1\n\nOther runs <runs>\n```\n")
+    if (ROOT / "docs" / f"{SOURCES}.md").is_file():
+        parts.append(f"The studies' sources (the source documents the pages call seed 000-004, and the papers) "
+                     f"are on the [Sources]({SOURCES}.md) page.\n")
+        parts.append(f"```{{toctree}}\n:hidden:\n:caption: About\n:maxdepth: 1\n\nSources <{SOURCES}>\n```\n")
     return "\n".join(parts)
 
 
@@ -1023,6 +1028,9 @@ def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
     others = [e for e in entries if e["kind"] not in ("result", "gpu")]
     (src / "index.md").write_text(_index_md(order, by_study, primary, committed, damaged, others, reports))
     (src / f"{OTHER}.md").write_text(_runs_md(others, damaged, short))
+    # the project's own page (committed, not data): the sources every study page cites
+    if (ROOT / "docs" / f"{SOURCES}.md").is_file():
+        shutil.copy2(ROOT / "docs" / f"{SOURCES}.md", src / f"{SOURCES}.md")
 
 
 def _sphinx(src: Path, out: Path, doctrees: Path) -> None:

@@ -132,6 +132,10 @@ def test_the_site_builds_offline_with_every_kind_of_run(site):
     assert (site.parent / "length_scaling" / "gpu" / "results.nc").exists()
     assert (site.parent / STUDY / "as_result" / "notebook.html").exists()
     assert (site.parent / "report" / REPORT / "notebook.html").exists()
+    # the sources page the study pages cite (seed 000-004, the papers), linked from the landing page
+    sources = (site.parent / "sources.html").read_text()
+    assert "Is Flash Attention Stable?" in sources and "arxiv.org/abs/2405.02803" in sources
+    assert 'href="sources.html"' in html
 
 
 def test_a_run_replaced_during_publish_is_published_as_it_was_verified(site):
