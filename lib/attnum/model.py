@@ -92,6 +92,7 @@ class GPTConfig:
     attention: tuple = (AttentionImpl(),)  # one kernel (a registry name, Kernel or AttentionImpl) per layer, or one for all
     amp: str = "off"  # autocast dtype of the forward (see the module docstring)
     attention_dtype: str | None = None  # None: attention reads the operands as they come; else cast, autocast off
+    qk_norm: bool = False  # LayerNorm over each head's queries and keys before the scores (qk-layernorm)
 
     def __post_init__(self) -> None:
         for key in ("vocab_size", "context", "n_layer", "n_head", "d_model", "mlp_ratio"):
@@ -113,12 +114,12 @@ class GPTConfig:
 
     @classmethod
     def byte_lm(cls, choice: AttentionChoice | str = "sdpa:flash", *, n_layer: int = 12, n_head: int = 12,
-                d_model: int = 768, context: int = 1024, amp: str = "bf16") -> "GPTConfig":
+                d_model: int = 768, context: int = 1024, amp: str = "bf16", qk_norm: bool = False) -> "GPTConfig":
         """The GPU language model: GPT-2 small's geometry (Qiu & Yao's model, arXiv 2510.04212) on bytes
         (vocabulary 256), the matmuls under ``amp`` autocast, attention in the choice's dtype."""
         choice = AttentionChoice.parse(choice) if isinstance(choice, str) else choice
         return cls(vocab_size=256, context=context, n_layer=n_layer, n_head=n_head, d_model=d_model,
-                   attention=(choice.kernel_name,), amp=amp, attention_dtype=choice.dtype)
+                   attention=(choice.kernel_name,), amp=amp, attention_dtype=choice.dtype, qk_norm=qk_norm)
 
     @property
     def head_dim(self) -> int:
@@ -127,6 +128,7 @@ class GPTConfig:
     def n_params(self, blocks_only: bool = False) -> int:
         d, f = self.d_model, self.mlp_ratio * self.d_model
         block = 4 * d + (3 * d * d + 3 * d) + (d * d + d) + (d * f + f) + (f * d + d)
+        block += 4 * (d // self.n_head) if self.qk_norm else 0
         extra = 0 if blocks_only else self.vocab_size * d + self.context * d + 2 * d + d * self.vocab_size
         return self.n_layer * block + extra
 
@@ -138,6 +140,10 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=True)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=True)
         self.attention = Attention(kernel)
+        if cfg.qk_norm:  # Wortsman et al. 2023 (arXiv 2309.14322), after Dehghani et al. 2023: LN(q), LN(k) per head
+            self.ln_q = nn.LayerNorm(cfg.d_model // cfg.n_head)
+            self.ln_k = nn.LayerNorm(cfg.d_model // cfg.n_head)
+        self.qk_norm = cfg.qk_norm
         self.dtype = None if cfg.attention_dtype is None else DTYPES[cfg.attention_dtype]
         self.record_stats = False
         self.stats: dict[str, float] = {}
@@ -163,6 +169,8 @@ class CausalSelfAttention(nn.Module):
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
+        if self.qk_norm:
+            q, k = self.ln_q(q), self.ln_k(k)
         if self.record_stats:
             self.stats = attention_statistics(q.detach(), k.detach())
         y = self.attention(q, k, v, is_causal=True) if self.dtype is None else self.attend(q, k, v)

@@ -136,6 +136,14 @@ def main(argv=None) -> int:
     g.add_argument("--out", required=True)
     c = sub.add_parser("corpus", help="the corpus' facts (size, files, sha256) on this machine")
     c.add_argument("--parts", default="stdlib")
+    sw = sub.add_parser("sweep", help="a designed sweep of small runs (a sweep file), several processes at once")
+    sw.add_argument("file", help="the sweep file, e.g. params/lm/lr_sweep.yaml")
+    sw.add_argument("--out", required=False, help="folder for the records (runs already done there are kept)")
+    sw.add_argument("--jobs", type=int, default=8, help="runs at a time (processes sharing the GPU)")
+    sw.add_argument("--budget-s", type=float, default=0.0, help="wall clock of this command from process start")
+    sw.add_argument("--first-estimate-s", type=float, default=120.0,
+                    help="a run's wall time assumed until one has finished")
+    sw.add_argument("--list", action="store_true", help="list the runs in order and stop")
     pl = sub.add_parser("plan", help="the campaign's runs and their settings")
     pl.add_argument("--campaign", default=None)
     args, _ = parser.parse_known_args(argv)
@@ -197,6 +205,27 @@ def main(argv=None) -> int:
         ds.to_netcdf(args.out, engine=ncio.ENGINE)
         print(f"gathered {ds.sizes['run']} runs into {args.out}")
         return 0
+    if args.command == "sweep":
+        from . import sweep
+
+        try:
+            spec = sweep.load(args.file, check_device=not args.list)
+            if args.jobs < 1:
+                raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+            if not args.list and not args.out:
+                raise ValueError("--out is required unless --list")
+        except (ValueError, OSError) as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        if args.list:
+            for r in sweep.runs(spec):
+                print(f"{r.record}: " + " ".join(sweep.flags(r.fields)))
+            return 0
+        status = sweep.run_sweep(spec, args.out, jobs=args.jobs, budget_s=args.budget_s,
+                                 first_estimate_s=args.first_estimate_s, t_start=process_start(),
+                                 say=lambda s: print(s, flush=True))
+        failed = [k for k, v in status["runs"].items() if str(v.get("state", "")).startswith("failed")]
+        return 1 if failed else 0
     if args.command == "plan":
         import yaml
 

@@ -98,13 +98,14 @@ def _ratio(a: float, b: float) -> float:
 
 def backward_errors(q, k, v, grad_out, kernel, *, causal: bool = False, scale: float | None = None,
                     out=None, lse=None, reference=FP32_BACKWARD,
-                    threshold: float = DEFAULT_THRESHOLD) -> dict[str, float]:
+                    threshold: float = DEFAULT_THRESHOLD, signature: bool = False) -> dict[str, float]:
     """Errors of ``kernel``'s attention gradients against the FP32 recompute, on raw tensors.
 
     ``out``/``lse``: what the forward stored (the emulator); without them the forward is
     recomputed, which is the same thing for a deterministic kernel.
     Returns per gradient ``<g>_rel_err`` (relative L2), ``<g>_row_rel_err`` (median row
-    relative error), ``<g>_norm_ratio``, plus ``grad_norm_ratio`` over all three and ``flagged``.
+    relative error), ``<g>_norm_ratio``, plus ``grad_norm_ratio`` over all three and ``flagged``;
+    ``signature``: also ``dq_err_pk_cos`` (``dq_error_signature``).
     """
     kernel, reference = as_kernel(kernel), as_kernel(reference)
     low = kernel.backward(q, k, v, grad_out, causal=causal, scale=scale, out=out, lse=lse)
@@ -119,7 +120,35 @@ def backward_errors(q, k, v, grad_out, kernel, *, causal: bool = False, scale: f
     norm = lambda ts: math.sqrt(sum(torch.linalg.vector_norm(t.double()).item() ** 2 for t in ts))
     result["grad_norm_ratio"] = _ratio(norm(low), norm(ref))
     result["flagged"] = int(max(result[f"{g}_rel_err"] for g in GRADS) > threshold)
+    if signature:
+        result["dq_err_pk_cos"] = dq_error_signature(low[0], ref[0], operands[0], operands[1], causal=causal,
+                                                     scale=scale)
     return result
+
+
+@torch.no_grad()
+def dq_error_signature(dq, dq_ref, q, k, *, causal: bool = True, scale: float | None = None) -> float:
+    """Median over rows of |cos(dQ_i - dQ_ref_i, (P K)_i)|, in fp32 (rows without error left out; NaN if none).
+
+    The mechanism of seed 004's cause 2: with dS rounded, sum_j dS_ij is no longer 0, and dQ_i = sum_j dS_ij k_j
+    gains (sum_j dS_ij) times a vector common to the keys; with a common key offset mu every (P K)_i is near mu,
+    so an error made by that mechanism lines up with (P K)_i (|cos| -> 1), while rounding noise spread over
+    the keys gives |cos| ~ d^-1/2.
+    """
+    q, k = q.float(), k.float()
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        n, m = s.shape[-2], s.shape[-1]
+        s = s.masked_fill(torch.ones(n, m, dtype=torch.bool, device=s.device).triu(m - n + 1), -math.inf)
+    pk = torch.softmax(s, dim=-1) @ k
+    err = dq.float() - dq_ref.float()
+    en, pn = err.norm(dim=-1), pk.norm(dim=-1)
+    ok = (en > 0) & (pn > 0)
+    if not bool(ok.any()):
+        return math.nan
+    cos = ((err * pk).sum(-1)[ok] / (en[ok] * pn[ok])).abs()
+    return float(cos.median())
 
 
 class OperandsOf(Kernel):
@@ -217,7 +246,7 @@ def recompute_backward_fp32(model: GPT, batch, layers=None, *, threshold: float 
 # -- the corpus trainer's per-layer statistics, errors, timing and weight sketches --
 LAYER_STATS = ("key_mean_norm", "key_norm", "key_mean_ratio", "offset_logit", "max_logit", "entropy", "max_prob")
 DIAG_ERRORS = ("dq_rel_err", "dq_row_rel_err", "dk_rel_err", "dk_row_rel_err", "dv_rel_err", "dv_row_rel_err",
-               "grad_norm_ratio")
+               "grad_norm_ratio", "dq_err_pk_cos")
 
 
 def attention_stats(q, k, scale: float | None = None) -> dict[str, float]:
@@ -241,7 +270,7 @@ def recompute_errors(capture: dict, kernel) -> dict[str, float]:
     """The FP32-recompute diagnostic on one layer's captured operands (see the module docstring)."""
     with torch.autocast(capture["q"].device.type, enabled=False):
         errs = backward_errors(capture["q"], capture["k"], capture["v"], capture["grad_out"], kernel,
-                               causal=True, reference=fp32_reference())
+                               causal=True, reference=fp32_reference(), signature=True)
     return {name: float(errs[name]) for name in DIAG_ERRORS}
 
 

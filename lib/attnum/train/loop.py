@@ -102,6 +102,7 @@ class TrainConfig:
     n_head: int = 12
     d_model: int = 768
     context: int = 1024
+    qk_norm: bool = False            # qk-layernorm (Wortsman et al. 2023's mitigation of attention-logit growth)
     kernel: str = "sdpa:flash"       # attention choice of member a, '<registry name>[@dtype]' (AttentionChoice)
     pair: bool = False               # train a second model b in lockstep on the same batches
     pair_kernel: str | None = None   # member b's kernel, autocast and seed (None: a's)
@@ -498,7 +499,7 @@ def _corpus_members(cfg: TrainConfig, device) -> list[Member]:
     for spec in cfg.members():
         choice = AttentionChoice.parse(spec["kernel"], _attention_default(spec["amp"]))
         model_cfg = GPTConfig.byte_lm(choice, n_layer=cfg.n_layer, n_head=cfg.n_head, d_model=cfg.d_model,
-                                      context=cfg.context, amp=spec["amp"])
+                                      context=cfg.context, amp=spec["amp"], qk_norm=cfg.qk_norm)
         model = build_model(model_cfg, dataclasses.replace(cfg, seed=spec["seed"]), device)
         out.append(Member(spec["member"], model, cfg, device, choice=choice, spec=spec))
     return out

@@ -111,6 +111,8 @@ VARIABLES = {
     "dv_rel_err": ("1", "relative L2 error of the kernel's dV against the FP32 recompute"),
     "dv_row_rel_err": ("1", "median row relative error of the kernel's dV against the FP32 recompute"),
     "grad_norm_ratio": ("1", "norm of the kernel's (dQ, dK, dV) / norm of the FP32 recompute's"),
+    "dq_err_pk_cos": ("1", "median over rows of |cos| between the dQ error (kernel - FP32 recompute) and (P K)_i: "
+                           "near 1 when the error is the common-key-offset mechanism's, ~d^-1/2 for spread noise"),
     "weight_sketch": ("1", "means of equal runs of the tensor's sorted values (NaN: padding)"),
     "weight_l2": ("1", "L2 norm of the tensor's values"),
     "pair_w1": ("1", "exact Wasserstein-1 distance between member b's and member a's values of the tensor"),
