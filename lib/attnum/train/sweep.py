@@ -10,6 +10,8 @@ stated before any run:
               seed, so the arms of one seed and learning rate start from the same weights on the same batches
     arms      name -> ``TrainConfig`` fields of that arm (``kernel``, ``qk_norm``, ...) and optionally its own
               ``seeds`` or ``lrs`` (a subset)
+    range     optional ``{seeds: [...], lrs: [...]}``: runs of every arm (of those seeds) at learning rates
+              beyond the design's, to show the whole curve; outside the analysis (``Run.in_design`` False)
     analysis  what the reading computes (free-form for this module; study 04's ``designed`` reads it)
 
 Runs go in seed-major order (every arm and learning rate of the first seed, then the next seed), so a
@@ -33,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-SWEEP_KEYS = ("name", "base", "lrs", "seeds", "arms", "analysis")
+SWEEP_KEYS = ("name", "base", "lrs", "seeds", "arms", "range", "analysis")
 ARM_ONLY = ("seeds", "lrs")
 DONE = ("steps", "nonfinite")  # a record's stop_reason of a finished run
 STATUS = "sweep_status.json"
@@ -47,6 +49,7 @@ class Run:
     lr: float
     seed: int
     fields: dict  # TrainConfig fields (overrides of the corpus preset)
+    in_design: bool = True  # False: a run of the sweep's ``range``
 
     @property
     def record(self) -> str:
@@ -102,6 +105,13 @@ def load(path, *, check_device: bool = False) -> dict:
     check_lrs(spec.get("lrs"), "lrs")
     check_seeds(spec.get("seeds"), "seeds")
     check_fields(spec.get("base", {}), "base")
+    rng = spec.get("range")
+    if rng is not None:
+        if not isinstance(rng, dict) or set(rng) != {"seeds", "lrs"}:
+            errors.append(f"range must be a mapping with keys seeds and lrs, got {rng!r}")
+        else:
+            check_seeds(rng["seeds"], "range seeds")
+            check_lrs(rng["lrs"], "range lrs")
     arms = spec.get("arms")
     if not isinstance(arms, dict) or not arms:
         errors.append("arms must be a non-empty mapping of arm name -> fields")
@@ -146,15 +156,21 @@ def load(path, *, check_device: bool = False) -> dict:
 def runs(spec: dict) -> list[Run]:
     """Every run of the sweep, seed-major (see the module docstring)."""
     out = []
-    for seed in spec["seeds"]:
-        for lr in spec["lrs"]:
+    rng = spec.get("range") or {"seeds": [], "lrs": []}
+    seeds = list(spec["seeds"]) + [s for s in rng["seeds"] if s not in spec["seeds"]]
+    for seed in seeds:
+        lrs = sorted(set(spec["lrs"]) | (set(rng["lrs"]) if seed in rng["seeds"] else set()))
+        for lr in lrs:
             for arm, d in spec["arms"].items():
-                if seed not in d.get("seeds", spec["seeds"]) or lr not in d.get("lrs", spec["lrs"]):
+                arm_seeds = d.get("seeds", spec["seeds"])
+                in_design = seed in arm_seeds and lr in d.get("lrs", spec["lrs"])
+                in_range = seed in rng["seeds"] and lr in rng["lrs"] and seed in arm_seeds
+                if not (in_design or in_range):
                     continue
                 fields = {**spec["base"], **{k: v for k, v in d.items() if k not in ARM_ONLY}}
                 tag = f"{spec['name']}_{arm}_lr{lr:g}"
                 fields.update(tag=tag, lr=float(lr), seed=int(seed), data_seed=int(seed))
-                out.append(Run(tag=tag, arm=arm, lr=float(lr), seed=int(seed), fields=fields))
+                out.append(Run(tag=tag, arm=arm, lr=float(lr), seed=int(seed), fields=fields, in_design=in_design))
     return out
 
 
