@@ -144,6 +144,8 @@ def main(argv=None) -> int:
     sw.add_argument("--first-estimate-s", type=float, default=120.0,
                     help="a run's wall time assumed until one has finished")
     sw.add_argument("--list", action="store_true", help="list the runs in order and stop")
+    sw.add_argument("--lrs", default=None, help="comma-separated: this command runs only the plan's runs at these rates")
+    sw.add_argument("--arms", default=None, help="comma-separated: this command runs only these arms' runs")
     pl = sub.add_parser("plan", help="the campaign's runs and their settings")
     pl.add_argument("--campaign", default=None)
     args, _ = parser.parse_known_args(argv)
@@ -214,6 +216,12 @@ def main(argv=None) -> int:
                 raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
             if not args.list and not args.out:
                 raise ValueError("--out is required unless --list")
+            only_lrs = None if args.lrs is None else [float(x) for x in args.lrs.split(",") if x]
+            only_arms = None if args.arms is None else [x for x in args.arms.split(",") if x]
+            bad = sorted(set(only_arms or []) - set(spec["arms"])) + \
+                [x for x in (only_lrs or []) if x not in spec["lrs"] + (spec.get("range") or {}).get("lrs", [])]
+            if bad:
+                raise ValueError(f"--lrs/--arms name what the plan does not have: {bad}")
         except (ValueError, OSError) as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -223,7 +231,7 @@ def main(argv=None) -> int:
             return 0
         status = sweep.run_sweep(spec, args.out, jobs=args.jobs, budget_s=args.budget_s,
                                  first_estimate_s=args.first_estimate_s, t_start=process_start(),
-                                 say=lambda s: print(s, flush=True))
+                                 say=lambda s: print(s, flush=True), lrs=only_lrs, arms=only_arms)
         failed = [k for k, v in status["runs"].items() if str(v.get("state", "")).startswith("failed")]
         return 1 if failed else 0
     if args.command == "plan":

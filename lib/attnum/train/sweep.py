@@ -203,11 +203,13 @@ def flags(fields: dict) -> list[str]:
 
 
 def run_sweep(spec: dict, out_dir, *, jobs: int, budget_s: float = 0.0, first_estimate_s: float = 120.0,
-              python: str = sys.executable, say=print, t_start: float | None = None) -> dict:
+              python: str = sys.executable, say=print, t_start: float | None = None, lrs=None, arms=None) -> dict:
     """Run the sweep's unfinished runs, ``jobs`` processes at a time, within ``budget_s`` seconds from
     ``t_start`` (0: none): no run is started that would not finish in the budget at the slowest finished
     run's wall time (``first_estimate_s`` before any), and each run is given the rest of the budget as its
-    own ``budget_s``. Returns (and writes) the status."""
+    own ``budget_s`` (the estimate counts only runs of this command: how many run at once changes it).
+    ``lrs``/``arms``: this command runs only the plan's runs at those rates / of those arms (the rest stay
+    to do). Returns (and writes) the status."""
     t_start = time.monotonic() if t_start is None else t_start
     out = Path(out_dir)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -219,6 +221,8 @@ def run_sweep(spec: dict, out_dir, *, jobs: int, budget_s: float = 0.0, first_es
     status.setdefault("runs", {})
     todo = []
     for r in runs(spec):
+        if (lrs is not None and r.lr not in lrs) or (arms is not None and r.arm not in arms):
+            continue
         path = out / r.record
         state = record_state(path)
         if state == "partial":
@@ -227,8 +231,8 @@ def run_sweep(spec: dict, out_dir, *, jobs: int, budget_s: float = 0.0, first_es
             todo.append(r)
         else:
             status["runs"].setdefault(r.record, {"state": "done"})
-    walls = [v["wall_s"] for v in status["runs"].values() if v.get("state") == "done" and "wall_s" in v]
-    estimate = max(walls) if walls else first_estimate_s
+    walls = []
+    estimate = first_estimate_s
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     running: dict = {}  # Popen -> (run, start, log)
     say(f"[sweep] {spec['name']}: {len(todo)} of {len(runs(spec))} runs to do, {jobs} at a time")
@@ -264,6 +268,9 @@ def run_sweep(spec: dict, out_dir, *, jobs: int, budget_s: float = 0.0, first_es
     for r in todo:
         status["runs"].setdefault(r.record, {"state": "not started (budget)"})
     status["done"] = sum(1 for r in runs(spec) if record_state(out / r.record) == "done")
+    for r in runs(spec):
+        if record_state(out / r.record) != "done":
+            status["runs"].setdefault(r.record, {"state": "not run"})
     status["total"] = len(runs(spec))
     status_path.write_text(json.dumps(status, indent=1, sort_keys=True))
     say(f"[sweep] {status['done']} of {status['total']} runs done")
