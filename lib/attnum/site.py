@@ -110,6 +110,8 @@ CSS = """\
 .bd-article .cell_output table td, .bd-article .cell_output table th { padding: 0.2em 0.6em; }
 .bd-article table { max-width: 100%; }
 .bd-article .pst-scrollable-table-container, .bd-article .table-wrapper { overflow-x: auto; max-width: 100%; }
+/* a long run name in prose or a list (the provenance row states it whole) wraps instead of widening the page */
+.bd-article p code, .bd-article li code, .bd-article td code { overflow-wrap: anywhere; }
 details.attnum-fold { margin: 0.5em 0 1em 0; }
 details.attnum-fold > summary { cursor: pointer; color: #555; }
 """
