@@ -111,7 +111,7 @@ CSS = """\
 .bd-article table { max-width: 100%; }
 .bd-article .pst-scrollable-table-container, .bd-article .table-wrapper { overflow-x: auto; max-width: 100%; }
 /* a long run name in prose or a list (the provenance row states it whole) wraps instead of widening the page */
-.bd-article p code, .bd-article li code, .bd-article td code { overflow-wrap: anywhere; }
+.bd-article p code, .bd-article li code { overflow-wrap: anywhere; }
 details.attnum-fold { margin: 0.5em 0 1em 0; }
 details.attnum-fold > summary { cursor: pointer; color: #555; }
 """
