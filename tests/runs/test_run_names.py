@@ -214,3 +214,15 @@ def test_a_real_cli_run_by_notebook_name_with_a_name_prints_no_kernel_transport_
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "without encryption" not in proc.stderr and "IPKernelApp" not in proc.stderr, proc.stderr[-2000:]
     assert ncio.verify_run(outputs / STUDY / "quick")["name"] == "quick"
+
+
+@pytest.mark.parametrize("name,param_set,overrides", [("default", "smoke", {}), ("smoke", "smoke", {"head_dim": 16}),
+                                                      ("full", "smoke", {})])
+def test_the_name_of_a_parameter_set_is_refused_for_any_other_run(outputs, fake_papermill, name, param_set, overrides):
+    with pytest.raises(runs.ParameterError, match=f"'{name}' is a parameter set of study 'length_scaling'"):
+        runs.run(STUDY, param_set, overrides, progress=False, name=name, named=True)
+    assert not fake_papermill
+
+
+def test_the_name_of_a_parameter_set_is_accepted_for_that_sets_plain_run(outputs, fake_papermill):
+    assert runs.run(STUDY, "smoke", progress=False, name="smoke", named=True) == outputs / STUDY / "smoke"

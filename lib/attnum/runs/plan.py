@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .params import (ParameterError, declared_parameters, load_yaml_file, normalize_param_set, parse_value,
                      resolve_parameters, resolve_study, set_label)
+from .params import param_sets
 from .params import studies as _studies
 
 MAX_GRID_POINTS = 1024  # runs of one sweep; planning checks every point (about 50 ms each), so it stays under a minute
@@ -96,7 +97,8 @@ def name_conflict(study_dir: Path, name: str, param_set: str, overrides: dict | 
     parameter set, other overrides or a sweep. A sweep point ``<prefix>@<point>``: any point of that
     prefix made by another set, other fixed overrides or other swept keys (the points of one sweep may
     grow, never mix with another's). A run of the same parameters is a re-run: it replaces the earlier
-    one, as for a generated name. A record that cannot be read counts as another run's."""
+    one, as for a generated name. A record that cannot be read counts as another run's. The name of one of
+    the study's parameter sets (``default``, ``smoke``, ``gpu``, ...) is that set's plain run's only."""
     from .. import ncio
 
     overrides = dict(overrides or {})
@@ -110,6 +112,9 @@ def name_conflict(study_dir: Path, name: str, param_set: str, overrides: dict | 
             found = []
     else:
         want = (param_set, overrides, [])
+        if name in param_sets(study_dir.name) and (param_set, overrides) != (name, {}):
+            return (f"the name {name!r} is a parameter set of study {study_dir.name!r}: it names that set's "
+                    f"plain run (--params {name}, no -p), which the site shows as such; choose another name")
         found = [study_dir / n for n in (name, name + ".failed") if os.path.lexists(study_dir / n)]
     for folder in sorted(found):
         try:
