@@ -11,6 +11,7 @@ STAMP := $(VENV)/.installed
 PARAMS ?= default
 STUDY ?= length_scaling
 GRID ?=
+NAME ?=
 
 .PHONY: setup reproduce test lab sweep publish bench clean clean-results distclean
 
@@ -49,8 +50,8 @@ lab: setup
 	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. --LabApp.default_url=/lab/tree/notebooks $(if $(filter 0,$(shell id -u)),--allow-root,) $(LAB_ARGS)
 
 sweep: $(STAMP)
-	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default] [WORKERS=2] [THREADS=1] [GPUS=0]"; exit 2; }
-	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)' $(BATCH_OPTS)
+	@test -n "$(GRID)" || { echo "usage: make sweep STUDY=length_scaling GRID='head_dim=32,64' [PARAMS=default] [NAME=hd] [WORKERS=2] [THREADS=1] [GPUS=0]"; exit 2; }
+	$(PY) -m attnum sweep $(STUDY) --params $(PARAMS) --grid '$(GRID)' $(if $(NAME),--name '$(NAME)') $(BATCH_OPTS)
 
 # the site: Sphinx + MyST-NB renders the executed notebooks (never re-runs them) into outputs/site/
 publish: $(STAMP)

@@ -15,7 +15,7 @@ import time
 
 from . import runs
 from .paths import UnsafePathError
-from .runs import batch, store
+from .runs import batch, plan, store
 
 
 def _overrides(pairs) -> dict:
@@ -76,8 +76,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _label(text: str) -> str:
+    """``--name``: a short name of one's own (``plan.check_label``), refused before anything is checked or run."""
+    try:
+        return plan.check_label(text)
+    except runs.ParameterError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--name ")) from None
+
+
 def _batch(args, tasks) -> int:
     """Run a planned batch (or print it for --dry-run); 0 only if every run succeeded."""
+    plan.check_names_free(tasks, args.outputs)  # a --name already used by other runs: refused, nothing submitted
     if args.dry_run:
         print(batch.describe_plan(tasks, args.outputs))
         return 0
@@ -99,13 +108,23 @@ def main(argv=None) -> int:
     p_kernels.add_argument("--device", default="cpu", help="device to check availability on (default cpu)")
 
     p_run = sub.add_parser("run", help="run one study notebook")
-    p_run.add_argument("study")
+    p_run.add_argument("study", help="a study (length_scaling), its notebook's name (01_length_scaling) or path "
+                                     "(notebooks/01_length_scaling.ipynb)")
+    p_run.add_argument("--name", type=_label, default=None,
+                       help=f"the run's folder name instead of one made from the set and overrides (letters, "
+                            f"digits, _ . + -; at most {plan.MAX_LABEL} characters); refused if a run of other "
+                            "parameters already has it")
     p_all = sub.add_parser("run-all", help="run every study at one parameter set")
     p_sweep = sub.add_parser("sweep", help="run a grid of parameter values, one folder per point")
-    p_sweep.add_argument("study")
+    p_sweep.add_argument("study", help="a study, its notebook's name or path (as for run)")
     p_sweep.add_argument("--grid", required=True, help="'key=v1,v2;key2=v3' or a YAML file of key: [values]")
+    p_sweep.add_argument("--name", type=_label, default=None,
+                         help="the points' folder names start with this (NAME@key=value,...) instead of the set "
+                              "and fixed overrides; refused if points of another sweep already have it")
     for p in (p_run, p_all, p_sweep):
-        p.add_argument("--params", default="default", help="parameter set (params/<study>/<name>.yaml)")
+        p.add_argument("--params", default="default",
+                       help="parameter set: a name (params/<study>/<name>.yaml; default: the notebook's "
+                            "parameters cell) or the path of a YAML file of parameter: value lines")
         p.add_argument("-p", nargs=2, action="append", metavar=("KEY", "VALUE"), help="override (YAML value)")
         p.add_argument("--outputs", type=_outputs_folder, default=None,
                        help="outputs root (default: outputs/ or $ATTNUM_OUTPUTS)")
@@ -181,14 +200,16 @@ def main(argv=None) -> int:
                     print(f"    {name:42s} {'runs on ' + args.device if not reason else 'cannot run: ' + reason}")
             print("your own: package.module:function (a Kernel, or f(q, k, v, is_causal=, attn_mask=, scale=))")
         elif args.cmd == "run":
-            path = runs.run(args.study, args.params, _overrides(args.p), outputs=args.outputs,
-                              progress=not args.no_progress, timeout=args.timeout)
+            path = runs.run(runs.resolve_study(args.study), args.params, _overrides(args.p), outputs=args.outputs,
+                            progress=not args.no_progress, timeout=args.timeout, name=args.name,
+                            named=args.name is not None)
             print(f"wrote {path}")
         elif args.cmd == "run-all":  # every study's parameters checked before anything is submitted
             return _batch(args, batch.plan_run_all(args.params, _overrides(args.p)))
         elif args.cmd == "sweep":  # every grid point checked before anything is submitted
             grid = runs.parse_grid(args.grid)
-            return _batch(args, batch.plan_sweep(args.study, grid, args.params, _sweep_overrides(args.p, grid)))
+            return _batch(args, batch.plan_sweep(runs.resolve_study(args.study), grid, args.params,
+                                                 _sweep_overrides(args.p, grid), prefix=args.name))
         elif args.cmd == "publish":
             from .site import publish
 

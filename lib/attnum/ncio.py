@@ -17,7 +17,11 @@ newest convention the IOOS compliance checker knows; int64 is a CF data type
 since CF-1.9, so integer coordinates are kept exactly as computed. Global
 attributes record the study, its parameters (JSON; ``output_dir`` as the run's
 logical folder ``<study>/<run>``, never a temporary path), git commit and dirty
-flag, package versions, device and creation time. Writes are atomic: a
+flag, package versions, device and creation time, and ``accelerator_versions``
+(torch, CUDA, cuDNN, Triton, GPU, driver): a run on a CUDA device whose
+``accelerator_versions`` names no GPU is refused before anything is written
+(``check_accelerator_provenance``; committed GPU runs written before the
+attribute existed are still read). Writes are atomic: a
 temporary file in the same folder, fsync, then ``os.replace``.
 
 Run records: each run folder holds ``RUN.json`` (written by the runner, or by
@@ -83,6 +87,41 @@ class DamagedRunError(RuntimeError):
 
 class DamagedRunWarning(UserWarning):
     """A damaged run was skipped (the message names it and says what is wrong)."""
+
+
+class ProvenanceError(ValueError):
+    """Results that must not be written: their provenance lacks what the README promises (nothing is written)."""
+
+
+ACCELERATOR_KEYS = ("torch", "cuda", "cudnn", "triton", "gpu", "gpu_capability", "driver")  # versions.accelerator_versions
+
+
+def check_accelerator_provenance(attrs: dict, device: str = "cpu") -> None:
+    """Refuse (``ProvenanceError``) the attributes of a run on a CUDA device (``device``, or the recorded
+    ``device`` description) unless ``accelerator_versions`` names what decides its kernels: JSON holding
+    every key of ``ACCELERATOR_KEYS``, with a CUDA version and a GPU (not "none"). A CPU run needs none.
+
+    Results written before the attribute existed (some committed GPU runs) are read as they are: this
+    check is the writer's, never the reader's."""
+    if not (str(device).startswith("cuda") or "cuda" in str(attrs.get("device", "")).lower()):
+        return
+    raw = attrs.get("accelerator_versions")
+    try:
+        versions = json.loads(raw) if isinstance(raw, str) else None
+    except ValueError:
+        versions = None
+    where = f"a run on {device!r}" + (f" ({attrs['device']})" if attrs.get("device") else "")
+    if not isinstance(versions, dict):
+        raise ProvenanceError(f"refusing to write the results of {where}: they lack the accelerator_versions "
+                              "attribute (torch, CUDA, cuDNN, Triton, GPU, driver: what decides a GPU kernel's "
+                              f"numbers); got {raw!r}. Nothing was written")
+    missing = [k for k in ACCELERATOR_KEYS if k not in versions]
+    absent = [k for k in ("cuda", "gpu") if str(versions.get(k, "none")) in ("none", "", "unknown")]
+    if missing or absent:
+        raise ProvenanceError(f"refusing to write the results of {where}: accelerator_versions "
+                              + (f"lacks {missing}" if missing else f"names no {' and no '.join(absent)}")
+                              + f" ({raw}); a CUDA run records the GPU it ran on (is CUDA visible to torch "
+                              "here?). Nothing was written")
 
 
 # -- provenance --
@@ -352,6 +391,7 @@ def write_results(ds: xr.Dataset, path: str | os.PathLike, *, study: str, params
     _cf_metadata(ds, variables)
     _boolean_flags(ds)
     ds.attrs.update(provenance(study, params, device))
+    check_accelerator_provenance(ds.attrs, device)  # before any file or folder is made
     if "real_kernel" in ds.coords:
         ds.attrs["real_kernel_backends"] = json.dumps(real_kernel_backends(ds["real_kernel"].values), sort_keys=True)
     ds.attrs["sweep_dims"] = json.dumps(list(sweep_dims))

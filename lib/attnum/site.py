@@ -55,6 +55,7 @@ import nbformat
 from . import glue, ncio
 from .paths import UnsafePathError, open_own_file, outputs_root, pointer_target
 from .runs import SWEEP_MARK, RunError, studies
+from .runs.plan import MAX_LABEL
 from .runs.store import PUBLISH_LOCK, SITE, publish_lock_held
 
 LOCK = PUBLISH_LOCK
@@ -81,6 +82,7 @@ suppress_warnings = ["myst.header", "mystnb.unknown_mime_type", "misc.highlighti
 html_theme = "sphinx_book_theme"
 html_title = "Numerical deviation of attention kernels"
 html_static_path = ["_static"]
+templates_path = ["_templates"]   # search.html: the note that search needs a web server (SEARCH_NOTE)
 html_css_files = ["attnum.css"]
 html_copy_source = False
 html_show_sourcelink = False
@@ -108,8 +110,23 @@ CSS = """\
 .bd-article .cell_output table td, .bd-article .cell_output table th { padding: 0.2em 0.6em; }
 .bd-article table { max-width: 100%; }
 .bd-article .pst-scrollable-table-container, .bd-article .table-wrapper { overflow-x: auto; max-width: 100%; }
+/* a long run name in prose or a list (the provenance row states it whole) wraps instead of widening the page */
+.bd-article p code, .bd-article li code { overflow-wrap: anywhere; }
 details.attnum-fold { margin: 0.5em 0 1em 0; }
 details.attnum-fold > summary { cursor: pointer; color: #555; }
+"""
+SERVE_COMMAND = "python -m http.server -d outputs/site"  # what a reader runs to search the site
+# Sphinx's search page reads each result's page with the browser's fetch() to show an excerpt
+# (sphinx/themes/basic/static/searchtools.js); browsers refuse fetch() for pages opened as files (file://).
+SEARCH_NOTE = ("Search needs a web server: for pages opened as files (file://), browsers refuse the requests the "
+               f"search page makes to read the pages it finds. From the project root, run {SERVE_COMMAND} "
+               "and open http://localhost:8000/ (the other pages read fine as files).")
+SEARCH_TEMPLATE = """{%- extends "!search.html" %}
+{% block docs_body %}
+<div class="admonition note attnum-search-note"><p class="admonition-title">Search and file://</p>
+<p>""" + SEARCH_NOTE.replace(SERVE_COMMAND, f"<code>{SERVE_COMMAND}</code>") + """</p></div>
+{{ super() }}
+{% endblock docs_body %}
 """
 SNAPSHOT_FILES = ("RUN.json", "FAILED", "results.nc", "notebook.ipynb")
 REPORTS = "report"  # outputs/report/<name>/: the kernel reports of ``python -m attnum report``
@@ -542,9 +559,10 @@ def _pins_md(prov: dict) -> str:
             + "; its numbers may differ from a run on the pinned versions")
 
 
-def short_label(name: str, limit: int = 24) -> str:
-    """A run's name as a table shows it: as it is up to ``limit`` characters, else its parameter set and the
-    hash the runner appends to long names (``gpu…h5172af6ac6``), or its head and tail."""
+def short_label(name: str, limit: int = MAX_LABEL) -> str:
+    """A run's name as a table, caption or link shows it: as it is up to ``limit`` characters (``MAX_LABEL``:
+    every name of one's own, ``--name``), else its parameter set and the hash the runner appends to long names
+    (``gpu…h5172af6ac6``), or its head and tail. The run's own page states the whole name once (provenance)."""
     name = str(name)
     if len(name) <= limit:
         return name
@@ -820,7 +838,8 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
              "sequence length, what extreme inputs do, and what the deviation does to training. Each study is "
              "an executed notebook; every number and figure on its page comes from that run's `results.nc`, "
              "whose attributes record the parameters, code version, library versions and machine. "
-             "Figures open at full size on click.\n"]
+             "Figures open at full size on click.\n",
+             SEARCH_NOTE.replace(SERVE_COMMAND, f"`{SERVE_COMMAND}`") + "\n"]
     lead = next((primary[s] for s in order if s in primary and primary[s].get("headline")), None)
     if lead is not None:
         title = _title(committed[lead["study"]]) if lead["study"] in committed else lead["study"]
@@ -841,7 +860,7 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
                      "it links to (glued from that run's data).\n\n" + "\n".join(findings) + "\n")
     if damaged:
         parts.append(":::{admonition} Damaged runs, not published\n:class: error attnum-damaged\n\n"
-                     + "\n".join(f"* DAMAGED, not published: {_code(d['study'] + '/' + d['run'])}: {_text(d['damaged'])}"
+                     + "\n".join(f"* DAMAGED, not published: {_code(d['study'] + '/' + short_label(d['run'], 40))}: {_text(d['damaged'])}"
                                  for d in damaged) + "\n:::\n")
     toc_main, toc_more = [], []
     for study in order:
@@ -860,7 +879,7 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
         if shown:
             figs = [_figure(f"{study}/{r['run']}/{r['headline']}",
                             f"headline figure of {study}, run {r['run']}",
-                            f"{_text(_device_label(r))} run {_code(r['run'])}: {_code(r['headline'])}") for r in shown]
+                            f"{_text(_device_label(r))} run {_code(short_label(r['run']))}: {_code(r['headline'])}") for r in shown]
             parts.append("::::{container} attnum-figs\n" + "\n".join(figs) + "::::\n")
         if main is not None:
             text = _finding_md(study, main, committed)
@@ -884,7 +903,7 @@ def _index_md(order: list[str], by_study: dict, primary: dict, committed: dict, 
         rest = [r for r in others if r["study"] == study]
         if rest:
             parts.append("Other runs of this study (not results; see [Other runs](runs.md)): "
-                         + ", ".join(f"{_code(study + '/' + r['run'])} ({KIND_LABELS[r['kind']]})" for r in rest) + "\n")
+                         + ", ".join(f"{_code(study + '/' + short_label(r['run'], 40))} ({KIND_LABELS[r['kind']]})" for r in rest) + "\n")
         for r in results:
             if r.get("nb") is None:
                 continue
@@ -932,7 +951,7 @@ def _runs_md(others: list[dict], damaged: list[dict], short: dict) -> str:
         parts.append(f"## {KIND_TITLES[kind]}\n")
         if kind == "damaged":
             parts.append("| study | run | what is wrong |\n|---|---|---|\n" + "\n".join(
-                f"| {_text(short.get(d['study'], d['study']))} | {_code(d['run'], True)} | DAMAGED, not published: "
+                f"| {_text(short.get(d['study'], d['study']))} | {_code(short_label(d['run'], 40), True)} | DAMAGED, not published: "
                 f"{_text(d['damaged'])} |"
                 for d in rows) + "\n")
             continue
@@ -968,7 +987,7 @@ def _nav(entry: dict, order: list[str], primary: dict, short: dict) -> str:
             links.append(f"[{short[next_]} →](../../{next_}/{primary[next_]['run']}/notebook.ipynb)")
         main = primary.get(entry["study"])
         if main is not None and main is not entry:
-            links.append(f"[main run `{main['run']}`](../{main['run']}/notebook.ipynb)")
+            links.append(f"[main run {_code(short_label(main['run']))}](../{main['run']}/notebook.ipynb)")
     else:
         links.append("[Other runs](../../runs.md)")
     return " · ".join(links)
@@ -978,6 +997,8 @@ def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
     (src / "_static").mkdir(parents=True)
     (src / "conf.py").write_text(CONF_PY)
     (src / "_static" / "attnum.css").write_text(CSS)
+    (src / "_templates").mkdir()
+    (src / "_templates" / "search.html").write_text(SEARCH_TEMPLATE)
     known = studies()
     order = list(known) + sorted({e["study"] for e in entries} - set(known))
     committed = {}
@@ -1004,9 +1025,9 @@ def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
         dest = src / e["study"] / e["run"]
         dest.mkdir(parents=True)
         if e["kind"] in ("result", "gpu") and primary.get(e["study"]) is not e:
-            e["page_suffix"] = f"(run {_code(e['run'])}, {_text(_device_label(e).split(' ')[0])})"
+            e["page_suffix"] = f"(run {_code(short_label(e['run']))}, {_text(_device_label(e).split(' ')[0])})"
         elif e["kind"] not in ("result", "gpu"):
-            e["page_suffix"] = f"({KIND_LABELS[e['kind']]} {_code(e['run'])})"
+            e["page_suffix"] = f"({KIND_LABELS[e['kind']]} {_code(short_label(e['run'], 40))})"
         for name in e.get("figures", []) + (["results.nc"] if e.get("provenance") else []):
             shutil.copy2(e["dir"] / name, dest / name)
         nav = _nav(e, order, primary, short)
@@ -1022,7 +1043,7 @@ def _build_sources(src: Path, entries: list[dict], damaged: list[dict]) -> None:
         dest = src / REPORTS / e["run"]
         dest.mkdir(parents=True)
         shutil.copy2(e["dir"] / "results.nc", dest / "results.nc")
-        e["page_suffix"] = f"(report {_code(e['run'])})"
+        e["page_suffix"] = f"(report {_code(short_label(e['run']))})"
         nbformat.write(_page_notebook(e, "[↑ All studies](../../index.md)"), dest / "notebook.ipynb")
         e["doc"] = True
     others = [e for e in entries if e["kind"] not in ("result", "gpu")]

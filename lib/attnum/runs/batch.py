@@ -37,7 +37,7 @@ from pathlib import Path
 
 from ..paths import outputs_root
 from . import execute as _execute
-from .plan import PlannedRun, plan_run_all, plan_sweep
+from .plan import PlannedRun, check_names_free, plan_run_all, plan_sweep
 from .store import RunError
 
 SCHEDULER_ENV = "ATTNUM_DASK_SCHEDULER"
@@ -168,7 +168,7 @@ def run_planned(task: PlannedRun, outputs: str, timeout: int | None = None, thre
     try:
         folder = _execute.run(task.study, task.param_set, task.overrides, outputs=outputs,
                             sweep_dims=list(task.sweep_dims), progress="lines" if progress else False,
-                            name=task.name, timeout=timeout)
+                            name=task.name, timeout=timeout, named=task.named)
         out.update(state="ok", folder=str(folder))
     except Exception as exc:  # RunError, ParameterError, or anything else: this run failed, the batch goes on
         out["error"] = _error_text(exc)
@@ -579,13 +579,15 @@ def results_json(results: list[Result]) -> list[dict]:
 
 
 def sweep(study: str, grid: dict[str, list], param_set: str = "default", overrides: dict | None = None, *,
-          outputs=None, progress: bool = True, **batch_options) -> list[Path]:
+          outputs=None, progress: bool = True, prefix: str | None = None, **batch_options) -> list[Path]:
     """Run every point of ``grid`` as one batch (Dask; ``workers=1``: in this process).
 
     One folder per point, swept keys recorded as length-1 dims. Every point runs even if some fail;
-    then ``RunError`` names the failed ones. Returns the run folders in grid order.
+    then ``RunError`` names the failed ones. Returns the run folders in grid order. ``prefix``: the
+    points' names start with it (``<prefix>@<point>``; refused if another sweep's points have it).
     """
-    planned = plan_sweep(study, grid, param_set, overrides)
+    planned = plan_sweep(study, grid, param_set, overrides, prefix=prefix)
+    check_names_free(planned, outputs)
     results = run_batch(planned, outputs=outputs, progress=progress, **batch_options)
     failed = [r for r in results if not r.ok]
     if failed:

@@ -20,8 +20,9 @@ from pathlib import Path
 from .. import ncio
 from ..paths import outputs_root, remove_tree
 from .params import (ALLOW_LARGE_ENV, RUNNER_SET, ParameterError, check_machine, check_parameters, did_you_mean,
-                     import_papermill, notebook_path, parameter_names, resolve_parameters)
-from .plan import folder_name
+                     import_papermill, normalize_param_set, notebook_path, parameter_names, resolve_parameters,
+                     resolve_study)
+from .plan import SWEEP_MARK, check_label, folder_name, name_conflict
 from .store import (RunError, drop_stale_versions, new_version, now, point_link, record_failure, run_lock,
                     swap_step)
 
@@ -105,6 +106,41 @@ def _env(name: str, value: str | None):
             os.environ[name] = old
 
 
+MAX_SOCKET_PATH = 90  # bytes of an IPC socket's path (<folder>/k-<port>); AF_UNIX allows 107 on Linux, 103 on macOS
+
+
+@contextlib.contextmanager
+def kernel_transport():
+    """papermill options that start the notebook kernel on IPC (Unix domain sockets) instead of TCP.
+
+    Over TCP, ipykernel (``IPKernelApp.init_sockets``) warns at every start "Kernel is running over TCP
+    without encryption", on the runner's stderr: the kernel's five channels listen on loopback ports
+    that any local user can reach (messages are signed, not encrypted). IPC sockets are files in a
+    folder of this user's own (``mkdtemp``: mode 0700), so nobody else can connect, and the kernel
+    has nothing to warn about. The folder is removed when the run ends. Where Unix sockets are not
+    available (Windows) or the temporary folder's path is too long for one, the kernel keeps TCP.
+    Yields the keyword arguments for ``papermill.execute_notebook`` (nbclient's traitlets ``config``)."""
+    import shutil
+    import tempfile
+
+    if os.name == "nt":
+        yield {}
+        return
+    folder = tempfile.mkdtemp(prefix="attnum-kernel-")
+    try:
+        if len(os.path.join(folder, "k-65535")) > MAX_SOCKET_PATH:
+            yield {}
+            return
+        from traitlets.config import Config
+
+        config = Config()
+        config.KernelManager.transport = "ipc"
+        config.KernelManager.ip = os.path.join(folder, "k")  # sockets k-<port>, removed with the folder
+        yield {"config": config}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def kernel_pythonpath() -> str:
     """``PYTHONPATH`` for a notebook kernel: the folder holding this ``attnum`` first (the kernel imports
     the code that checked the parameters, installed or not), then this process's entries made absolute
@@ -122,11 +158,16 @@ def kernel_pythonpath() -> str:
 def run(study: str, param_set: str = "default", overrides: dict | None = None, *,
         outputs: str | os.PathLike | None = None, sweep_dims=(), progress: bool | str = True,
         name: str | None = None, timeout: int | None = None, allow_large: bool = False,
-        wait: bool = False) -> Path:
+        wait: bool = False, named: bool = False) -> Path:
     """Execute one study notebook; returns the finished run folder ``<outputs>/<study>/<name>``.
 
-    Everything is checked before anything is written. ``allow_large`` runs past the memory
-    estimate; ``wait`` queues behind a running run of the same name instead of failing.
+    Everything is checked before anything is written. ``study``: a study, its notebook's file stem or
+    the notebook's path (``resolve_study``); ``param_set``: a set's name or a YAML file's path
+    (``normalize_param_set``). ``name``: the run's folder (default: from the set and overrides);
+    ``named``: ``name`` is one of one's own (``--name``; for a sweep point, its part before ``@``): it is
+    checked (``plan.check_label``) and refused if a run of other parameters holds it (``plan.name_conflict``).
+    ``allow_large`` runs past the memory estimate; ``wait`` queues behind a running run of the same name
+    instead of failing.
     ``progress``: ``True`` shows papermill's bar over the cells and the notebook's own progress
     lines (``attnum.progress``, on this process's terminal); ``"lines"`` only the notebook's lines;
     ``False`` neither (the kernel runs with ``ATTNUM_PROGRESS=off``, whatever the environment says).
@@ -138,7 +179,11 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
 
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1):
         raise ParameterError(f"timeout must be a whole number of seconds >= 1 (or None: no limit), got {timeout!r}")
+    if named:
+        check_label(name.split(SWEEP_MARK, 1)[0] if sweep_dims and isinstance(name, str) else name)
     papermill = import_papermill()
+    study = resolve_study(study)
+    param_set = normalize_param_set(study, param_set)
     overrides = dict(overrides or {})
     values = resolve_parameters(study, param_set, overrides, allow_large=allow_large)
     nb_path = notebook_path(study)
@@ -147,6 +192,9 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
     study_dir = base / study
     final = study_dir / name
     with run_lock(study_dir, name, wait=wait):
+        problem = name_conflict(study_dir, name, param_set, overrides, sweep_dims) if named else None
+        if problem:
+            raise ParameterError(problem)
         version = new_version(study_dir, name)
         record = {"study": study, "name": name, "param_set": param_set, "overrides": overrides,
                   "parameters": values, "sweep_dims": list(sweep_dims), "notebook": nb_path.name,
@@ -156,11 +204,13 @@ def run(study: str, param_set: str = "default", overrides: dict | None = None, *
             ncio.write_record(version, record)  # small, first: even a full disk later leaves this
             injected = dict(values, output_dir=str(version), sweep_dims=list(sweep_dims))
             with _sigterm_as_interrupt(), _env(ALLOW_LARGE_ENV, "1" if allow_large else None), \
-                    _env(_progress.ENV, None if progress else "off"), _env("PYTHONPATH", kernel_pythonpath()):
+                    _env(_progress.ENV, None if progress else "off"), _env("PYTHONPATH", kernel_pythonpath()), \
+                    kernel_transport() as transport:
                 papermill.execute_notebook(str(nb_path), str(version / "notebook.ipynb"), parameters=injected,
                                            progress_bar=progress is True, cwd=str(nb_path.parent),
                                            kernel_name="python3", execution_timeout=timeout, report_mode=False,
-                                           engine_name=_register_engine(papermill), shutdown_kernel="immediate")
+                                           engine_name=_register_engine(papermill), shutdown_kernel="immediate",
+                                           **transport)
                 results = version / "results.nc"
                 if not results.exists():
                     raise RunError(f"notebook {nb_path.name} finished without writing results.nc")

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from ..paths import notebooks_dir, params_dir
+from ..paths import notebooks_dir, params_dir, project_root
 
 # Parameters every study notebook declares; the runner sets output_dir and sweep_dims itself.
 COMMON_PARAMETERS = ("device", "output_dir", "sweep_dims")
@@ -160,6 +160,34 @@ def notebook_path(study: str) -> Path:
     return known[study]
 
 
+def resolve_study(text: str) -> str:
+    """The study that ``text`` names: a study (``length_scaling``), its notebook's file stem
+    (``01_length_scaling``) or the path of that notebook (``notebooks/01_length_scaling.ipynb``, relative to
+    the working folder or to the project root). A path must be the project's own notebook: the runner runs
+    ``notebooks/NN_<study>.ipynb``, never a copy elsewhere. Raises ``ParameterError`` otherwise."""
+    known = studies()
+    text = str(text)
+    if text in known:
+        return text
+    path = Path(text)
+    by_stem = {nb.stem: study for study, nb in known.items()}
+    stem = path.stem if path.suffix == ".ipynb" else path.name
+    study = by_stem.get(stem)
+    if study is None:
+        raise ParameterError(f"unknown study {text!r}{did_you_mean(stem, [*known, *by_stem])}; studies: "
+                             f"{sorted(known)} (or their notebooks: {sorted(nb.name for nb in known.values())})")
+    if path.suffix != ".ipynb" and len(path.parts) == 1:
+        return study  # the notebook's file stem
+    own = known[study].resolve()
+    candidates = [c for c in (path, project_root() / path) if c.exists()]
+    if any(c.resolve() == own for c in candidates):
+        return study
+    if candidates:
+        raise ParameterError(f"{text} is not the project's notebook of study {study!r} ({own}); the runner runs "
+                             "the project's notebooks only: edit that one, or run it in JupyterLab")
+    raise ParameterError(f"no notebook {text}; the notebook of study {study!r} is {own}")
+
+
 DEFERRED_IMPORTS = {"rfc3987_syntax": ("is_valid_syntax",)}
 """Modules imported by papermill's import chain (nbformat -> jsonschema's optional format checkers) that
 papermill never uses, with the names jsonschema takes from them: loaded on first use instead."""
@@ -275,7 +303,51 @@ def param_sets(study: str) -> list[str]:
     return sorted(files | {"default"})
 
 
+def is_param_file(name) -> bool:
+    """Whether ``--params`` names a file (a path, or a name ending in ``.yaml``/``.yml``) rather than a set."""
+    return isinstance(name, str) and (name.endswith((".yaml", ".yml")) or "/" in name or os.sep in name)
+
+
+def normalize_param_set(study: str, name: str) -> str:
+    """``--params`` as the runner records it: a named set as it is; a file of ``params/<study>/``
+    (``params/length_scaling/smoke.yaml``, or ``smoke.yaml`` where no such file is in the working
+    folder) as that set's name; any other file as its absolute path. Raises ``ParameterError`` for a
+    file that does not exist, or for ``schema.yaml`` (the allowed values, not a parameter set)."""
+    if not is_param_file(name):
+        return name
+    path = Path(name)
+    own = params_dir() / study
+    if not path.exists() and len(path.parts) == 1 and (own / path).is_file():
+        path = own / path
+    if not path.is_file():
+        raise ParameterError(f"parameter file {name!r} does not exist (a YAML file of parameter: value "
+                             f"lines); study {study!r} has the sets {param_sets(study)}")
+    path = path.resolve()
+    if path.parent == own.resolve() and path.suffix == ".yaml":
+        if path.stem == "schema":
+            raise ParameterError(f"{name} is study {study!r}'s schema (the allowed values), not a parameter set; "
+                                 f"sets: {param_sets(study)}")
+        return path.stem
+    return str(path)
+
+
+def set_label(name: str) -> str:
+    """The parameter set's part of a run's folder name: the set's name, or a file's own name (``mine.yaml``)."""
+    return Path(name).name if is_param_file(name) else name
+
+
 def load_param_set(study: str, name: str) -> dict:
+    """The values of a parameter set: ``default`` (the notebook's parameters cell), a named set
+    (``params/<study>/<name>.yaml``) or a YAML file given by its path (``normalize_param_set``); a file is
+    read as a named set is (no repeated keys, size and nesting bounds), and its values are then checked by
+    the same schema and rules."""
+    if is_param_file(name):
+        name = normalize_param_set(study, name)
+        if is_param_file(name):
+            values = load_yaml_file(Path(name)) or {}
+            if not isinstance(values, dict):
+                raise ParameterError(f"{name} must hold a mapping of parameter names to values")
+            return values
     if name == "default":
         if (params_dir() / study / "default.yaml").exists():
             raise ParameterError(f"params/{study}/default.yaml must not exist: the notebook's parameters cell "
