@@ -51,7 +51,8 @@ from ...kernels import AttentionImpl
 from ...metrics import ds_row_sums, gradient_errors, output_errors, row_rel_l2
 from ...operands import REGIMES, axis_offset_operands, golden_values, key_resolution, mechanism_operands, mechanism_operands_in, regime_operands, unit_vector
 from ...precision import get_policy
-from .trainer import DIAG_ATTRS, recompute_backward_fp32, GPTConfig, add_key_offset, load_checkpoint, record_variables, torch_threads
+from .trainer import (DIAG_ATTRS, GPT, GPTConfig, Task, add_key_offset, load_checkpoint, record_variables,
+                      recompute_backward_fp32, torch_threads)
 
 FA2_BF16 = get_policy("fa2_bf16")
 FP32 = get_policy("fp32")
@@ -330,6 +331,14 @@ def source_checks(sharpness, mu_norms, seq_len: int, head_dim: int, seeds, *, fo
 
 
 # -- training and the diagnostic at checkpoints ---------------------------------------------------
+
+def parameter_count(p: dict) -> int:
+    """Parameters of the GPT a tier trains: ``p``'s task (its vocabulary) and model sizes."""
+    task = Task(p["task"], context=p["context"], n_symbols=p["n_symbols"], lm_loss=p["lm_loss"])
+    model = GPT(GPTConfig(vocab_size=task.vocab_size, context=p["context"], n_layer=p["n_layer"],
+                          n_head=p["n_head"], d_model=p["d_model"]))
+    return sum(t.numel() for t in model.parameters())
+
 
 def _offset_vectors(model_cfg: GPTConfig, seed: int) -> list[torch.Tensor]:
     """One unit vector per head and layer (shape (d_model,) per layer, each head's block of norm 1)."""
