@@ -160,6 +160,21 @@ def variant_kernel(name: str, block_q: int, block_k: int) -> kernels.Kernel:
     return kernels.as_kernel(AttentionImpl(family, policy, block_q=block_q, block_k=block_k, fused_scale_max=fused))
 
 
+def variant_base(name: str, block_q: int, block_k: int) -> tuple[str, dict[str, str]]:
+    """A variant as the kernel registry knows it: the registry name of the kernel of the variant's family,
+    tiles and scale-max under the preset policy the variant's policy starts from, and the stages
+    (``{stage: format}``) in which the variant's policy differs from that preset. Empty stages: the variant
+    is that registry kernel (``variant_kernel``'s name); otherwise it is that kernel with those stages
+    switched, its documented meaning (``KERNEL_VARIANTS``: ``fp32_ds_bf16``, dS rounded to bf16;
+    ``bf16_bwd_fp32``, every backward stage in fp32)."""
+    family, policy, fused, _ = KERNEL_VARIANTS[name]
+    preset = get_policy(policy.name.split("+", 1)[0])
+    ours, theirs = policy.as_dict(), preset.as_dict()
+    changed = {stage: fmt for stage, fmt in ours.items() if stage != "name" and theirs[stage] != fmt}
+    base = AttentionImpl(family, preset, block_q=block_q, block_k=block_k, fused_scale_max=fused)
+    return kernels.as_kernel(base).name, changed
+
+
 def _row_cos(a, b) -> torch.Tensor:
     """|cos| between matching rows of a and b (b broadcast), NaN where either row is 0."""
     a, b = a.double(), b.double().expand_as(a)

@@ -335,6 +335,10 @@ def real_kernel_details(ds: xr.Dataset, *, emulator: str = "bf16", tolerance: fl
     return pd.DataFrame(rows).set_index("kernel")
 
 
+TRAINING_RUNS = {"bf16": "train_attention", "fp32": "baseline_attention"}
+"""The training runs (the ``run`` coordinate): the run with the kernel under test and the FP32-attention run,
+each with the parameter that names its attention (a registry name; the run's ``run_attention`` holds the
+kernel's own name)."""
 TRAINING_PARAMS = ("task", "lm_loss", "context", "n_symbols", "n_layer", "n_head", "d_model", "train_attention",
                    "model_block", "steps", "batch_size", "lr", "warmup_steps", "weight_decay", "grad_clip",
                    "train_seed", "data_seed")
