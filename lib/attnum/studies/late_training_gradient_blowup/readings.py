@@ -42,6 +42,9 @@ QIU_YAO_LR, QIU_YAO_WEIGHT_DECAY = 1e-3, 0.0
 
 # -- the study's own criteria ----------------------------------------------------------------------
 
+SAME_PROBLEM_TOLERANCE = 0.1
+"""The exact problem "has not moved" at a |mu| while its fp64 dQ is within this (median row relative difference) of
+the one at |mu| = 0 (``same_problem_limit``)."""
 REAL_GROWTH_AT_LEAST = 10.0
 """A real kernel "shows the growth" when its dQ error grows at least this many times from the smallest to the
 largest |mu| at every sharpness (``real_kernel_summary``)."""
@@ -166,7 +169,7 @@ def seed000_table(ds: xr.Dataset, bad: float = 0.5):
     return pd.DataFrame(rows).set_index("variant")
 
 
-def same_problem_limit(ds: xr.Dataset, tolerance: float = 0.1) -> xr.DataArray:
+def same_problem_limit(ds: xr.Dataset, tolerance: float = SAME_PROBLEM_TOLERANCE) -> xr.DataArray:
     """Per (sharpness, N, d): the largest |mu| of the grid up to which the exact problem has not moved
     (median over seeds of ``mech_exact_dq_shift`` at most ``tolerance`` at that |mu| and every smaller one)."""
     shift = ds["mech_exact_dq_shift"].median("seed")
@@ -252,7 +255,7 @@ def real_kernel_summary(ds: xr.Dataset, *, emulator: str = "bf16", growth_at_lea
     return pd.DataFrame(rows).set_index("kernel")
 
 
-def real_kernel_details(ds: xr.Dataset, *, emulator: str = "bf16", tolerance: float = 0.1):
+def real_kernel_details(ds: xr.Dataset, *, emulator: str = "bf16", tolerance: float = SAME_PROBLEM_TOLERANCE):
     """Per real kernel, what ``real_kernel_summary`` leaves out, over the whole real-kernel grid (every
     sharpness, |mu|, N, d and seed): the ratio of its median row dQ error to the emulator variant's at the
     same point (min, max); its median row dQ error growth from |mu| = 0 to the largest |mu| within the
