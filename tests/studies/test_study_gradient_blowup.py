@@ -6,13 +6,14 @@ import pytest
 import torch
 import xarray as xr
 
-from attnum import kernels, ncio, runs
+from attnum import kernels, ncio, paths, runs
 from attnum.operands import regime_operands
 from attnum.studies import late_training_gradient_blowup as study
 from attnum.studies.late_training_gradient_blowup import (experiments, gpu_training, readings,
                                                          readings_gpu, real_kernels)
 
 STUDY = "late_training_gradient_blowup"
+NOTEBOOK = "notebooks/04_late_training_gradient_blowup.ipynb"
 
 
 @pytest.mark.slow
@@ -23,7 +24,26 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
     executed = json.loads((path / "notebook.ipynb").read_text())
     assert glue.missing_keys(executed) == set()
+    # every key the committed notebook's markdown refers to is glued by its code cells on this tier
+    committed = json.loads((paths.project_root() / NOTEBOOK).read_text())
+    assert glue.referenced_keys(committed) <= glue.glued_keys(executed)
     values = glue.read_glued(executed)
+    # the sources' numbers are the constants the checks use, glued as they are (theirs, not measured)
+    sources = readings.keyed("s04_", {**readings.source_values(), **readings.definition_values()})
+    assert {k: values[k] for k in sources} == sources
+    assert values["s04_seed004_dq_err"] == readings.SEED004_DQ_ERR == 2.19
+    assert (values["s04_seed003_dq_max"], values["s04_seed003_dk_max"], values["s04_seed003_dv_max"]) == tuple(
+        readings.SEED003_THRESHOLDS.values())
+    params = runs.load_param_set(STUDY, "smoke")
+    tokens = params["steps"] * params["batch_size"] * params["context"]
+    assert values["s04_n_params"] == experiments.parameter_count(params) > 0
+    assert values["s04_token_orders"] == pytest.approx(np.log10(readings.SEED004_TOKENS / tokens))
+    ran = ncio.open_results(path / "results.nc", squeeze_sweep_dims=True)
+    at = dict(seq_len=int(ran["seq_len"][-1]), head_dim=int(ran["head_dim"][0]))
+    rows = ran["mech_ds_row_sum"].sel(**at).isel(sharpness=0, mu_norm=0).median("seed")
+    assert values["s04_ds_row_sum_fp32"] == pytest.approx(float(rows.sel(variant="fp32")))
+    assert values["s04_ds_row_sum_fp32_ds_bf16"] == pytest.approx(float(rows.sel(variant="fp32_ds_bf16")))
+    assert values["s04_ds_row_sum_fp32"] < 1e-6 < values["s04_ds_row_sum_fp32_ds_bf16"]  # fp32 rounding vs bf16 dS
     late = readings.late_diagnostic(ncio.open_results(path / "results.nc", squeeze_sweep_dims=True))
     assert values["s04_late_global_max"] == pytest.approx(late["global_max"])
     assert values["s04_late_row_verdict"] == ("passes" if late["row_passes_100"] else "stays below")
@@ -44,7 +64,11 @@ def test_smoke_run_writes_results_with_the_expected_dims(smoke_run):
     assert ds["real_variant_kernel"].values.tolist() == [n for v, n in zip(params["variants"], names)
                                                          if v in params["real_variants"]]
     assert ds["mu_norm"].values.tolist() == params["mu_norms"]
-    assert ds["train_loss"].dims == ("run", "step") and ds["run"].values.tolist() == ["bf16", "fp32"]
+    assert ds["train_loss"].dims == ("run", "step") and ds["run"].values.tolist() == list(readings.TRAINING_RUNS)
+    for run, param in readings.TRAINING_RUNS.items():  # each run's attention: the registry kernel its parameter names
+        name = str(ds["run_attention"].sel(run=run).item())
+        assert name == kernels.model_kernel(params[param], block=params["model_block"]).name
+        assert kernels.get(name).name == name
     assert ds["train_key_mean_norm"].dims == ("run", "step", "layer")
     assert ds["diag_dq_rel_err"].dims == ("checkpoint", "offset_norm", "layer")
     assert ds["checkpoint"].values.tolist() == params["checkpoint_steps"]
@@ -675,3 +699,105 @@ def test_without_records_the_gpu_figures_are_one_empty_panel_saying_so():
         assert not ax.axison
         assert [t.get_text() for t in ax.texts] == ["no GPU training records in this run"]
         plt.close(fig)
+
+
+# -- names, sources and notices ---------------------------------------------------------------------
+
+def test_every_variant_is_a_registry_kernel_or_one_with_its_documented_stages_switched():
+    from attnum.precision import BACKWARD_STAGES, get_policy
+
+    switched = {}
+    for name, (family, policy, fused, _) in experiments.KERNEL_VARIANTS.items():
+        base, stages = experiments.variant_base(name, 32, 64)
+        kernel = kernels.get(base)  # the registry builds the base kernel from its name
+        assert (kernel.impl.family, kernel.impl.fused_scale_max, kernel.impl.block_k) == (family, fused, 64)
+        assert kernel.impl.policy.replace(**stages).as_dict() | {"name": policy.name} == policy.as_dict()
+        if stages:
+            switched[name] = stages
+        else:  # the variant is that registry kernel, under the name the results store
+            assert experiments.variant_kernel(name, 32, 64).name == base
+    # the two variants that are no registry kernel, each as KERNEL_VARIANTS describes it
+    assert switched == {"fp32_ds_bf16": {"ds": "bf16"},
+                        "bf16_bwd_fp32": {s: "fp32" for s in BACKWARD_STAGES
+                                          if get_policy("fa2_bf16").as_dict()[s] != "fp32"}}
+
+
+def test_committed_runs_name_registry_kernels_and_documented_variants():
+    for name in ("gpu", "default"):
+        ds = ncio.committed_run(STUDY, name)
+        if ds is None:
+            continue
+        assert set(ds["variant"].values.tolist()) <= set(experiments.KERNEL_VARIANTS)
+        assert set(ds["real_variant"].values.tolist()) <= set(experiments.KERNEL_VARIANTS)
+        assert ds["run"].values.tolist() == list(readings.TRAINING_RUNS)
+        for attention in ds["run_attention"].values:
+            assert kernels.get(str(attention)).name == str(attention)
+        for kernel in ds["real_kernel"].values:
+            assert kernels.get(str(kernel)).name == str(kernel)
+    assert ncio.committed_run(STUDY, "gpu") is not None  # the run the notebook's GPU prose reads is there
+
+
+def _markdown_calls(notebook: dict):
+    """Every ``Markdown(...)`` call of the notebook's code cells."""
+    import ast
+
+    for cell in notebook["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        for node in ast.walk(ast.parse("".join(cell["source"]))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Markdown":
+                yield node
+
+
+def test_the_notebooks_markdown_notices_escape_the_data_values_they_state():
+    import ast
+
+    from attnum.site import render_finding
+
+    notebook = json.loads((paths.project_root() / NOTEBOOK).read_text())
+    calls = list(_markdown_calls(notebook))
+    assert len(calls) == 2
+    planted = "x<img src=y onerror=alert(1)>**bold** [link](http://z) `tick"
+    for call in calls:
+        inner = call.args[0]  # Markdown(render_finding(template, {key: value}))
+        assert isinstance(inner, ast.Call) and getattr(inner.func, "id", None) == "render_finding"
+        template = ast.literal_eval(inner.args[0])
+        keys = [ast.literal_eval(k) for k in inner.args[1].keys]
+        assert keys and all(f"{{glue:text}}`{k}`" in template for k in keys)
+        shown = render_finding(template, {k: planted for k in keys})
+        escaped = "x\\<img src\\=y onerror\\=alert\\(1\\)\\>\\*\\*bold\\*\\* \\[link\\]\\(http\\:\\/\\/z\\) \\`tick"
+        assert shown.count(escaped) == len(keys)  # every character of markup in the value backslash-escaped
+        assert "onerror" not in shown.replace(escaped, "") and "<" not in shown.replace(escaped, "")
+
+
+def test_source_values_are_the_constants_and_the_notebook_states_every_one():
+    values = readings.keyed("s04_", {**readings.source_values(), **readings.definition_values()})
+    assert values["s04_seed004_parameters_m"] == readings.SEED004_PARAMETERS / 1e6 == 450
+    assert values["s04_seed004_tokens_normal_b"] * 2 == values["s04_seed004_tokens_b"] == 50
+    assert values["s04_qiu_yao_tokens"] == 70_000 * 20 * 1024 * 16
+    assert values["s04_bf16_spacing"] == 2.0 ** -7
+    assert values["s04_seed003_format"] == readings.SEED003_SETTING["format"] == "fp16"
+    notebook = json.loads((paths.project_root() / NOTEBOOK).read_text())
+    from attnum import glue
+
+    stated = glue.referenced_keys(notebook)
+    assert set(values) <= stated  # each of them is stated in the prose
+    derived = readings.keyed("s04_seed000_", readings.seed000_limits())  # what seed 000's limits allow
+    assert {k for k in stated if k.startswith(("s04_seed00", "s04_qiu_yao_"))} <= set(values) | set(derived)
+    assert readings.orders_of_magnitude(1e9, 1e5) == pytest.approx(4.0)
+    assert readings.orders_of_magnitude(1e9, 0) is None and readings.orders_of_magnitude(1e9, None) is None
+
+
+def test_grid_values_of_the_committed_gpu_run_and_the_records_model():
+    gpu = ncio.committed_run(STUDY, "gpu")
+    grid = readings.gpu_grid_values(gpu)
+    assert (grid["real_n_min"], grid["real_n_max"]) == (int(gpu["real_seq_len"].min()), int(gpu["real_seq_len"].max()))
+    assert grid["real_head_dims"] == ", ".join(str(int(d)) for d in gpu["real_head_dim"].values)
+    assert grid["tie_seq_len"] == json.loads(gpu.attrs["parameters"])["tie_seq_len"]
+    assert set(readings.gpu_grid_values(None).values()) == {None}
+    records = ncio.committed_run(STUDY, "gpu_training")
+    model = readings_gpu.records_model(records)
+    params = [json.loads(str(p)) for p in records["run_parameters"].values]
+    assert model["n_layer"] == params[0]["n_layer"] and model["context"] == params[0]["context"]
+    assert model["corpus_mb"] == pytest.approx(float(records["prov_corpus_bytes"].max()) / 1e6)
+    assert readings_gpu.records_model(None) == {k: None for k in (*readings_gpu.MODEL_FIELDS, "corpus_mb")}

@@ -9,7 +9,7 @@ import attnum.runs.params  # noqa: F401  (runs.params below)
 import xarray as xr
 from scipy import stats as sps
 
-from attnum import drift, ncio, runs
+from attnum import drift, glue, ncio, paths, runs
 from attnum.model import GPT, GPTConfig
 from attnum.studies import wasserstein_weight_drift as study
 from attnum.studies.wasserstein_weight_drift import aggregates, experiments, readings
@@ -23,6 +23,15 @@ POLICY = dict(kernel_policy="fa2_bf16", perturbation=1e-6, noise_seed_offset=100
 def test_smoke_run_writes_results_with_dims_pair_step_tensor(smoke_run):
     path = smoke_run
     assert json.loads((path / "RUN.json").read_text())["status"] == "ok"
+    # every key the committed notebook's markdown refers to is glued by its code cells on this tier, the
+    # sources' numbers as the constants the figures and verdicts use
+    executed = json.loads((path / "notebook.ipynb").read_text())
+    committed = json.loads((paths.project_root() / "notebooks/03_wasserstein_weight_drift.ipynb").read_text())
+    assert glue.referenced_keys(committed) <= glue.glued_keys(executed)
+    glued = glue.read_glued(executed)
+    sources = {f"s03_{k}": v for k, v in readings.source_values().items()}
+    assert {k: glued[k] for k in sources} == sources
+    assert (glued["s03_golden_ratio_low"], glued["s03_golden_ratio_high"]) == study.GOLDEN_RATIO_RANGE == (2.0, 5.0)
     assert {"drift_over_training.png", "training_loss.png", "drift_rates.png", "drift_ratios.png",
             "drift_by_group.png", "drift_vs_attention.png"} <= {p.name for p in path.glob("*.png")}
     ds = ncio.open_results(path / "results.nc")
@@ -230,3 +239,14 @@ def test_noise_floor_exceedances_and_ratio_extremes_are_read_from_the_drift():
     assert values["flash_over_init_seed_first_max"] == pytest.approx(0.25)
     assert math.isnan(values["flash_over_init_perturbation_last_min"])  # no chaos-baseline pair
     assert math.isnan(readings.prose_values(None)["floor_exceeded_n_rel_l2"])
+
+
+def test_source_values_are_golden_et_als_numbers_and_the_notebook_states_them():
+    values = readings.source_values()
+    assert values["golden_range"] == "2–5x" and values["golden_flash_over_baseline"] == study.GOLDEN_FLASH_OVER_BASELINE
+    assert values["fp16_extra_bits"] == 3  # 11 significand bits against 8
+    committed = json.loads((paths.project_root() / "notebooks/03_wasserstein_weight_drift.ipynb").read_text())
+    assert {f"s03_{k}" for k in ("golden_range", "golden_flash_over_baseline", "fp16_extra_bits")} <= \
+        glue.referenced_keys(committed)
+    low, high = study.GOLDEN_RATIO_RANGE  # the verdicts place an interval against the same constant
+    assert readings.verdict(low, high) == "inside" and readings.verdict(high * 1.01, high * 2) == "above"

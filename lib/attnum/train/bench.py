@@ -1,5 +1,5 @@
-"""Issue 15's training-step cost: the byte-level GPT trained with each attention choice, step time
-median over steps, beside the time of attention alone at the same shape.
+"""The cost of each attention choice in a whole training step: the byte-level GPT trained with each, step
+time median over steps, beside the time of attention alone at the same shape.
 
 For each context N (``contexts``) the batch is ``tokens_per_step // N`` sequences, so every N
 trains the same number of tokens per step and attention's share grows with N (its FLOPs per
@@ -12,8 +12,9 @@ the result is the median over the rounds' steps, with the 10th and 90th percenti
 
 Status as data: a kernel that cannot run here (Triton without a GPU), refuses the shape, or runs
 out of memory is recorded with that status and no times. ``overhead_vs_<base>`` is the step time
-over the base's step time minus 1 at the same N (seed 004's +4.7% for GProj and +33.4% for FP32
-attention are such overheads, the source's claims, measured on their setup, not ours).
+over the base's step time minus 1 at the same N (the +4.7% for GProj and +33.4% for FP32 attention of the
+report on late-training gradient blowup in BF16 FlashAttention-3, the project's seed 004, docs/sources.md, are
+such overheads: the source's claims, measured on their setup, not ours).
 """
 from __future__ import annotations
 

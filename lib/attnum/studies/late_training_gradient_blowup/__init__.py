@@ -1,7 +1,8 @@
-"""Study 04: late-training gradient blowup of a BF16 FlashAttention backward (seed 004).
+"""Study 04: late-training gradient blowup of a BF16 FlashAttention backward.
 
-Seed 004 reports a BF16 FlashAttention-3 run whose gradient norm grew about 1000x late in training and
-names two causes: the forward's fused scale-max (the backward reads an inexactly stored output) and dS
+Seed 004 (the report on late-training gradient blowup in BF16 FlashAttention-3, and GProj: an unpublished
+source document, described in docs/sources.md with the sources of seeds 000 and 003) reports a BF16
+FlashAttention-3 run whose gradient norm grew about 1000x late in training and names two causes: the forward's fused scale-max (the backward reads an inexactly stored output) and dS
 rounded to BF16 before dQ = dS K, whose rows then no longer sum to zero, so the residual multiplies the
 mean key. The modules of this package:
 
@@ -21,8 +22,9 @@ mean key. The modules of this package:
 ``measure``
     one tier's measurements in one call: the experiments at the tier's sizes, or the GPU records gathered.
 ``readings``, ``readings_gpu``
-    numbers and tables read from a run's Dataset (CPU tiers and committed ``gpu`` run; GPU records), no
-    English: the notebook's markdown states them through ``attnum.glue``.
+    numbers and tables read from a run's Dataset (CPU tiers and committed ``gpu`` run; GPU records), and the
+    sources' own numbers (constants marked ``[src]``), no English: the notebook's markdown states them
+    through ``attnum.glue``.
 ``figures``
     the notebook's figures.
 

@@ -51,7 +51,8 @@ from ...kernels import AttentionImpl
 from ...metrics import ds_row_sums, gradient_errors, output_errors, row_rel_l2
 from ...operands import REGIMES, axis_offset_operands, golden_values, key_resolution, mechanism_operands, mechanism_operands_in, regime_operands, unit_vector
 from ...precision import get_policy
-from .trainer import DIAG_ATTRS, recompute_backward_fp32, GPTConfig, add_key_offset, load_checkpoint, record_variables, torch_threads
+from .trainer import (DIAG_ATTRS, GPT, GPTConfig, Task, add_key_offset, load_checkpoint, record_variables,
+                      recompute_backward_fp32, torch_threads)
 
 FA2_BF16 = get_policy("fa2_bf16")
 FP32 = get_policy("fp32")
@@ -157,6 +158,21 @@ def variant_kernel(name: str, block_q: int, block_k: int) -> kernels.Kernel:
     """The registry kernel of one variant."""
     family, policy, fused, _ = KERNEL_VARIANTS[name]
     return kernels.as_kernel(AttentionImpl(family, policy, block_q=block_q, block_k=block_k, fused_scale_max=fused))
+
+
+def variant_base(name: str, block_q: int, block_k: int) -> tuple[str, dict[str, str]]:
+    """A variant as the kernel registry knows it: the registry name of the kernel of the variant's family,
+    tiles and scale-max under the preset policy the variant's policy starts from, and the stages
+    (``{stage: format}``) in which the variant's policy differs from that preset. Empty stages: the variant
+    is that registry kernel (``variant_kernel``'s name); otherwise it is that kernel with those stages
+    switched, its documented meaning (``KERNEL_VARIANTS``: ``fp32_ds_bf16``, dS rounded to bf16;
+    ``bf16_bwd_fp32``, every backward stage in fp32)."""
+    family, policy, fused, _ = KERNEL_VARIANTS[name]
+    preset = get_policy(policy.name.split("+", 1)[0])
+    ours, theirs = policy.as_dict(), preset.as_dict()
+    changed = {stage: fmt for stage, fmt in ours.items() if stage != "name" and theirs[stage] != fmt}
+    base = AttentionImpl(family, preset, block_q=block_q, block_k=block_k, fused_scale_max=fused)
+    return kernels.as_kernel(base).name, changed
 
 
 def _row_cos(a, b) -> torch.Tensor:
@@ -330,6 +346,14 @@ def source_checks(sharpness, mu_norms, seq_len: int, head_dim: int, seeds, *, fo
 
 
 # -- training and the diagnostic at checkpoints ---------------------------------------------------
+
+def parameter_count(p: dict) -> int:
+    """Parameters of the GPT a tier trains: ``p``'s task (its vocabulary) and model sizes."""
+    task = Task(p["task"], context=p["context"], n_symbols=p["n_symbols"], lm_loss=p["lm_loss"])
+    model = GPT(GPTConfig(vocab_size=task.vocab_size, context=p["context"], n_layer=p["n_layer"],
+                          n_head=p["n_head"], d_model=p["d_model"]))
+    return sum(t.numel() for t in model.parameters())
+
 
 def _offset_vectors(model_cfg: GPTConfig, seed: int) -> list[torch.Tensor]:
     """One unit vector per head and layer (shape (d_model,) per layer, each head's block of norm 1)."""

@@ -1,4 +1,5 @@
-"""Readings of a study-04 run (CPU tiers and the committed ``gpu`` run): the sources' gradient checks
+"""Readings of a study-04 run (CPU tiers and the committed ``gpu`` run): the sources' own numbers (constants
+marked ``[src]``, cited as theirs; ``docs/sources.md`` names each source) and their gradient checks
 (seeds 000 and 003), the level crossings and ratios of the mechanism grid, the real-kernel summary and
 details, the training summary and the diagnostic at spikes.
 """
@@ -10,10 +11,114 @@ import numpy as np
 import xarray as xr
 
 
+# -- the sources' own numbers (theirs; docs/sources.md), each marked [src] -------------------------
+
 SEED003_THRESHOLDS = {"dq": 1e-3, "dk": 1e-3, "dv": 5e-3}
-"""Seed 003's gradient thresholds on the largest absolute difference (fp16, N = 1024, d = 64)."""
+"""[src] Seed 003's gradient thresholds on the largest absolute difference (in its setting, ``SEED003_SETTING``)."""
+SEED003_SETTING = {"format": "fp16", "seq_len": 1024, "head_dim": 64}
+"""[src] Seed 003's setting of those thresholds (against PyTorch's attention)."""
+SEED003_CAUSAL_FACTOR = 10.0
+"""[src] Seed 003: the causal backward "an order of magnitude" more stable than the generic one."""
 SEED000_MIN_COS, SEED000_MAX_ANGLE = 0.99, 5.0
-"""Seed 000's gradient check: cosine similarity above 0.99 and angle below 5 degrees."""
+"""[src] Seed 000's gradient check: cosine similarity above 0.99 and angle below 5 degrees."""
+SEED004_DQ_ERR = 2.19
+"""[src] Seed 004: the median (over rows) relative dQ error its late-training run reached."""
+SEED004_GRAD_NORM_GROWTH = 1000.0
+"""[src] Seed 004: the gradient norm grew about this many times after the first ``SEED004_TOKENS_NORMAL``."""
+SEED004_LOSS_GAP = 0.2
+"""[src] Seed 004: final loss of BF16 FlashAttention-3 above FP32 attention's, nat."""
+SEED004_PARAMETERS = 450e6
+"""[src] Seed 004: parameters of its Transformer."""
+SEED004_TOKENS = 50e9
+"""[src] Seed 004: tokens of its whole run."""
+SEED004_TOKENS_NORMAL = 25e9
+"""[src] Seed 004: tokens it trained normally before the gradient norm grew."""
+QIU_YAO_RESUME_STEP = 70_000
+"""[src] Qiu & Yao's public training script: its "reproduce the instability" mode resumes at this iteration."""
+QIU_YAO_TOKENS_PER_STEP = 20 * 1024 * 16
+"""[src] Qiu & Yao's public training script: micro-batch 20 x 1024 tokens, 16 accumulation steps."""
+QIU_YAO_LR, QIU_YAO_WEIGHT_DECAY = 1e-3, 0.0
+"""[src] Qiu & Yao's public training script: the peak learning rate and weight decay of the unstable setting."""
+
+# -- the study's own criteria ----------------------------------------------------------------------
+
+SAME_PROBLEM_TOLERANCE = 0.1
+"""The exact problem "has not moved" at a |mu| while its fp64 dQ is within this (median row relative difference) of
+the one at |mu| = 0 (``same_problem_limit``)."""
+REAL_GROWTH_AT_LEAST = 10.0
+"""A real kernel "shows the growth" when its dQ error grows at least this many times from the smallest to the
+largest |mu| at every sharpness (``real_kernel_summary``)."""
+
+
+def source_values() -> dict:
+    """The sources' own numbers the prose cites (theirs, never ours; sizes in millions ``_m`` and billions
+    ``_b``), and the study's criteria, flat for ``attnum.glue``: keys without the notebook's prefix."""
+    return {"seed004_dq_err": SEED004_DQ_ERR, "seed004_grad_norm_growth": SEED004_GRAD_NORM_GROWTH,
+            "seed004_loss_gap": SEED004_LOSS_GAP, "seed004_parameters_m": SEED004_PARAMETERS / 1e6,
+            "seed004_tokens_b": SEED004_TOKENS / 1e9, "seed004_tokens_normal_b": SEED004_TOKENS_NORMAL / 1e9,
+            "seed000_min_cos": SEED000_MIN_COS, "seed000_max_angle": SEED000_MAX_ANGLE,
+            "seed003_dq_max": SEED003_THRESHOLDS["dq"], "seed003_dk_max": SEED003_THRESHOLDS["dk"],
+            "seed003_dv_max": SEED003_THRESHOLDS["dv"], "seed003_format": SEED003_SETTING["format"],
+            "seed003_seq_len": SEED003_SETTING["seq_len"], "seed003_head_dim": SEED003_SETTING["head_dim"],
+            "seed003_causal_factor": SEED003_CAUSAL_FACTOR,
+            "qiu_yao_resume_step": QIU_YAO_RESUME_STEP, "qiu_yao_tokens_per_step": QIU_YAO_TOKENS_PER_STEP,
+            "qiu_yao_tokens": QIU_YAO_RESUME_STEP * QIU_YAO_TOKENS_PER_STEP, "qiu_yao_lr": QIU_YAO_LR,
+            "qiu_yao_weight_decay": QIU_YAO_WEIGHT_DECAY, "real_growth_at_least": REAL_GROWTH_AT_LEAST}
+
+
+def definition_values() -> dict:
+    """Definitions the prose states: the largest spacing of bf16 numbers relative to their magnitude (two
+    unit roundoffs, 2^-(t-1) for t significand bits: what a bf16 key component keeps of itself)."""
+    from ...precision import SIGNIFICAND_BITS
+
+    return {"bf16_spacing": 2.0 ** -(SIGNIFICAND_BITS["bf16"] - 1)}
+
+
+def run_parameters(ds: xr.Dataset | None) -> dict:
+    """The parameters a run was made with (its ``parameters`` attribute), empty without a run."""
+    import json
+
+    if ds is None:
+        return {}
+    raw = ds.attrs.get("parameters", {})
+    return json.loads(raw) if isinstance(raw, str) else dict(raw)
+
+
+def gpu_grid_values(ds: xr.Dataset | None) -> dict:
+    """What the prose states of a run's grids (the committed ``gpu`` run): the real-kernel grid's smallest
+    and largest N and d and its d's as a list, and the tied-maxima comparison's N and d. None without a run."""
+    if ds is None or "real_seq_len" not in ds:
+        return {k: None for k in ("real_n_min", "real_n_max", "real_d_min", "real_d_max", "real_head_dims",
+                                  "tie_seq_len", "tie_head_dim")}
+    p = run_parameters(ds)
+    n, d = ds["real_seq_len"].values, ds["real_head_dim"].values
+    return {"real_n_min": int(n.min()), "real_n_max": int(n.max()), "real_d_min": int(d.min()),
+            "real_d_max": int(d.max()), "real_head_dims": ", ".join(str(int(x)) for x in d),
+            "tie_seq_len": p.get("tie_seq_len"), "tie_head_dim": p.get("tie_head_dim")}
+
+
+def ds_row_sum_values(ds: xr.Dataset, at: dict) -> dict:
+    """The relative row sum of the dS the dQ matmul multiplies (``mech_ds_row_sum``, median over seeds) at
+    the first sharpness and |mu| = 0 and the grid point ``at``, for FP32 attention (``fp32``) and for FP32
+    attention with dS rounded to bf16 (``fp32_ds_bf16``); None for a variant the run lacks."""
+    rows = ds["mech_ds_row_sum"].sel(**at).isel(sharpness=0, mu_norm=0).median("seed")
+    return {f"ds_row_sum_{v}": float(rows.sel(variant=v)) if v in ds["variant"].values else None
+            for v in ("fp32", "fp32_ds_bf16")}
+
+
+def keyed(prefix: str, values: dict) -> dict:
+    """``values`` with every key prefixed (the notebook's glue keys: ``s04_``)."""
+    return {prefix + k: v for k, v in values.items()}
+
+
+def orders_of_magnitude(theirs: float, ours: float) -> float | None:
+    """log10(``theirs`` / ``ours``): how many orders of magnitude a source's size is above ours (None
+    where either is not a positive finite number)."""
+    try:
+        ratio = float(theirs) / float(ours)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return None
+    return math.log10(ratio) if math.isfinite(ratio) and ratio > 0 else None
 
 
 def seed000_limits() -> dict:
@@ -64,7 +169,7 @@ def seed000_table(ds: xr.Dataset, bad: float = 0.5):
     return pd.DataFrame(rows).set_index("variant")
 
 
-def same_problem_limit(ds: xr.Dataset, tolerance: float = 0.1) -> xr.DataArray:
+def same_problem_limit(ds: xr.Dataset, tolerance: float = SAME_PROBLEM_TOLERANCE) -> xr.DataArray:
     """Per (sharpness, N, d): the largest |mu| of the grid up to which the exact problem has not moved
     (median over seeds of ``mech_exact_dq_shift`` at most ``tolerance`` at that |mu| and every smaller one)."""
     shift = ds["mech_exact_dq_shift"].median("seed")
@@ -99,7 +204,7 @@ def dq_growth(ds: xr.Dataset, *, seq_len: int | None = None, head_dim: int | Non
     return pd.DataFrame(rows).set_index(["kernel", "sharpness"])
 
 
-def real_kernel_summary(ds: xr.Dataset, *, emulator: str = "bf16", growth_at_least: float = 10.0):
+def real_kernel_summary(ds: xr.Dataset, *, emulator: str = "bf16", growth_at_least: float = REAL_GROWTH_AT_LEAST):
     """One row per real kernel, from the real-kernel grid and the real-kernel diagnostic of a run:
     its status; its median row dQ error at the smallest and the largest |mu| (largest N, first d, the
     range over sharpness), its growth factor beside the emulator variant's on the same operands, whether
@@ -150,7 +255,7 @@ def real_kernel_summary(ds: xr.Dataset, *, emulator: str = "bf16", growth_at_lea
     return pd.DataFrame(rows).set_index("kernel")
 
 
-def real_kernel_details(ds: xr.Dataset, *, emulator: str = "bf16", tolerance: float = 0.1):
+def real_kernel_details(ds: xr.Dataset, *, emulator: str = "bf16", tolerance: float = SAME_PROBLEM_TOLERANCE):
     """Per real kernel, what ``real_kernel_summary`` leaves out, over the whole real-kernel grid (every
     sharpness, |mu|, N, d and seed): the ratio of its median row dQ error to the emulator variant's at the
     same point (min, max); its median row dQ error growth from |mu| = 0 to the largest |mu| within the
@@ -233,6 +338,10 @@ def real_kernel_details(ds: xr.Dataset, *, emulator: str = "bf16", tolerance: fl
     return pd.DataFrame(rows).set_index("kernel")
 
 
+TRAINING_RUNS = {"bf16": "train_attention", "fp32": "baseline_attention"}
+"""The training runs (the ``run`` coordinate): the run with the kernel under test and the FP32-attention run,
+each with the parameter that names its attention (a registry name; the run's ``run_attention`` holds the
+kernel's own name)."""
 TRAINING_PARAMS = ("task", "lm_loss", "context", "n_symbols", "n_layer", "n_head", "d_model", "train_attention",
                    "model_block", "steps", "batch_size", "lr", "warmup_steps", "weight_decay", "grad_clip",
                    "train_seed", "data_seed")

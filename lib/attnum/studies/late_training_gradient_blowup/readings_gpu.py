@@ -317,6 +317,28 @@ def _have(ds) -> bool:
     return ds is not None and GPU_DQ_METRIC in ds
 
 
+MODEL_FIELDS = ("n_layer", "d_model", "n_head", "context")
+"""The model geometry the prose states of the records (``attnum.train.TrainConfig`` fields)."""
+
+
+def records_model(ds: xr.Dataset | None) -> dict:
+    """The records' model: each of ``MODEL_FIELDS`` where every run's parameters agree on it (None where they
+    differ or there are no records), and the largest training corpus in MB (10^6 bytes, the records'
+    provenance)."""
+    import json
+
+    out = {k: None for k in MODEL_FIELDS} | {"corpus_mb": None}
+    if not _have(ds):
+        return out
+    params = [json.loads(str(p)) for p in np.atleast_1d(ds["run_parameters"].values)]
+    for key in MODEL_FIELDS:
+        values = {p.get(key) for p in params}
+        out[key] = values.pop() if len(values) == 1 else None
+    if "prov_corpus_bytes" in ds.coords:
+        out["corpus_mb"] = float(np.nanmax(np.asarray(ds["prov_corpus_bytes"].values, dtype=float))) / 1e6
+    return out
+
+
 def campaign(ds: xr.Dataset | None) -> dict:
     """The records gathered: how many of this study, the GPUs they ran on, the first and last day they were
     made (their own ``created``), the GPU seconds of these records and of every record of the folder (sums

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from ...train.diag import ATTRS as DIAG_ATTRS
 from ...train.diag import recompute_backward_fp32
-from ...model import GPTConfig, add_key_offset
+from ...model import GPT, GPTConfig, add_key_offset
 from ...train import Task
 from ...train import LiveDiagnostic, TrainConfig, load_checkpoint, record_variables, torch_threads, train_runs
 
-__all__ = ["DIAG_ATTRS", "GPTConfig", "LiveDiagnostic", "Task", "TrainConfig", "add_key_offset", "lm_record",
+__all__ = ["DIAG_ATTRS", "GPT", "GPTConfig", "LiveDiagnostic", "Task", "TrainConfig", "add_key_offset", "lm_record",
            "load_checkpoint", "record_variables", "recompute_backward_fp32", "torch_threads", "train_runs"]
 
 

@@ -30,7 +30,12 @@ LOW_PRECISION_PAIRS = ("bf16_training", "fp16_training")
 DRIFT_METRICS = ("wasserstein", "max_abs", "rel_l2")
 STATISTICS = ("max_logit", "entropy", "key_mean_ratio", "grad_norm_qk", "grad_norm")
 CORR_METRICS = ("wasserstein_rel", "rel_l2")
-GOLDEN_RATIO_RANGE = (2.0, 5.0)  # Golden et al.: flash causes ~2-5x less weight deviation than low precision
+GOLDEN_RATIO_RANGE = (2.0, 5.0)
+"""[src] Golden et al. ("Is Flash Attention Stable?", 2024, arXiv 2405.02803): flash attention causes about this
+many times less weight deviation than low-precision training (their headline)."""
+GOLDEN_FLASH_OVER_BASELINE = 10.0
+"""[src] Golden et al.: at BF16 flash attention deviates from the FP64 golden value about this many times more than
+baseline attention in an isolated forward pass (their abstract, Fig 4)."""
 
 GPU_PREFIX = "s03_"  # campaign runs of this study (params/lm/campaign.yaml); records lm_s03_*_s<seed>_d<seed>.nc
 GPU_PATTERN = f"lm_{GPU_PREFIX}*.nc"

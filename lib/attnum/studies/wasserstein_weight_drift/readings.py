@@ -10,7 +10,7 @@ import pandas as pd
 import xarray as xr
 
 from ...glue import MISSING
-from . import DRIFT_METRICS, GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS, MATCHED
+from . import DRIFT_METRICS, GOLDEN_FLASH_OVER_BASELINE, GOLDEN_RATIO_RANGE, LOW_PRECISION_PAIRS, MATCHED
 
 def _or_empty(fn):
     """A table function that returns an empty table for a run without the CPU tiers' drift (``ds`` None),
@@ -350,6 +350,18 @@ def ratio_extremes(ds: xr.Dataset, comparison: str, metric: str) -> dict:
         return {"min": math.nan, "max": math.nan, "max_step": math.nan}
     return {"min": float(np.nanmin(vals)), "max": float(np.nanmax(vals)),
             "max_step": int(r["step"].values[int(np.nanargmax(vals))])}
+
+
+def source_values() -> dict:
+    """Golden et al.'s own numbers the prose cites (theirs, never ours: ``GOLDEN_RATIO_RANGE`` also as the range
+    the prose states, and ``GOLDEN_FLASH_OVER_BASELINE``), and the significand bits fp16 has beyond bf16 (a
+    definition), flat for ``attnum.glue``: keys without the notebook's prefix."""
+    from ...precision import SIGNIFICAND_BITS
+
+    low, high = GOLDEN_RATIO_RANGE
+    return {"golden_ratio_low": low, "golden_ratio_high": high, "golden_range": f"{low:g}–{high:g}x",
+            "golden_flash_over_baseline": GOLDEN_FLASH_OVER_BASELINE,
+            "fp16_extra_bits": SIGNIFICAND_BITS["fp16"] - SIGNIFICAND_BITS["bf16"]}
 
 
 def prose_values(ds: xr.Dataset | None) -> dict:
