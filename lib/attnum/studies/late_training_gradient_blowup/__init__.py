@@ -42,6 +42,9 @@ def rules(p: dict) -> list[str]:
     if max(p["checkpoint_steps"]) > p["steps"]:
         broken.append(f"checkpoint_steps must not go past the last step (max(checkpoint_steps) = "
                       f"{max(p['checkpoint_steps'])} > steps = {p['steps']})")
+    if p.get("sweep_records") and not p.get("gpu_records"):
+        broken.append("sweep_records is read on the gpu_training tier only: set gpu_records too (or leave "
+                      "sweep_records empty)")
     if p["d_model"] % p["n_head"] != 0:
         broken.append(f"d_model must be a multiple of n_head (d_model = {p['d_model']}, n_head = {p['n_head']})")
     return broken

@@ -51,6 +51,7 @@ from ...kernels import AttentionImpl
 from ...metrics import ds_row_sums, gradient_errors, output_errors, row_rel_l2
 from ...operands import REGIMES, axis_offset_operands, golden_values, key_resolution, mechanism_operands, mechanism_operands_in, regime_operands, unit_vector
 from ...precision import get_policy
+from .designed import ATTRS as DX_ATTRS
 from .trainer import (DIAG_ATTRS, GPT, GPTConfig, Task, add_key_offset, load_checkpoint, record_variables,
                       recompute_backward_fp32, torch_threads)
 
@@ -140,7 +141,13 @@ for _name, (_units, _long) in DIAG_ATTRS.items():
     ATTRS[f"real_diag_{_name}"] = (_units, f"{_long} (real kernel as every layer's attention, last checkpoint)")
 
 
-VARIABLES = {**record_variables(), **ATTRS,
+VARIABLES = {**record_variables(), **ATTRS, **DX_ATTRS,
+             "dx_arm": ("1", "arm of the designed sweep (params/lm/lr_sweep.yaml)"),
+             "dx_lr": ("1", "peak learning rate of the designed sweep's run"),
+             "dx_seed": ("1", "seed of the designed sweep's run (initial weights and batch order)"),
+             "dx_step": ("1", "optimiser steps done at the logged row of the designed sweep"),
+             "dx_kernel": ("1", "attention kernel of the arm (registry name)"),
+             "dx_qk_norm": ("1", "whether the arm's model normalises queries and keys (qk-layernorm)"),
              "sharpness": ("1", "factor multiplying q (attention sharpness)"),
              "mu_norm": ("1", "norm of the vector mu added to every key"),
              "offset_norm": ("1", "norm of the common key offset added to every head"),

@@ -461,3 +461,87 @@ def plot_gpu_dq_by_layer(ds: xr.Dataset | None, var: str = "dq_rel_err", offset:
                 ax.set_ylabel(name)
     axes[0, 0].legend(fontsize=6, ncol=2)
     return fig
+
+
+DX_PANELS = (("dx_endpoint", "final validation loss (nat/byte)", False),
+             ("dx_max_dq_rel_err", "largest dQ error vs FP32 recompute", True),
+             ("dx_max_logit", "largest attention logit", True))
+
+
+def plot_designed(ds: xr.Dataset | None):
+    """The designed sweep (section 11): per arm against the learning rate, every run (dots; seeds side by
+    side) and the median (line) of the endpoint, the largest dQ error (the regime level dotted) and the
+    largest logit; the range's rates (outside the design) as open markers. ``no_records_figure`` without it."""
+    from ...plots import subplots
+
+    if ds is None or "dx_endpoint" not in ds:
+        return no_records_figure("designed sweep")
+    import json
+
+    level = float(json.loads(ds.attrs["dx_analysis"]).get("regime_dq_err", 0.1))
+    fig, axes = subplots(1, 3, figsize=(15, 4.3))
+    arms = [str(a) for a in ds["dx_arm"].values]
+    lrs = ds["dx_lr"].values.astype(float)
+    n = len(arms)
+    for ax, (var, label, log) in zip(axes.flat, DX_PANELS):
+        for i, arm in enumerate(arms):
+            color = f"C{i % 10}"
+            sub = ds[var].sel(dx_arm=arm).where(ds["dx_ran"].sel(dx_arm=arm) == 1)
+            design = ds["dx_in_design"].sel(dx_arm=arm).values == 1
+            shift = 1.0 + 0.04 * (i - (n - 1) / 2)  # arms side by side on the log axis
+            for j, lr in enumerate(lrs):
+                y = sub.values[j]
+                ok = np.isfinite(y) | np.isinf(y)
+                y = np.where(np.isinf(y), np.nan, y)
+                filled = design[j]
+                ax.scatter(np.full(ok.sum(), lr * shift), y[ok], s=14, color=color,
+                           facecolors=np.where(filled[ok], color, "none"), lw=0.8, alpha=0.8)
+            med = sub.median("dx_seed")
+            good = np.isfinite(med.values)
+            ax.plot(lrs[good] * shift, med.values[good], "-", color=color, label=f"{arm} ({ds['dx_kernel'].sel(dx_arm=arm).item()}"
+                    f"{', qk-LN' if bool(ds['dx_qk_norm'].sel(dx_arm=arm)) else ''})")
+        ax.set_xscale("log")
+        if log:
+            ax.set_yscale("log")
+        if var == "dx_max_dq_rel_err":
+            ax.axhline(level, ls=":", color="0.4", lw=1)
+        ax.set_xlabel("peak learning rate")
+        ax.set_ylabel(label)
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle("designed sweep: every run (dots; open: the range outside the design) and the median per arm (line)")
+    return fig
+
+
+def plot_designed_series(ds: xr.Dataset | None, lr: float | None = None, seed: int | None = None):
+    """One seed at one learning rate (default: the design's second-highest rate and the first seed with every
+    arm there): training loss, the largest dQ error and the largest key-mean ratio over layers, per arm."""
+    from ...plots import subplots
+
+    if ds is None or "dx_loss" not in ds:
+        return no_records_figure("designed sweep")
+    import json
+
+    design = json.loads(ds.attrs["dx_design_lrs"])
+    lr = design[-2] if lr is None and len(design) > 1 else (design[-1] if lr is None else lr)
+    ran = ds["dx_ran"].sel(dx_lr=lr)
+    if seed is None:
+        full = [int(s) for s in ds["dx_seed"].values if float(ran.sel(dx_seed=s).sum()) == float(ran.sum("dx_seed").clip(max=1).sum())]
+        seed = full[0] if full else int(ds["dx_seed"].values[0])
+    fig, axes = subplots(1, 3, figsize=(15, 4))
+    steps = ds["dx_step"].values
+    for i, arm in enumerate(ds["dx_arm"].values):
+        if float(ran.sel(dx_arm=arm, dx_seed=seed)) != 1:
+            continue
+        for ax, var, label, log in ((axes.flat[0], "dx_loss", "training loss (nat/byte)", False),
+                                    (axes.flat[1], "dx_dq_rel_err_t", "largest dQ error over layers", True),
+                                    (axes.flat[2], "dx_max_logit_t", "largest attention logit over layers", True)):
+            y = ds[var].sel(dx_arm=arm, dx_lr=lr, dx_seed=seed).values
+            ok = np.isfinite(y) & (steps > 0)
+            ax.plot(steps[ok], y[ok], color=f"C{i % 10}", label=str(arm))
+            ax.set_xlabel("optimiser step")
+            ax.set_ylabel(label)
+            if log:
+                ax.set_yscale("log")
+    axes.flat[0].legend(fontsize=7)
+    fig.suptitle(f"designed sweep at learning rate {lr:g}, seed {seed}: every arm from the same weights on the same batches")
+    return fig

@@ -3,7 +3,8 @@
 ``measure(p)`` runs the study's experiments (the mechanism grids, the sources' checks, Qiu & Yao's regime,
 the two training runs with the FP32 recompute diagnostic, the real kernels) at the sizes of ``p``; when
 ``p["gpu_records"]`` names a folder of GPU training records (the ``gpu_training`` tier) it gathers those
-records instead and trains nothing, setting them beside the committed ``gpu`` run's mechanism grid.
+records instead and trains nothing, setting them beside the committed ``gpu`` run's mechanism grid, and with
+``p["sweep_records"]`` also the designed sweep's records (``designed.sweep_dataset``).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import xarray as xr
 
 from ... import kernels
 from ... import ncio
-from . import STUDY, experiments, gpu_training, readings
+from . import STUDY, designed, experiments, gpu_training, readings
 from . import real_kernels as real
 from . import trainer
 
@@ -24,6 +25,11 @@ def measure(p: dict) -> xr.Dataset:
         folder = gpu_training.check_gpu_records(p["gpu_records"])
         results = gpu_training.gpu_training_dataset(folder, readings.cuda_run(ncio.committed_run(STUDY, "gpu")),
                                                     level=p["diag_threshold"])
+        if p.get("sweep_records"):
+            sweep = designed.sweep_dataset(p["sweep_records"])
+            attrs = {**results.attrs, **sweep.attrs}
+            results = xr.merge([results, sweep], join="outer", compat="no_conflicts", combine_attrs="drop")
+            results.attrs.update(attrs)
         results.attrs["headline_figure"] = "gpu_training.png"
         return results
     device = p["device"]

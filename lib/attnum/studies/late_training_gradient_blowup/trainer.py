@@ -9,7 +9,7 @@ from ...train import Task
 from ...train import LiveDiagnostic, TrainConfig, load_checkpoint, record_variables, torch_threads, train_runs
 
 __all__ = ["DIAG_ATTRS", "GPT", "GPTConfig", "LiveDiagnostic", "Task", "TrainConfig", "add_key_offset", "lm_record",
-           "load_checkpoint", "record_variables", "recompute_backward_fp32", "torch_threads", "train_runs"]
+           "lm_sweep", "load_checkpoint", "record_variables", "recompute_backward_fp32", "torch_threads", "train_runs"]
 
 
 def lm_record():
@@ -18,3 +18,10 @@ def lm_record():
     from ...train import record
 
     return record
+
+
+def lm_sweep():
+    """``attnum.train.sweep``, the designed sweeps' plans (imported on use, as ``lm_record``)."""
+    from ...train import sweep
+
+    return sweep
