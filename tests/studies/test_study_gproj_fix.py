@@ -38,7 +38,14 @@ def test_smoke_run_writes_one_entry_per_fix(smoke_run):
     assert ds["cost_gemm_flops_low"].dims == ("fix", "kernel_pass")
     assert ds["emul_backward_seconds"].dims == ("fix",)
     assert ds["train_loss"].dims == ("run", "step")
-    assert ds["run"].values.tolist() == ["fp32"] + params["train_fixes"]
+    # the FP32-attention run carries its kernel's registry name; the others are named after their fix
+    assert ds["run"].values.tolist() == [params["baseline_attention"]] + params["train_fixes"]
+    assert ds["run_attention"].sel(run=params["baseline_attention"]).item() == params["baseline_attention"]
+    assert readings.baseline_run(ds) == params["baseline_attention"]
+    # yes/no coordinates are booleans after the round trip through results.nc
+    assert ds["timing_causal"].dtype == bool and ds["timing_causal"].values.tolist() == params["real_timing_causal"]
+    assert (ds["timing_fwd_bwd_ms"].sel(timing_kernel="sdpa:math", timing_causal=False) > 0).all()
+    assert ds["step_kernel"].values.tolist()[0] == gproj_fix.STEP_NO_ATTENTION == "no_attention"
     assert ds["train_key_mean_norm"].dims == ("run", "step", "layer")
     assert ds.attrs["headline_figure"] == "error_vs_offset.png" and ds.attrs["study"] == STUDY
     for name, var in ds.data_vars.items():
@@ -116,10 +123,14 @@ def test_fix_training_and_tables():
     records = experiments.fix_training(task, model, TrainConfig(steps=4, batch_size=2, warmup_steps=1, record_every=1),
                                  baseline="sdpa:flash", fixes=["none", "gproj_dq_dk"], block=4,
                                        stable_beta=2.0, progress=False)
-    assert records["run"].values.tolist() == ["fp32", "none", "gproj_dq_dk"]
+    assert records["run"].values.tolist() == ["sdpa:flash", "none", "gproj_dq_dk"]
+    assert readings.baseline_run(records) == "sdpa:flash"
     assert records["run_attention"].sel(run="gproj_dq_dk").item() == "emulator:fa2_bf16:bk4:fused:gproj_dq_dk"
     table = readings.training_table(records, last=2)
-    assert table.loc["fp32", "gap vs fp32 (nat)"] == 0.0 and list(table.index) == ["fp32", "none", "gproj_dq_dk"]
+    assert table.loc["sdpa:flash", readings.TRAIN_GAP_COLUMN] == 0.0
+    assert list(table.index) == ["sdpa:flash", "none", "gproj_dq_dk"]
+    final = records["train_loss"].isel(step=slice(-2, None)).mean("step")
+    assert table.loc["none", readings.TRAIN_GAP_COLUMN] == pytest.approx(float(final.sel(run="none") - final.sel(run="sdpa:flash")))
     assert np.isfinite(table["final loss (nat)"]).all()
     costs = experiments.fix_costs(["none", "gproj_dq_dk"], seq_len=256, head_dim=32, block=64, causal=True, timing_seq_len=32,
                             timing_head_dim=8, block_q=8, block_k=8, stable_beta=2.0, repeats=1)
@@ -247,7 +258,8 @@ def test_real_timings_on_a_cpu_and_the_analytic_count():
     fa4 = ds["timing_status"].sel(timing_kernel="fa4", timing_dtype="bf16")
     assert all(str(x).startswith("unavailable: FlashAttention-4 runs on CUDA GPUs only") for x in fa4.values.ravel())
     assert ds["timing_fwd_bwd_ms"].sel(timing_kernel="fa4").isnull().all()
-    analytic = ds["timing_analytic_fwd_bwd_ms"].sel(timing_dtype="bf16", timing_head_dim=16, timing_causal=0)
+    assert ds["timing_causal"].values.tolist() == [False, True]  # booleans, not 0/1
+    analytic = ds["timing_analytic_fwd_bwd_ms"].sel(timing_dtype="bf16", timing_head_dim=16, timing_causal=False)
     assert float(analytic.sel(timing_kernel="triton:fa2:gproj_dq")) > float(analytic.sel(timing_kernel="triton:fa2")) > 0
     assert ds["timing_analytic_fwd_bwd_ms"].sel(timing_kernel="sdpa:math").isnull().all()
     assert ds.attrs["real_timing_heads"] == 2 and ds.attrs["timing_gpu"] == "none"
@@ -290,7 +302,7 @@ def _claims_dataset(gproj_ms=10.4, fp32_ms=40.0):
                          "timing_bwd_ms": (dims, ms * 2 / 3), "timing_analytic_fwd_bwd_ms": (dims, ms),
                          "timing_status": (dims, status)},
                         coords={"timing_kernel": names, "timing_dtype": ["bf16", "fp32"], "timing_head_dim": [128],
-                                "timing_causal": [0]})
+                                "timing_causal": [False]})
     ds = xr.merge([grid, timing])
     ds.attrs.update(timing_gpu="NVIDIA H200", real_timing_seq_len=4096, real_timing_heads=64)
     return ds
@@ -608,7 +620,7 @@ def _cost_dataset():
     timing = xr.Dataset({"timing_fwd_bwd_ms": (dims, ms), "timing_analytic_fwd_bwd_ms": (dims, analytic),
                          "timing_status": (dims, np.where(np.isfinite(ms), "ok", "not requested"))},
                         coords={"timing_kernel": names, "timing_dtype": ["bf16", "fp32"], "timing_head_dim": [128],
-                                "timing_causal": [0]})
+                                "timing_causal": [False]})
     steps = [gproj_fix.STEP_NO_ATTENTION, "sdpa:flash", "triton:fa2", "triton:fa2:gproj_dq", "sdpa:efficient"]
     sms = np.array([[60.0, np.nan], [80.0, np.nan], [100.0, 300.0], [104.0, np.nan], [np.nan, 150.0]])
     step = xr.Dataset({"step_ms": (("step_kernel", "step_dtype"), sms),
@@ -741,3 +753,49 @@ def test_smoke_run_glues_every_key_its_markdown_refers_to(smoke_run):
 
     executed = json.loads((smoke_run / "notebook.ipynb").read_text())
     assert glue.referenced_keys(executed) and glue.missing_keys(executed) == set()
+
+
+def test_the_committed_gpu_run_reads_in_todays_names_and_booleans():
+    """outputs/gproj_fix/gpu/ was written with timing_causal as 0/1, the step without attention as
+    "none (output = v)" and the FP32-attention training run as "fp32": ``current_form`` reads it as runs
+    are written today, value for value."""
+    raw = ncio.committed_run(STUDY, "gpu")
+    if raw is None:
+        pytest.skip("no committed GPU run in this checkout")
+    ds = readings.current_form(raw)
+    assert ds["timing_causal"].dtype == bool
+    assert ds["timing_causal"].values.tolist() == [bool(x) for x in raw["timing_causal"].values]
+    assert gproj_fix.STEP_NO_ATTENTION in ds["step_kernel"].values
+    assert gproj_fix.LEGACY_STEP_NO_ATTENTION not in ds["step_kernel"].values
+    old_at = dict(step_kernel=gproj_fix.LEGACY_STEP_NO_ATTENTION, step_dtype="bf16")
+    assert float(ds["step_ms"].sel(step_kernel=gproj_fix.STEP_NO_ATTENTION, step_dtype="bf16")) == float(
+        raw["step_ms"].sel(old_at))
+    baseline = str(raw["run_attention"].sel(run=gproj_fix.LEGACY_TRAIN_BASELINE).item())
+    assert readings.baseline_run(ds) == baseline and "fp32" not in ds["run"].values
+    np.testing.assert_array_equal(ds["train_loss"].sel(run=baseline).values,
+                                  raw["train_loss"].sel(run=gproj_fix.LEGACY_TRAIN_BASELINE).values)
+    first = bool(ds["timing_causal"][0])
+    np.testing.assert_array_equal(ds["timing_fwd_bwd_ms"].sel(timing_causal=first).values,
+                                  raw["timing_fwd_bwd_ms"].isel(timing_causal=0).values)
+    # the readings run on it as on a run written today
+    assert readings_costs.call_extras(ds)["call_causal"] is first
+    assert readings.training_gap_max(ds) >= 0
+    assert readings.current_form(ds).identical(ds)  # already in today's form: unchanged
+
+
+def test_current_form_turns_integer_yes_no_coordinates_into_booleans_and_refuses_other_integers():
+    old = xr.Dataset({"x": ("timing_causal", [1.0, 2.0])}, coords={"timing_causal": [0, 1]})
+    new = readings.current_form(old)
+    assert new["timing_causal"].values.tolist() == [False, True]
+    assert float(new["x"].sel(timing_causal=True)) == 2.0
+    with pytest.raises(ValueError, match="timing_causal"):
+        readings.current_form(xr.Dataset(coords={"timing_causal": [0, 2]}))
+    assert readings.current_form(None) is None
+
+
+def test_booleans_survive_the_results_file(tmp_path):
+    ds = xr.Dataset({"x": ("timing_causal", [1.0, 2.0])}, coords={"timing_causal": [False, True]})
+    path = ncio.write_results(ds, tmp_path / "results.nc", study=STUDY, params={}, variables={"x": ("1", "a value")})
+    back = ncio.open_results(path)
+    assert back["timing_causal"].dtype == bool
+    assert float(back["x"].sel(timing_causal=True)) == 2.0

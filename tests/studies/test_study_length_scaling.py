@@ -302,7 +302,7 @@ def test_denominator_tail_measures_the_row_sum_only():
     assert values["fp16_at_n"] is None  # not measured here
     assert readings.denominator_values(ds)["bf16_at_n"] is None  # N = 4096 (seed 000's) was not measured
     assert (values["min"], values["max"]) == (pytest.approx(float(med.min())), pytest.approx(float(med.max())))
-    # seed 000's own number, stated as the source's (papers.md section 1)
+    # seed 000's own number (the ROCm migration report, docs/sources.md), stated as the source's
     assert readings.seed000_values(None)["seed000_tail_share"] == 0.62
 
 
@@ -427,8 +427,9 @@ def test_real_kernel_fidelity_growth_and_alarm_readings():
     cfg_causal = best[(best["kernel"] == "sdpa:math") & best["causal"]]["best emulator config"].iloc[0]
     bits = real["real_bitwise_equal"].sel(real_kernel="sdpa:math", real_dtype="bf16", real_head_dim=16,
                                           real_seq_len=128, real_seed=0)
-    expected = (float(bits.sel(real_causal=0, fidelity_config=cfg))
-                + float(bits.sel(real_causal=1, fidelity_config=cfg_causal))) / 2
+    assert real["real_causal"].values.tolist() == [False, True]  # booleans, not 0/1
+    expected = (float(bits.sel(real_causal=False, fidelity_config=cfg))
+                + float(bits.sel(real_causal=True, fidelity_config=cfg_causal))) / 2
     assert by_n.loc[("sdpa:math", "bf16", 128), "bitwise equal"] == pytest.approx(expected)
     lengths_table = real_kernels.fidelity_length_table(real)
     assert list(lengths_table.index) == [("sdpa:math", "bf16")]
@@ -437,7 +438,7 @@ def test_real_kernel_fidelity_growth_and_alarm_readings():
     assert row["bitwise long"] == pytest.approx(expected)
     growth = real_kernels.real_growth_table(real)
     assert set(growth.index) == {("sdpa:math", "none", "bf16"), ("sdpa:math", "causal", "bf16")}
-    e = real["real_rel_l2_err"].sel(real_kernel="sdpa:math", real_causal=0, real_dtype="bf16", real_head_dim=16,
+    e = real["real_rel_l2_err"].sel(real_kernel="sdpa:math", real_causal=False, real_dtype="bf16", real_head_dim=16,
                                     real_seed=0)
     factor = float(e.sel(real_seq_len=128) / e.sel(real_seq_len=64))
     assert growth.loc[("sdpa:math", "none", "bf16"), "growth max"] == pytest.approx(factor)
@@ -460,3 +461,35 @@ def test_real_kernel_fidelity_growth_and_alarm_readings():
     assert math_backend["ratio_min"] <= float(e.sel(real_seq_len=64) / inside) <= math_backend["ratio_max"]
     assert real_kernels.math_backend_values(run, kernel="sdpa:flash")["cases"] == 0
     assert real_kernels.math_backend_values(real)["ratio_min"] is None  # no fp32_inside_rel_l2_err
+
+
+def test_real_causal_is_boolean_after_the_results_file(tmp_path):
+    real = real_kernels.real_kernel_sweep(["sdpa:math"], [64], ["bf16"], [16], [False, True], [0], block_ks=(32,),
+                                          progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024,
+                                          reference_chunk=4096)
+    path = ncio.write_results(real, tmp_path / "results.nc", study="length_scaling", params={},
+                              variables=study.VARIABLES)
+    back = ncio.open_results(path)
+    assert back["real_causal"].dtype == bool and back["real_causal"].values.tolist() == [False, True]
+    np.testing.assert_array_equal(back["real_rel_l2_err"].sel(real_causal=True).values,
+                                  real["real_rel_l2_err"].sel(real_causal=True).values)
+    assert real_kernels.boolean_coordinates(back).identical(back)  # already booleans: unchanged
+
+
+def test_the_committed_gpu_runs_read_with_boolean_real_causal():
+    """outputs/length_scaling/gpu*/ were written with real_causal as 0/1 integers: they read back as booleans,
+    value for value, through readings.current_form and committed_real_kernel_runs."""
+    raw = ncio.committed_run("length_scaling", "gpu")
+    if raw is None:
+        pytest.skip("no committed GPU run in this checkout")
+    ds = readings.current_form(raw)
+    assert ds["real_causal"].dtype == bool
+    assert ds["real_causal"].values.tolist() == [bool(x) for x in raw["real_causal"].values]
+    np.testing.assert_array_equal(ds["real_rel_l2_err"].sel(real_causal=True).values,
+                                  raw["real_rel_l2_err"].sel(real_causal=1).values)
+    assert "emulator" in ds["kernel"].values
+    runs_ = real_kernels.committed_real_kernel_runs()
+    assert runs_ and all(r["real_causal"].dtype == bool for r in runs_)
+    assert real_kernels.math_backend_values(ds)["cases"] > 0  # selects real_causal=False
+    with pytest.raises(ValueError, match="real_causal"):
+        real_kernels.boolean_coordinates(xr.Dataset(coords={"real_causal": [0, 2]}))

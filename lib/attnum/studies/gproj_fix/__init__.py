@@ -49,8 +49,15 @@ from __future__ import annotations
 
 STUDY = "gproj_fix"
 
-STEP_NO_ATTENTION = "none (output = v)"
-"""The step-timing row whose attention is skipped (its output is v): the rest of the step."""
+STEP_NO_ATTENTION = "no_attention"
+"""The step-timing row whose attention is skipped (its output is v): the rest of the step. Runs made before
+this name wrote "none (output = v)" (``LEGACY_STEP_NO_ATTENTION``), which ``readings.current_form`` renames."""
+LEGACY_STEP_NO_ATTENTION = "none (output = v)"
+LEGACY_TRAIN_BASELINE = "fp32"
+"""The name runs made before used for the FP32-attention training run; now it is the baseline kernel's registry
+name (``run_attention``), which ``readings.current_form`` puts in its place."""
+BOOLEAN_COORDINATES = ("timing_causal",)
+"""Yes/no coordinates: written as booleans (a CF flag, ``ncio``); older runs hold 0/1 integers."""
 
 GRAD_ERROR_METRICS = ("dq_err", "dk_err", "dv_err", "dq_err_p99", "dk_err_p99", "dv_err_p99", "dq_err_exact_delta",
            "out_err", "out_err_coherence", "zero_rows", "ds_exact_row_sum", "ds_rounded_row_sum", "ds_row_sum")
@@ -123,8 +130,12 @@ _OWN_VARIABLES = {**ATTRS, **{f"grid_{k}": v for k, v in GRID_ATTRS.items()},
                   "timing_kernel": ("1", "timed kernel (registry name)"),
                   "timing_dtype": ("1", "format of q, k, v, dO fed to the timed kernel"),
                   "timing_head_dim": ("1", "head dimension d of the timed shapes"),
-                  "timing_causal": ("1", "1: causal mask, 0: none"),
-                  "step_kernel": ("1", "attention of every layer in the timed training step (registry name)"),
+                  "timing_causal": ("1", "True: causal mask, False: none"),
+                  "step_kernel": ("1", "attention of every layer in the timed training step (registry name; no_attention: "
+                                         "attention skipped, its output is v: the rest of the step)"),
+                  "run": ("1", "training run: the baseline FP32 attention under its kernel's registry name "
+                               "(baseline_attention, fed fp32), or the fix of attnum.kernels.FIXES applied to the "
+                               "base BF16 kernel (none: the BF16 flash emulator as it is)"),
                   "step_dtype": ("1", "format the attention kernel is fed in the timed training step"),
                   **{f"{prefix}{name}": entry for prefix in ("grid_", "regime_") for name, entry in ATTRS.items()},
                   "sharpness": ("1", "factor multiplying q (attention sharpness)"),

@@ -230,10 +230,13 @@ def fix_costs(fixes, *, seq_len: int, head_dim: int, block: int, causal: bool, t
 
 def fix_training(task, model_cfg, train_cfg, *, baseline: AttentionImpl, fixes, block: int,
                  stable_beta: float, device="cpu", progress: bool = True) -> xr.Dataset:
-    """Train the small GPT from one initialisation and data order with ``baseline`` attention (run
-    ``fp32``) and with the base BF16 kernel under each fix (run named after the fix; ``none`` is the
-    BF16 flash emulator as it is)."""
-    runs = {"fp32": baseline, **fix_kernels(fixes, block, block, stable_beta)}
+    """Train the small GPT from one initialisation and data order with ``baseline`` attention (FP32
+    attention: the run is named after its kernel's registry name) and with the base BF16 kernel under each
+    fix (run named after the fix; ``none`` is the BF16 flash emulator as it is)."""
+    name = kernels.as_kernel(baseline).name
+    if name in FIXES:
+        raise ValueError(f"the baseline kernel's name {name!r} is also a fix's name")
+    runs = {name: baseline, **fix_kernels(fixes, block, block, stable_beta)}
     records, _ = train_runs(task, model_cfg, train_cfg, runs, device=device, progress=progress)
     return records
 

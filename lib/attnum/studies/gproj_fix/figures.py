@@ -10,7 +10,8 @@ from .readings import SEED004_DQ_ERR_AFTER, SEED004_DQ_ERR_BEFORE
 
 FIX_STYLE = {"none": ("#c0392b", "-"), "forward_fix": ("#f1948a", "--"), "mean_key": ("#d68910", "-"),
              "stable_max": ("#7d3c98", "-."), "fp32_backward": ("#2874a6", "-"), "gproj_dq": ("#17a589", "--"),
-             "gproj_dq_dk": ("#117a65", "-"), "fp32_attention": ("#000000", ":"), "fp32": ("#000000", ":")}
+             "gproj_dq_dk": ("#117a65", "-"), "fp32_attention": ("#000000", ":")}
+BASELINE_STYLE = ("#000000", ":")  # the FP32-attention training run, whatever its kernel
 
 
 def _style(fix) -> tuple[str, str]:
@@ -149,12 +150,15 @@ def plot_costs(ds: xr.Dataset):
     return fig
 
 
-def plot_fix_training(ds: xr.Dataset, baseline: str = "fp32", window: int = 5):
+def plot_fix_training(ds: xr.Dataset, baseline: str | None = None, window: int = 5):
     """Top: loss (running mean over ``window`` records), its difference from the baseline, and the
     global gradient norm ratio to the baseline. Bottom: each layer's gradient norm, and the key-mean
-    norm of every layer (solid: layer 0, then dashed, dotted)."""
+    norm of every layer (solid: layer 0, then dashed, dotted). ``baseline``: the FP32-attention run
+    (default ``readings.baseline_run``)."""
     from ...plots import subplots
+    from .readings import baseline_run
 
+    baseline = baseline_run(ds) if baseline is None else baseline
     layers = ds["layer"].values
     ncols = max(3, len(layers) + 1)
     fig, axes = subplots(2, ncols, figsize=(4.6 * ncols, 7.2))
@@ -162,8 +166,9 @@ def plot_fix_training(ds: xr.Dataset, baseline: str = "fp32", window: int = 5):
     smooth = lambda da: da.rolling(step=window, center=True, min_periods=1).mean()
     base_loss = smooth(ds["train_loss"].sel(run=baseline))
     for run in ds["run"].values:
-        color, style = _style(run)
-        label = f"{run}: {str(ds['run_attention'].sel(run=run).values)}"
+        color, style = BASELINE_STYLE if run == baseline else _style(run)
+        attention = str(ds["run_attention"].sel(run=run).values)
+        label = f"{run} (FP32 attention)" if run == baseline else f"{run}: {attention}"
         loss = smooth(ds["train_loss"].sel(run=run))
         axes[0][0].plot(steps, loss.values, style, color=color, lw=1, label=label)
         axes[0][1].plot(steps, (loss - base_loss).values, style, color=color, lw=1)

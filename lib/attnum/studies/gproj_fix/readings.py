@@ -1,5 +1,7 @@
 """Numbers and tables of study 05, read from its Dataset (a run's ``results.nc``) and from the committed
-H200 benchmark of our Triton kernel: no English. Seed 004's own numbers are constants marked ``[src]``.
+H200 benchmark of our Triton kernel: no English. Seed 004's own numbers are constants marked ``[src]`` (seed 004:
+the report on late-training gradient blowup in BF16 FlashAttention-3 and GProj, an unpublished source document
+described in ``docs/sources.md``).
 """
 from __future__ import annotations
 
@@ -8,14 +10,16 @@ import math
 import numpy as np
 import xarray as xr
 
-from . import STEP_NO_ATTENTION
+from . import (BOOLEAN_COORDINATES, LEGACY_STEP_NO_ATTENTION, LEGACY_TRAIN_BASELINE,
+               STEP_NO_ATTENTION)
 
 SEED004_DQ_ERR_BEFORE = 2.19  # [src] seed 004: median relative dQ error before GProj
 SEED004_DQ_ERR_AFTER = 0.0034  # [src] seed 004: after GProj
 SEED004_GPROJ_STEP_COST = 0.047  # [src] seed 004: GProj, + of a full training step
 SEED004_FP32_STEP_COST = 0.334  # [src] seed 004: fused FP32 attention kernel, + of a full training step
 SEED004_LOSS_GAP = 0.2  # [src] seed 004: final loss of BF16 FlashAttention-3 above FP32 attention's, nat
-NOTES_P_MAX_NOT_ONE = 0.42  # [derived] papers.md section 4: the notes' own numpy check (not seed 004's number)
+NOTES_P_MAX_NOT_ONE = 0.42  # [derived] a numpy check made for this project, not seed 004's number: the fraction of
+# random samples where FlashAttention-3's fused exp2(fma(m, c, -fl(m c))) in fp32 at the row max m is not exactly 1
 
 
 def seed004_comparison(ds: xr.Dataset, var: str = "grid_dq_err"):
@@ -96,18 +100,57 @@ def cost_summary(ds: xr.Dataset):
     return table
 
 
-def training_table(ds: xr.Dataset, baseline: str = "fp32", last: int = 10, late_fraction: float = 0.5):
-    """One row per run: final loss (mean of the last ``last`` records), its gap to ``baseline``, the
-    median late-training ratio of the global gradient norm to the baseline's, and the final key-mean
-    norm of each layer."""
+def current_form(ds: xr.Dataset | None) -> xr.Dataset | None:
+    """A committed run (``ncio.committed_run``) as this code writes runs today: the yes/no coordinates of
+    ``BOOLEAN_COORDINATES`` as booleans (older runs wrote 0/1 integers), the step without attention as
+    ``STEP_NO_ATTENTION`` (older: "none (output = v)") and the FP32-attention training run under its kernel's
+    registry name, its ``run_attention`` (older: "fp32"). None stays None."""
+    if ds is None:
+        return None
+    for name in BOOLEAN_COORDINATES:
+        if name in ds.coords and ds[name].dtype.kind in "iu":
+            values = ds[name].values
+            if not np.isin(values, (0, 1)).all():
+                raise ValueError(f"coordinate {name} holds {values.tolist()}, not the 0/1 of a yes/no coordinate")
+            ds = ds.assign_coords({name: (ds[name].dims, values.astype(bool), ds[name].attrs)})
+    if "step_kernel" in ds.coords and LEGACY_STEP_NO_ATTENTION in ds["step_kernel"].values:
+        ds = ds.assign_coords(step_kernel=("step_kernel", [STEP_NO_ATTENTION if str(k) == LEGACY_STEP_NO_ATTENTION
+                                                           else str(k) for k in ds["step_kernel"].values],
+                                           ds["step_kernel"].attrs))
+    if "run" in ds.coords and "run_attention" in ds and LEGACY_TRAIN_BASELINE in ds["run"].values:
+        new = str(ds["run_attention"].sel(run=LEGACY_TRAIN_BASELINE).item())
+        ds = ds.assign_coords(run=("run", [new if str(r) == LEGACY_TRAIN_BASELINE else str(r) for r in ds["run"].values],
+                                       ds["run"].attrs))
+    return ds
+
+
+def baseline_run(ds: xr.Dataset) -> str:
+    """The training run of FP32 attention: the one run not named after a fix (it has its kernel's registry
+    name)."""
+    from ...kernels.fixes import FIXES
+
+    others = [str(r) for r in ds["run"].values if str(r) not in FIXES]
+    if len(others) != 1:
+        raise ValueError(f"expected one training run not named after a fix (the FP32 baseline), found {others}")
+    return others[0]
+
+
+TRAIN_GAP_COLUMN = "gap vs FP32 attention (nat)"
+
+
+def training_table(ds: xr.Dataset, baseline: str | None = None, last: int = 10, late_fraction: float = 0.5):
+    """One row per run: final loss (mean of the last ``last`` records), its gap to ``baseline`` (default
+    ``baseline_run``: FP32 attention), the median late-training ratio of the global gradient norm to the
+    baseline's, and the final key-mean norm of each layer."""
     import pandas as pd
 
+    baseline = baseline_run(ds) if baseline is None else baseline
     steps = ds["step"].values
     late = steps >= steps[0] + (1 - late_fraction) * (steps[-1] - steps[0])
     final = ds["train_loss"].isel(step=slice(-last, None)).mean("step")
     ratio = (ds["train_grad_norm_total"] / ds["train_grad_norm_total"].sel(run=baseline)).isel(step=late)
     table = pd.DataFrame({"attention": ds["run_attention"].values, "final loss (nat)": final.values,
-                          f"gap vs {baseline} (nat)": (final - final.sel(run=baseline)).values,
+                          TRAIN_GAP_COLUMN: (final - final.sel(run=baseline)).values,
                           "late grad-norm ratio, median": ratio.median("step").values},
                          index=pd.Index(ds["run"].values, name="run"))
     for layer in ds["layer"].values:
@@ -453,7 +496,7 @@ def training_gap_max(ds: xr.Dataset, last: int = 10) -> float | None:
     if "train_loss" not in ds:
         return None
     final = ds["train_loss"].isel(step=slice(-last, None)).mean("step")
-    return float(abs(final - final.sel(run="fp32")).max())
+    return float(abs(final - final.sel(run=baseline_run(ds))).max())
 
 
 def keyed(prefix: str, values: dict) -> dict:

@@ -10,7 +10,7 @@ import numpy as np
 import xarray as xr
 
 from .readings import (NOTES_P_MAX_NOT_ONE, SEED004_DQ_ERR_AFTER, SEED004_DQ_ERR_BEFORE, SEED004_FP32_STEP_COST,
-                       SEED004_GPROJ_STEP_COST, SEED004_LOSS_GAP, has_real, regime_offset, trusted_offset,
+                       SEED004_GPROJ_STEP_COST, SEED004_LOSS_GAP, baseline_run, has_real, regime_offset, trusted_offset,
                        within_factor)
 from .readings_costs import call_extras, has_step_timings, has_timings, step_extras
 
@@ -61,7 +61,7 @@ def _cost_row(kernel: str, over: str, ours: float, theirs: float, reproduced) ->
             "reproduced": reproduced}
 
 
-def seed004_claims(ds: xr.Dataset, timing_head_dim: int | None = None, timing_causal: int | None = None):
+def seed004_claims(ds: xr.Dataset, timing_head_dim: int | None = None, timing_causal: bool | None = None):
     """One row per claim of seed 004 this dataset can measure, indexed by a short claim label:
 
     * ``dq_emulator`` / ``dq_triton`` / ``dq_fa4`` (each with ``_changed`` when the nearest point lies beyond
@@ -169,7 +169,8 @@ def training_values(ds: xr.Dataset) -> dict:
     if "train_loss" not in ds:
         return out
     final = ds["train_loss"].isel(step=slice(-10, None)).mean("step")
-    gap = lambda run: float(final.sel(run=run) - final.sel(run="fp32"))  # noqa: E731
+    baseline = baseline_run(ds)
+    gap = lambda run: float(final.sel(run=run) - final.sel(run=baseline))  # noqa: E731
     runs = final["run"].values
     gps = [r for r in ("gproj_dq", "gproj_dq_dk") if r in runs]
     if gps and "none" in runs:
@@ -178,7 +179,7 @@ def training_values(ds: xr.Dataset) -> dict:
                    train_discriminating=bool(abs(gap("none")) > 2 * worst + 1e-3))
     steps = ds["step"].values
     late = steps >= steps[0] + 0.5 * (steps[-1] - steps[0])
-    ratio = (ds["train_grad_norm_total"] / ds["train_grad_norm_total"].sel(run="fp32")).isel(step=late).median("step")
+    ratio = (ds["train_grad_norm_total"] / ds["train_grad_norm_total"].sel(run=baseline)).isel(step=late).median("step")
     if "none" in runs:
         out.update(train_none_ratio=float(ratio.sel(run="none")), train_none_grows=bool(ratio.sel(run="none") >= 2))
     if "forward_fix" in runs:

@@ -136,7 +136,7 @@ def call_targets_table(ds: xr.Dataset):
     return pd.DataFrame(rows).set_index(["d", "causal"]) if rows else None
 
 
-def call_extras(ds: xr.Dataset, head_dim: int | None = None, causal: int | None = None) -> dict:
+def call_extras(ds: xr.Dataset, head_dim: int | None = None, causal: bool | None = None) -> dict:
     """Per attention call (forward + backward, bf16) at ``head_dim`` (default the largest timed d) and mask
     ``causal`` (default the first timed): GProj dq over our kernel without it and over ``sdpa:flash``; our
     kernel over ``sdpa:flash``; ``fa4`` over ``sdpa:flash`` and our kernel over ``fa4``; the fastest FP32 attention (kernels fed fp32)
@@ -149,7 +149,7 @@ def call_extras(ds: xr.Dataset, head_dim: int | None = None, causal: int | None 
                 "call_fp32_over_gproj": nan, "call_fp32_ours_over_ours": nan, "call_fp32_bwd_over_ours": nan,
                 "call_d": None, "call_causal": None, "call_n": None, "call_heads": None}
     d = int(ds["timing_head_dim"][-1]) if head_dim is None else head_dim
-    c = int(ds["timing_causal"][0]) if causal is None else causal
+    c = bool(ds["timing_causal"][0]) if causal is None else bool(causal)
     t = lambda name, dtype="bf16": _call_ms(ds, name, dtype, d, c)  # noqa: E731
     ours, flash, gq = t("triton:fa2"), t("sdpa:flash"), t("triton:fa2:gproj_dq")
     fp32 = {str(k): t(str(k), "fp32") for k in ds["timing_kernel"].values}

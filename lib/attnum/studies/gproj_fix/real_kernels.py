@@ -217,7 +217,7 @@ def real_timings(kernel_names, *, seq_len: int, tokens: int, head_dims, causal, 
                 torch.cuda.empty_cache()
     dims = ("timing_kernel", "timing_dtype", "timing_head_dim", "timing_causal")
     coords = {"timing_kernel": list(kernel_names), "timing_dtype": list(TIMING_DTYPES),
-              "timing_head_dim": list(head_dims), "timing_causal": [int(bool(x)) for x in causal]}
+              "timing_head_dim": list(head_dims), "timing_causal": [bool(x) for x in causal]}
     ds = xr.Dataset({f"timing_{p}_ms": (dims, ms[p]) for p in TIMING_PASSES}, coords=coords)
     for p in TIMING_PASSES:
         ds[f"timing_analytic_{p}_ms"] = (dims, analytic[p])

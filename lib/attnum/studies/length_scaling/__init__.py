@@ -22,7 +22,7 @@ VARIABLES = {
     "real_error_corr": ("1", "correlation of the real kernel's and the emulator configuration's deviations from the golden value rounded to the dtype"),
     "real_passes": ("1", "1 if the acceptance rule accepts the real kernel's output"),
     "real_status": ("1", "ok, or why the real kernel gave no output here (unavailable, refused, out of memory)"),
-    "real_causal": ("1", "1: causal mask (bottom-right aligned), 0: none"),
+    "real_causal": ("1", "True: causal mask (bottom-right aligned), False: none"),
     "tile_q": ("1", "query block (Br) of the tile configuration"),
     "tile_k": ("1", "key block (Bc) of the tile configuration"),
     "max_abs_err": ("1", "max |O - O_golden| over all elements"),

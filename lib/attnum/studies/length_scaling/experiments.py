@@ -135,8 +135,9 @@ def summarize_lengths(ds: xr.Dataset) -> xr.Dataset:
 GOLDEN_TILE_MEMORY = 192 * 1024 // 2
 """M of Golden et al.'s tile formula, in elements: one A100 SM's 192 KiB of on-chip SRAM (L1 and shared
 memory together, the M of FlashAttention's Algorithm 1, which the formula comes from) holding 2-byte
-(bf16/fp16) elements. Golden et al. ran on A100s (papers.md section 3); the source gives M as "SRAM
-size" without a value, so this choice is ours."""
+(bf16/fp16) elements. Golden et al. ran on A100s (A. Golden et al., "Is Flash Attention Stable?", 2024,
+arXiv 2405.02803, https://arxiv.org/abs/2405.02803); the paper gives M as "SRAM size" without a value, so this
+choice is ours."""
 
 
 def golden_tile(head_dim: int, memory: int = GOLDEN_TILE_MEMORY) -> tuple[int, int]:

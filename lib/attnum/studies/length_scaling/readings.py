@@ -13,7 +13,7 @@ import xarray as xr
 
 from ...metrics import STRATA
 from .experiments import FP32_STAGE_VARIANTS, MAC_MODES, REDUCTION_SPLIT
-from .real_kernels import LONG_SEQUENCE_MIN
+from .real_kernels import LONG_SEQUENCE_MIN, boolean_coordinates
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 # -- the sources' own numbers (cited as theirs, never as ours) ----------------------------------------
 
 SEED000_MEAN_REL = {512: 0.0005, 1024: 0.0012, 2048: 0.0035, 4096: 0.012}
-"""Seed 000's mean relative output errors of its MI210 port by N (papers.md section 1)."""
+"""Seed 000's mean relative output errors of its MI210 port by N (the ROCm migration report, an unpublished
+source document described in ``docs/sources.md``)."""
 SEED000_TAIL_SHARE = 0.62
 """Seed 000: at n = 4096 the last 10% of the denominator's terms contribute 62% of the total error."""
 SEED000_TAIL_N = 4096
@@ -127,6 +128,13 @@ def registry_names(ds: xr.Dataset | None) -> xr.Dataset | None:
     if ds is None or "kernel" not in ds.coords or "flash" not in ds["kernel"].values:
         return ds
     return ds.assign_coords(kernel=["emulator" if str(k) == "flash" else str(k) for k in ds["kernel"].values])
+
+
+def current_form(ds: xr.Dataset | None) -> xr.Dataset | None:
+    """A committed run (``ncio.committed_run``) as this code writes runs today: the registry's kernel names
+    (``registry_names``) and booleans for the yes/no coordinates (``real_kernels.boolean_coordinates``: runs
+    made before wrote ``real_causal`` as 0/1 integers). None stays None."""
+    return boolean_coordinates(registry_names(ds))
 
 
 def growth_values(ds: xr.Dataset | None) -> dict:

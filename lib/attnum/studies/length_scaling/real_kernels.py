@@ -22,6 +22,25 @@ LONG_SEQUENCE_MIN = 16384
 """Lengths from which the notebook speaks of long sequences (the GPU tier's)."""
 
 
+BOOLEAN_COORDINATES = ("real_causal",)
+"""The study's yes/no coordinates: written as booleans (a CF flag, ``ncio``); runs committed before that hold
+them as 0/1 integers, which ``boolean_coordinates`` reads as booleans."""
+
+
+def boolean_coordinates(ds: xr.Dataset | None) -> xr.Dataset | None:
+    """``ds`` with every coordinate of ``BOOLEAN_COORDINATES`` that a run wrote as 0/1 integers as booleans, so
+    that ``sel(real_causal=True)`` works on old and new runs alike (None stays None)."""
+    if ds is None:
+        return None
+    for name in BOOLEAN_COORDINATES:
+        if name in ds.coords and ds[name].dtype.kind in "iu":
+            values = ds[name].values
+            if not np.isin(values, (0, 1)).all():
+                raise ValueError(f"coordinate {name} holds {values.tolist()}, not the 0/1 of a yes/no coordinate")
+            ds = ds.assign_coords({name: (ds[name].dims, values.astype(bool), ds[name].attrs)})
+    return ds
+
+
 def committed_real_kernel_runs() -> list[xr.Dataset]:
     """The committed CUDA runs (``<outputs>/length_scaling/gpu*``, read by ``ncio.committed_run``) that
     measured real kernels, shortest lengths first: what a CPU run shows of the kernels it cannot run."""
@@ -30,7 +49,7 @@ def committed_real_kernel_runs() -> list[xr.Dataset]:
 
     runs = []
     for folder in sorted((outputs_root() / "length_scaling").glob("gpu*")):
-        ds = committed_run("length_scaling", folder.name) if folder.is_dir() else None
+        ds = boolean_coordinates(committed_run("length_scaling", folder.name)) if folder.is_dir() else None
         if ds is not None and "real_rel_l2_err" in ds and "cuda" in ds.attrs.get("device", ""):
             ds.attrs["run"] = folder.name
             runs.append(ds)
@@ -124,7 +143,7 @@ def real_kernel_sweep(kernel_names, seq_lens, dtypes, head_dims, causal_modes, s
     dims = ("real_dtype", "real_head_dim", "real_causal", "real_seq_len", "real_seed")
     coords = {"real_kernel": [k.name for k in kernels_], "fidelity_config": [fidelity_label(*c) for c in configs],
               "real_dtype": list(dtypes), "real_head_dim": list(head_dims),
-              "real_causal": [int(bool(x)) for x in causal_modes], "real_seq_len": list(seq_lens),
+              "real_causal": [bool(x) for x in causal_modes], "real_seq_len": list(seq_lens),
               "real_seed": list(seeds), "rule": list(acceptance.RULES)}
     ds = xr.Dataset({f"real_{m}_err": (("real_kernel",) + dims, err[m]) for m in REAL_ERRORS}, coords=coords)
     ds["real_emulator_rel_l2_err"] = (("fidelity_config",) + dims, emu_err)
@@ -172,7 +191,8 @@ def best_fidelity(ds: xr.Dataset) -> "pd.DataFrame":
 # (this run's, or a committed GPU run's); a variable the dataset lacks gives a sentence saying so.
 
 SEED000_MEAN_REL = {512: 0.0005, 1024: 0.0012, 2048: 0.0035, 4096: 0.012}
-"""Seed 000's mean relative output errors of its MI210 port by N (papers.md section 1)."""
+"""Seed 000's mean relative output errors of its MI210 port by N (the ROCm migration report, an unpublished
+source document described in ``docs/sources.md``)."""
 SEED000_TAIL_SHARE = 0.62
 """Seed 000: at n = 4096 the last 10% of the denominator's terms contribute 62% of the total error."""
 
@@ -205,7 +225,7 @@ def fidelity_by_length(run: xr.Dataset) -> "pd.DataFrame":
     rows = []
     for _, b in best.iterrows():
         sel = dict(real_kernel=b["kernel"], real_dtype=b["dtype"], real_head_dim=b["head_dim"],
-                   real_causal=int(b["causal"]), fidelity_config=b["best emulator config"])
+                   real_causal=bool(b["causal"]), fidelity_config=b["best emulator config"])
         bits = run["real_bitwise_equal"].sel(sel).mean("real_seed")
         corr = run["real_error_corr"].sel(sel).mean("real_seed")
         for n in run["real_seq_len"].values:
@@ -307,7 +327,7 @@ def math_backend_values(run: xr.Dataset | None, kernel: str = "sdpa:math") -> di
     out["head_dim"] = head_dim
     if head_dim not in run["real_head_dim"].values:
         return out
-    real = run["real_rel_l2_err"].sel(real_kernel=kernel, real_causal=0, real_head_dim=head_dim).median("real_seed")
+    real = run["real_rel_l2_err"].sel(real_kernel=kernel, real_causal=False, real_head_dim=head_dim).median("real_seed")
     inside = run["fp32_inside_rel_l2_err"].median("seed")
     ratios = []
     for fmt in real["real_dtype"].values:
