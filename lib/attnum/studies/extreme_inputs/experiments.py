@@ -358,16 +358,17 @@ def sentinel_experiment(seq_len, policies, seeds, *, targets=FLASHINFER_TARGET_L
     return ds
 
 
-def predicted_onset(fill: float, p_format: str, head_dim: int) -> float:
+def predicted_onset(fill: float, p_format: str, head_dim: int, scale: float | None = None) -> float:
     """Raw row-max logit below which every P of the row rounds to 0 under a finite sentinel.
 
     The running max never rises above ``fill``, so P_j = exp((s_j - fill) * scale);
     once the largest of them is below half the smallest positive number of P's format
     it rounds to zero and P V is exactly zero (the row sum l, kept in the stats format,
     may still be a tiny positive number). The stats-format rounding of ``fill`` itself
-    is not modelled (it matters for fp16 statistics).
+    is not modelled (it matters for fp16 statistics). ``scale``: the softmax scale (default 1/sqrt(d)).
     """
-    return fill + math.log(min_subnormal(p_format) / 2) / default_scale(head_dim)
+    scale = default_scale(head_dim) if scale is None else float(scale)
+    return fill + math.log(min_subnormal(p_format) / 2) / scale
 
 
 def sentinel_onset(seq_len, logits, policies, *, seed, fill=-5e4, batch, heads, head_dim, block_q, block_k,

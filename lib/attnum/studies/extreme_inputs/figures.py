@@ -221,3 +221,53 @@ def emulator_name(ds: xr.Dataset, policy: str) -> str:
     if "block_q" not in params or "block_k" not in params:
         return policy
     return kernels.emulator(policy, block_q=int(params["block_q"]), block_k=int(params["block_k"])).name
+
+
+def plot_flashinfer_sentinel(probes: dict, tol: float | None = None):
+    """FlashInfer's error against the logit level -L of the probe's rows, per kernel (panels) and version
+    (colour), no mask (solid) and causal (dashed); the prefill kernel's masked-key weight in a third panel.
+    Marked: the finite sentinel of the older version (vertical, dashed), the emulator's predicted onset for it
+    (dotted) and the onset tolerance (horizontal). ``probes``: ``readings_flashinfer.load_flashinfer_probes``."""
+    import math
+
+    from ...plots import subplots
+    from .readings_flashinfer import (FLASHINFER_KERNELS, ONSET_TOLERANCE, emulated_onset, sentinel_levels,
+                                      sentinel_value)
+
+    tol = ONSET_TOLERANCE if tol is None else tol
+    fig, axes = subplots(1, 3, figsize=(12, 3.6))
+    axes = axes[0]
+    colours = ("C3", "C0", "C2", "C1")
+    finite = [sentinel_value(r) for r in probes.values() if r is not None and math.isfinite(sentinel_value(r))]
+    for i, (version, record) in enumerate(probes.items()):
+        if record is None:
+            continue
+        s = sentinel_value(record)
+        label = f"{version} (sentinel {record.get('flashinfer_mask_sentinel')})"
+        for ax, kernel in zip(axes[:2], FLASHINFER_KERNELS):
+            if kernel not in record["kernels"]:
+                continue
+            lv = sentinel_levels(record, kernel)
+            for case, ls in (("nomask", "-"), ("causal", "--")):
+                if f"{case}_err" in lv:
+                    ax.plot(lv["level"], lv[f"{case}_err"], ls=ls, marker="o", ms=3, color=colours[i % 4],
+                            label=f"{label}, {case}")
+            ax.set_title(kernel, fontsize="small")
+            ax.set_ylabel("relative L2 error")
+            ax.set_yscale("log")
+        lv = sentinel_levels(record, FLASHINFER_KERNELS[0]) if FLASHINFER_KERNELS[0] in record["kernels"] else None
+        if lv is not None and "masked_err" in lv:
+            axes[2].plot(lv["level"], lv["masked_err"], marker="o", ms=3, color=colours[i % 4], label=label)
+    axes[2].set_title(f"{FLASHINFER_KERNELS[0]}, half the keys masked", fontsize="small")
+    axes[2].set_ylabel("largest weight on masked keys")
+    for ax, case in zip(axes, ("nomask", "nomask", "masked")):
+        ax.set_xscale("log")
+        ax.set_xlabel("L (valid scaled logits of every row at -L)")
+        ax.axhline(tol, color="grey", lw=0.8, ls="-.", label="onset tolerance")
+        for s in finite:
+            ax.axvline(s, color="k", lw=0.8, ls="--", label="finite sentinel")
+            ax.axvline(emulated_onset(s, case, tol=tol), color="k", lw=0.8, ls=":", label="emulator's onset")
+    for ax in axes:
+        ax.legend(fontsize="xx-small")
+    fig.suptitle("FlashInfer before and after its sentinel fix (committed H200 probe)", fontsize="medium")
+    return fig
