@@ -652,14 +652,14 @@ def test_a_run_under_a_small_address_space_limit_is_refused_before_its_kernel_st
     import sys
 
     def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # ulimit -v 3145728: below the 4 GiB needed
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # ulimit -v 2097152: below the 3 GiB floor
 
     proc = subprocess.run([sys.executable, "-m", "attnum", "run", STUDY, "--params", "smoke", "--no-progress",
                            "--outputs", str(outputs)], capture_output=True, text=True, preexec_fn=limit,
                           timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                               [str(Path(runs.__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 2, proc.stderr
-    assert "address-space limit (ulimit -v) is 3.00 GiB, below the 4 GiB" in proc.stderr
+    assert "address-space limit (ulimit -v) is 2.00 GiB, below the 3 GiB" in proc.stderr
     assert not (outputs / STUDY).exists()
 
 
