@@ -1063,6 +1063,52 @@ def _sphinx(src: Path, out: Path, doctrees: Path) -> None:
                            + (proc.stderr.strip() or proc.stdout.strip())[-2000:])
 
 
+_SWAP_HOOK = None  # tests: called with the step of the site swap ("exchanged", "old-moved-away")
+_RENAME_EXCHANGE = 2  # linux/fs.h: renameat2 swaps two paths in one step
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the paths ``a`` and ``b`` atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (22, 38, 95):  # EINVAL, ENOSYS, EOPNOTSUPP: a filesystem or kernel without the exchange
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _swap_in(html: Path, site: Path, base: Path) -> None:
+    """Put the built ``html`` in place of ``site``. With an existing site, both are exchanged in one step
+    (renameat2), so that ``site`` is at every moment the old site or the new one, also for a publish killed
+    there; the old one, then at ``html`` inside the build folder, is removed with it (or by ``clean``).
+    Where the exchange is not supported, two renames: a kill between them leaves no ``site`` until the next
+    publish, and ``.site.old-*``, which ``clean`` removes."""
+    if not site.exists() and not site.is_symlink():
+        os.rename(html, site)
+        return
+    if site.is_symlink() or not site.is_dir():
+        raise UnsafePathError(f"{site} is not a folder of attnum's (a symbolic link or a file); not replaced")
+    if _exchange(html, site):
+        if _SWAP_HOOK:
+            _SWAP_HOOK("exchanged")
+        shutil.rmtree(html, ignore_errors=True)
+        return
+    old = base / f".{SITE}.old-{os.getpid()}-{secrets.token_hex(3)}"
+    os.rename(site, old)
+    if _SWAP_HOOK:
+        _SWAP_HOOK("old-moved-away")
+    os.rename(html, site)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def publish(outputs: str | Path | None = None, *, strict: bool = True) -> Path:
     """Build the site and return ``site/index.html``.
 
@@ -1100,13 +1146,7 @@ def publish(outputs: str | Path | None = None, *, strict: bool = True) -> Path:
                 for name in e.get("figures", []) + (["results.nc"] if e.get("provenance") else []):
                     shutil.copy2(e["dir"] / name, dest / name)
             (html / ".nojekyll").touch()
-            if site.exists():
-                old = base / f".{SITE}.old-{os.getpid()}-{secrets.token_hex(3)}"
-                os.rename(site, old)
-                os.rename(html, site)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.rename(html, site)
+            _swap_in(html, site, base)
         finally:
             shutil.rmtree(build, ignore_errors=True)
     index = site / "index.html"

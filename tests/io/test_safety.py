@@ -166,10 +166,26 @@ def _forge(folder: Path, **changes) -> None:
     ncio.write_record(folder, record)
 
 
+def _markdown_of_a_parameter(input_path, output_path, parameters=None, **kwargs):
+    """A run whose notebook shows a parameter in ``display(Markdown(...))``, as notebook 04 does (through
+    ``site.render_finding``, which escapes the value)."""
+    import nbformat
+
+    rh.fake_execute(input_path, output_path, parameters, **kwargs)
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("display(Markdown(render_finding(TEMPLATE, {'kernel': kernel})))")
+    cell.outputs = [nbformat.v4.new_output("display_data", data={"text/markdown": attnum.site.render_finding(
+        "the kernel {glue:text}`kernel` is compared", {"kernel": PAYLOAD})})]
+    nb.cells = [nbformat.v4.new_markdown_cell("# 01 · Length scaling"), cell]
+    nbformat.write(nb, output_path)
+
+
 @pytest.fixture
 def planted_site(outputs, fake, monkeypatch):
     """A published site whose data carry ``PAYLOAD`` in every place data reach a page."""
+    monkeypatch.setattr(papermill, "execute_notebook", _markdown_of_a_parameter)  # the notebook's Markdown
     run = runs.run(STUDY, "smoke", {"head_dim": 32}, progress=False, name="default")
+    monkeypatch.setattr(papermill, "execute_notebook", rh.fake_execute)
     results = run / "results.nc"
     ds = ncio.open_results(results)
     ds.attrs["device"] = PAYLOAD  # the NetCDF device attribute: on index.html
@@ -201,7 +217,7 @@ def test_data_reaches_the_site_as_text_never_as_a_tag(planted_site):
     assert index.count(shown) >= 2  # the device attribute, the damaged run's figure name
     assert shown in "".join(_parse(site / "runs.html").text)  # the failed run's error
     page = "".join(_parse(site / STUDY / "default" / "notebook.html").text)
-    assert page.count(shown) >= 3  # overrides, parameter table, device
+    assert page.count(shown) >= 4  # overrides, parameter table, device, the notebook's Markdown
 
 
 def test_no_planted_payload_runs_script_in_a_browser(planted_site):
@@ -423,6 +439,14 @@ def _as_owner_without_rights(fn):
     return json.loads(data.decode())
 
 
+def _publish_names(name: str) -> str:
+    try:
+        attnum.site.publish()
+    except attnum.site.PublishError as exc:
+        return "PublishError naming it" if name in str(exc) and "cannot be read" in str(exc) else str(exc)
+    return "published without naming it"
+
+
 def test_an_unreadable_run_folder_is_a_named_damaged_run(fake, monkeypatch):
     import shutil
     import tempfile
@@ -448,10 +472,13 @@ def test_an_unreadable_run_folder_is_a_named_damaged_run(fake, monkeypatch):
                     "skipped": sorted(json.loads(merged.attrs["skipped_runs"])),
                     "clean": [line for line in runs.clean() if bad.name in line],
                     "site": [bool(damage and "cannot be read" in damage)  # what publish names as damaged
-                             for _, folder, damage in attnum.site._run_folders(outputs) if folder.name == bad.name]}
+                             for _, folder, damage in attnum.site._run_folders(outputs) if folder.name == bad.name],
+                    "publish": _publish_names(bad.name)}
 
+        monkeypatch.setattr(attnum.site, "_sphinx", _quick_sphinx)  # the page build is not what is tested
         out = _as_owner_without_rights(probe)
-        assert out == {"merged": [32], "skipped": [bad.name], "clean": [], "site": [True]}, out
+        assert out == {"merged": [32], "skipped": [bad.name], "clean": [], "site": [True],
+                       "publish": "PublishError naming it"}, out
     finally:
         for p in scratch.rglob("*"):
             if not p.is_symlink():
@@ -625,14 +652,14 @@ def test_a_run_under_a_small_address_space_limit_is_refused_before_its_kernel_st
     import sys
 
     def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # ulimit -v 3145728: below the 4 GiB needed
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))  # ulimit -v 2097152: below the 3 GiB floor
 
     proc = subprocess.run([sys.executable, "-m", "attnum", "run", STUDY, "--params", "smoke", "--no-progress",
                            "--outputs", str(outputs)], capture_output=True, text=True, preexec_fn=limit,
                           timeout=600, env={**os.environ, "PYTHONPATH": os.pathsep.join(
                               [str(Path(runs.__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
     assert proc.returncode == 2, proc.stderr
-    assert "address-space limit (ulimit -v) is 3.00 GiB, below the 4 GiB" in proc.stderr
+    assert "address-space limit (ulimit -v) is 2.00 GiB, below the 3 GiB" in proc.stderr
     assert not (outputs / STUDY).exists()
 
 
@@ -759,3 +786,278 @@ def test_a_refused_value_shows_in_ipython_as_its_one_message():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines() == [
         "ParameterError: parameter 'head_dim': 100000 is out of range; allowed: 1 <= value <= 512"]
+
+
+# -- gaps the audit of the 19 findings filled (h-safety3) --
+
+HELPER = Path(rh.__file__)
+
+
+def _wait_for(path: Path, proc, limit=120.0):
+    import time
+
+    t0 = time.monotonic()
+    while not path.exists():
+        assert proc.poll() is None, f"process ended early: {proc.communicate()}"
+        assert time.monotonic() - t0 < limit, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_run_stopped_by_sigterm_never_deletes_what_a_planted_failed_link_points_at(outputs, fake, victim,
+                                                                                     tmp_path):
+    """Finding 1 as reported: the planted ``<run>.failed`` link, then the run stopped with SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+
+    runs.run(STUDY, "smoke", progress=False)
+    failed = outputs / STUDY / "smoke.failed"
+    failed.symlink_to(victim)
+    before = _tree(victim)
+    started, never = tmp_path / "started", tmp_path / "never"
+    proc = subprocess.Popen([sys.executable, str(HELPER), str(outputs), "{}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, FAKE_STARTED=str(started), FAKE_RELEASE=str(never)))
+    try:
+        _wait_for(started, proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert _tree(victim) == before
+    own = (outputs / STUDY / runs.store.VERSIONS / "smoke").resolve()
+    assert failed.resolve().parent == own  # the pointer now names the run's own version, not the victim
+    assert ncio.read_record(failed)["status"] == "interrupted"
+    assert "SIGTERM" in ncio.read_record(failed)["error"]
+    ncio.verify_run(outputs / STUDY / "smoke")  # the earlier run stays
+
+
+def _quick_sphinx(src, out, doctrees):
+    """The site build without Sphinx (what is tested here is the swap into outputs/site)."""
+    out.mkdir(parents=True)
+    (out / "index.html").write_text(f"<html>{os.getpid()} {id(src)}</html>")
+
+
+def test_publish_replaces_the_site_in_one_step_so_a_kill_there_leaves_a_site(outputs, fake, monkeypatch):
+    """Finding 11: at the moment between the old site leaving and the new one arriving, outputs/site exists
+    (renameat2 exchange); where the exchange is missing, the kill leaves .site.old-*, which clean removes."""
+    runs.run(STUDY, "smoke", progress=False)
+    monkeypatch.setattr(attnum.site, "_sphinx", _quick_sphinx)
+    attnum.site.publish()
+    site = outputs / "site"
+    seen = []
+
+    def killed_here(step):
+        seen.append((step, (site / "index.html").is_file()))
+        raise KeyboardInterrupt(f"killed at {step}")
+
+    monkeypatch.setattr(attnum.site, "_SWAP_HOOK", killed_here)
+    with pytest.raises(KeyboardInterrupt):
+        attnum.site.publish()
+    assert seen == [("exchanged", True)] and (site / "index.html").is_file()
+    seen.clear()
+    monkeypatch.setattr(attnum.site, "_exchange", lambda a, b: False)  # a filesystem without renameat2
+    with pytest.raises(KeyboardInterrupt):
+        attnum.site.publish()
+    assert seen == [("old-moved-away", False)]
+    (old,) = outputs.glob(".site.old-*")
+    removed = runs.clean()
+    assert str(old) in removed and not old.exists()
+    monkeypatch.setattr(attnum.site, "_SWAP_HOOK", None)
+    assert attnum.site.publish().is_file()
+
+
+class _ReconnectingClient(_LostClient):
+    """The scheduler was just killed: the client is reconnecting when the user presses Ctrl-C."""
+
+    def submit(self, *args, key=None, **kwargs):
+        self.status = "connecting"
+        return _InterruptedFuture(key)
+
+
+class _InterruptedFuture(_Future):
+    def done(self):
+        raise KeyboardInterrupt  # SIGINT while the batch polls its runs
+
+
+def test_ctrl_c_after_the_scheduler_died_ends_the_batch_with_its_summary(outputs):
+    """Finding 10, SIGINT case: cancel() on the closed client raises (ClosedClientError); Ctrl-C still ends
+    the batch as a KeyboardInterrupt, after the summary."""
+    from attnum.runs import batch
+
+    tasks = batch.plan_sweep(STUDY, {"head_dim": [32, 64]}, "smoke", {})
+    lines = []
+    with pytest.raises(KeyboardInterrupt):
+        _guarded(lambda: batch.run_batch(tasks, outputs=outputs, client=_ReconnectingClient(), log=lines.append), 60)
+    assert [line for line in lines if "interrupted" in line], lines
+
+
+@pytest.mark.slow
+def test_a_real_external_scheduler_killed_mid_sweep_fails_the_batch(outputs, tmp_path, monkeypatch):
+    """Finding 10 as reported: ``dask scheduler`` (loopback) and a worker; the scheduler SIGKILLed once a
+    run executes; the batch ends (BatchError naming the lost scheduler) instead of looping for ever."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from attnum.runs import batch
+
+    monkeypatch.setattr(batch, "SCHEDULER_LOST_S", 5.0)
+    sched_file, procs = tmp_path / "scheduler.json", []
+    try:
+        procs.append(subprocess.Popen([sys.executable, "-m", "dask", "scheduler", "--host", "127.0.0.1", "--port",
+                                       "0", "--no-dashboard", "--scheduler-file", str(sched_file)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait_for(sched_file, procs[0], 60)
+        procs.append(subprocess.Popen([sys.executable, "-m", "dask", "worker", "--scheduler-file", str(sched_file),
+                                       "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard"],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        address = json.loads(sched_file.read_text())["address"]
+        tiny = {"seq_lens": [16, 32, 64], "dtypes": ["bf16"], "seeds": [0], "block_configs": ["16x16"],
+                "attribution_seq_lens": [32]}
+        tasks = batch.plan_sweep(STUDY, {"head_dim": [16, 32]}, "smoke", tiny)
+
+        def kill_when_running():
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 240:
+                if list((outputs / STUDY).glob(".versions/*/*/RUN.json")):
+                    procs[0].send_signal(signal.SIGKILL)
+                    return
+                time.sleep(0.1)
+
+        killer = threading.Thread(target=kill_when_running, daemon=True)
+        killer.start()
+        lines = []
+        t0 = time.monotonic()
+        with pytest.raises(batch.BatchError, match="lost the Dask scheduler"):
+            _guarded(lambda: batch.run_batch(tasks, outputs=outputs, scheduler=address, progress=False,
+                                             log=lines.append), 300)
+        assert procs[0].poll() is not None, "the scheduler was never killed"
+        assert time.monotonic() - t0 < 240
+        assert [line for line in lines if "lost the Dask scheduler" in line or "not started" in line]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+
+
+def test_a_native_hang_is_ended_by_timeout_with_a_record_naming_it(outputs, monkeypatch, tmp_path):
+    """A cell blocked in native code, with SIGINT blocked (Python's interrupt cannot reach it): ``timeout``
+    fails the cell, the kernel is killed, and the failure record says the cell timed out."""
+    import time
+
+    import nbformat
+
+    notebook = tmp_path / "99_hangs.ipynb"
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("x = 1"), nbformat.v4.new_code_cell(
+        "import ctypes, signal\nsignal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})\n"
+        "ctypes.CDLL(None).sleep(3600)  # a native call that no interrupt reaches")]
+    nb.metadata["kernelspec"] = {"name": "python3", "language": "python", "display_name": "Python 3"}
+    nbformat.write(nb, notebook)
+    monkeypatch.setattr(runs.execute, "notebook_path", lambda study: notebook)
+    t0 = time.monotonic()
+    with pytest.raises(runs.RunError) as err:
+        _guarded(lambda: runs.run(STUDY, "smoke", progress=False, timeout=3), 300)
+    assert time.monotonic() - t0 < 200
+    record = ncio.read_record(outputs / STUDY / "smoke.failed")
+    assert record["status"] == "failed" and "timed out" in record["error"] and "3 seconds" in record["error"], record
+    assert "timed out" in str(err.value)
+
+
+TOP_LEVEL = '''
+import os
+open(os.environ["ATTNUM_TEST_MARK"], "w").write("imported")
+import torch.nn.functional as F
+
+
+def attention(q, k, v, is_causal=False, attn_mask=None, scale=None):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
+'''
+
+
+def test_your_own_kernels_module_runs_at_the_check_also_under_dry_run(outputs, tmp_path, monkeypatch, capsys):
+    """Finding 18: what the README says (importing the module runs its top-level code, also under
+    --dry-run) is what happens, and the kernel is test-run on the CPU for a CPU run."""
+    (tmp_path / "toplevel_kernel.py").write_text(TOP_LEVEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    mark = tmp_path / "mark"
+    monkeypatch.setenv("ATTNUM_TEST_MARK", str(mark))
+    code = cli.main(["sweep", STUDY, "--params", "smoke", "--grid", "head_dim=32,64", "-p", "real_kernels",
+                     "[toplevel_kernel:attention]", "--outputs", str(outputs), "--dry-run"])
+    assert code == 0, capsys.readouterr().err
+    assert mark.read_text() == "imported" and not outputs.exists()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "top-level code at that check, also under `--dry-run`" in readme
+
+
+def test_the_batchs_own_cluster_listens_on_loopback_only_and_the_readme_recipes_do_too():
+    """Finding 19: the LocalCluster run-all and sweep start binds 127.0.0.1; every ``dask scheduler`` line
+    of the README binds the loopback interface or requires TLS."""
+    import re
+
+    from attnum.runs import batch
+
+    cluster = batch.start_local_cluster(1, 0, dashboard=False)
+    try:
+        assert cluster.scheduler_address.startswith("tcp://127.0.0.1:"), cluster.scheduler_address
+        for info in cluster.scheduler_info["workers"].values():
+            assert info["host"] == "127.0.0.1"
+    finally:
+        cluster.close()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", readme, re.S)
+    lines = [line for block in blocks for line in block.splitlines() if re.search(r"dask scheduler\b", line)]
+    assert lines
+    assert [line for line in lines if "--host 127.0.0.1" not in line and "--protocol tls" not in line] == []
+
+
+def test_an_undecodable_params_file_and_a_deep_grid_file_are_refused_by_name(outputs, fake, tmp_path):
+    """Finding 16: a non-UTF-8 ``--params FILE.yaml`` and a deeply nested grid file."""
+    params = tmp_path / "mine.yaml"
+    params.write_bytes(b"heads: 1\n# \xff\xfe\n")
+    with pytest.raises(runs.ParameterError, match=r"mine\.yaml: not UTF-8"):
+        runs.run(STUDY, str(params), progress=False)
+    grid = tmp_path / "grid.yaml"
+    grid.write_text("head_dim: " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(runs.ParameterError, match="nested more than 32 levels"):
+        runs.parse_grid(str(grid))
+    assert not outputs.exists()
+
+
+def test_an_outputs_folder_without_write_permission_is_refused(tmp_path):
+    """Finding 16: a read-only outputs folder (chmod 555) for a user whom permissions bind: exit 2, one line."""
+    import io
+    import shutil
+    import tempfile
+    from contextlib import redirect_stderr
+
+    scratch = Path(tempfile.mkdtemp(prefix="attnum-readonly-"))
+    try:
+        scratch.chmod(0o755)
+        folder = scratch / "outputs"
+        folder.mkdir(mode=0o555)
+        folder.chmod(0o555)
+
+        def probe():
+            out = []
+            for argv in (["run", STUDY, "--params", "smoke"], ["clean"], ["publish"]):
+                err = io.StringIO()
+                try:
+                    with redirect_stderr(err):
+                        code = cli.main([*argv, "--outputs", str(folder)])
+                except SystemExit as exc:
+                    code = exc.code
+                out.append([code, err.getvalue().strip().splitlines()[-1:]])
+            return out
+
+        results = _as_owner_without_rights(probe)
+        for code, last in results:
+            assert code == 2 and last and f"--outputs: {folder} is not writable by this user" in last[0], results
+        assert list(folder.iterdir()) == []
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

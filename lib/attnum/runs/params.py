@@ -611,15 +611,26 @@ def check_machine(study: str, values: dict, *, allow_large: bool = False) -> Non
                              f"allow_large=True (--allow-large, or {ALLOW_LARGE_ENV}=1) to run anyway")
 
 
-MIN_ADDRESS_SPACE = 4 << 30  # bytes of virtual memory a study kernel needs (torch, matplotlib and their libraries)
+# The address-space floor, measured (not chosen): `ulimit -v N` (KiB) in a subshell, then
+# `ATTNUM_ALLOW_LARGE=1 python -m attnum run length_scaling --params smoke --timeout T` (the check itself
+# off), on this 2-core CPU machine (torch 2.13 CPU, Python 3.11), one run per limit:
+#   1,500,000 KiB (1.43 GiB): the kernel hangs in the cell that imports torch until --timeout (60 s) ends it
+#   1,900,000 KiB (1.81 GiB): the cell fails with no error name or message ("CellExecutionError", empty)
+#   2,050,000 KiB (1.96 GiB), 2,200,000, 2,350,000 (also with OMP_NUM_THREADS=16), 2,500,000, 3,000,000,
+#   8,000,000 KiB: the run succeeds
+# So a smoke run needs about 2 GiB of address space; the refusal is at 3 GiB, a margin of 1.5x for larger
+# parameter sets, more threads and other machines' libraries (the data themselves are bounded separately,
+# by memory_estimate against the machine's memory).
+MIN_ADDRESS_SPACE = 3 << 30  # bytes of virtual memory below which a study kernel is not started
 
 
 def check_address_space() -> None:
     """Refuse to start a kernel under an address-space limit (``ulimit -v``) below ``MIN_ADDRESS_SPACE``.
 
-    Under such a limit (measured: 1.5 GB) the kernel's imports fail inside native extension code, where
-    the kernel can hang in a cell until it is killed, or its errors arrive without name or message
-    (1.9 GB). The limit is inherited by the kernel, so it is checked here, before anything runs.
+    Under such a limit the kernel's imports fail inside native extension code, where the kernel can hang
+    in a cell until it is killed (measured: 1.43 GiB), or its errors arrive without name or message
+    (1.81 GiB); a smoke run succeeded from 1.96 GiB (see ``MIN_ADDRESS_SPACE``). The limit is inherited by
+    the kernel, so it is checked here, before anything runs.
     """
     import resource
 
