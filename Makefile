@@ -1,8 +1,8 @@
 # Two commands do all the set-up on a fresh machine (python3 with pip and venv):
 #   make reproduce   every study at its default parameters, then the site
 #   make test        the whole test suite
-# Set-up (.venv + pinned packages + editable attnum) runs only when requirements.txt or
-# pyproject.toml changed since the last install.
+# Set-up (.venv + the locked packages of requirements-lock.txt + editable attnum) runs only when
+# requirements-lock.txt, requirements.txt or pyproject.toml changed since the last install.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -24,10 +24,17 @@ setup: $(STAMP)
 	    echo "nbstripout: git filter installed (committed notebooks stay output-free)"; \
 	else echo "not a git checkout: nbstripout filter not installed"; fi
 
-$(STAMP): requirements.txt pyproject.toml
+# The lock (requirements-lock.txt: every package at its exact version, transitive ones included; its torch is
+# the CPU build, torch==2.13.0+cpu) is what gets installed. pip takes torch from wherever it is configured to
+# look (a CI machine's local wheel); where that has no +cpu build (PyPI has none), the install is repeated
+# with PyTorch's CPU index added (TORCH_INDEX), so a CPU-only machine never downloads the CUDA build's
+# nvidia-* libraries. pip itself is left at the venv's version: the lock does not need a newer one.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+$(STAMP): requirements-lock.txt requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -r requirements.txt
+	@$(PY) -m pip install --quiet -r requirements-lock.txt || { \
+	    echo "retrying with PyTorch's CPU index ($(TORCH_INDEX)) for torch==2.13.0+cpu"; \
+	    $(PY) -m pip install --quiet -r requirements-lock.txt --extra-index-url $(TORCH_INDEX); }
 	$(PY) -m pip install --quiet --no-deps -e .
 	@touch $@
 

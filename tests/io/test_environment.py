@@ -121,6 +121,22 @@ def test_every_requirement_of_a_locked_package_is_locked():
     assert walked >= len(direct), "the installed environment is not the locked one: too few packages walked"
 
 
+def test_make_installs_the_lock():
+    """`make setup` (and every target through the stamp) installs requirements-lock.txt, re-installs when it
+    changes, and installs nothing else but the editable attnum without dependencies."""
+    lines = (ROOT / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("$(STAMP):"))
+    assert "requirements-lock.txt" in lines[start].split(":", 1)[1].split()
+    recipe = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t") and not (recipe and recipe[-1].endswith("\\")):
+            break
+        recipe.append(line)
+    installs = [line for line in recipe if "pip install" in line]
+    assert installs and all("-r requirements-lock.txt" in line or "--no-deps -e ." in line for line in installs)
+    assert not any("requirements.txt" in line for line in recipe)
+
+
 def test_pyproject_bounds_admit_the_pins_and_name_every_pinned_package():
     from packaging.requirements import Requirement
 

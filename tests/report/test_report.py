@@ -106,3 +106,29 @@ def test_the_report_notebook_end_to_end(tmp_path):
     assert glue.missing_keys(executed) == set()
     assert glue.read_glued(executed)["rp_abnormal"] == 1
     assert (folder / "report.html").stat().st_size > 10000
+
+
+def test_study01_alarms_are_the_studys_own_numbers():
+    """The report reads only study 01's false-alarm table of its GPU run; the values are those of the study's
+    ``real_kernel_values`` (which builds further tables the report does not state)."""
+    from attnum.ncio import committed_run
+    from attnum.studies.length_scaling.real_kernels import LONG_SEQUENCE_MIN, real_kernel_values
+
+    run = committed_run("length_scaling", "gpu")
+    mine, study = readings.study01_alarms(run, LONG_SEQUENCE_MIN), real_kernel_values(run, LONG_SEQUENCE_MIN)
+    assert mine == {k: v for k, v in study.items() if k.startswith("alarms_") or k == "commit"}
+    assert mine["alarms_fixed_bf16"] is not None
+    assert set(readings.study01_alarms(None, LONG_SEQUENCE_MIN).values()) == {None}
+
+
+def test_the_html_page_leaves_out_the_glue_records(tmp_path, recwarn):
+    import nbformat
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+    record = new_output("display_data", data={"application/papermill.record/text/plain": "3"},
+                        metadata={"scrapbook": {"name": "rp_x", "mime_prefix": "application/papermill.record/"}})
+    nb = new_notebook(cells=[new_code_cell("glue", outputs=[record]), new_markdown_cell("x = {glue:text}`rp_x`")])
+    nbformat.write(nb, str(tmp_path / "nb.ipynb"))
+    page = report.write_html(tmp_path / "nb.ipynb", tmp_path / "page.html").read_text()
+    assert "x = 3" in page
+    assert not [w for w in recwarn if "not able to be represented" in str(w.message)]

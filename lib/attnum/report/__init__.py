@@ -64,6 +64,17 @@ def check_kernels(names, device: str) -> None:
         raise ReportError("; ".join(problems))
 
 
+def defer_unused_imports() -> None:
+    """In the notebook kernel, before gluing: defer what nothing here uses, as the runner does for study
+    notebooks (``attnum.runs.params.DEFERRED_IMPORTS``). MyST-NB's ``glue`` imports nbformat, whose
+    jsonschema imports ``rfc3987_syntax``, which builds its grammar on import: about 2.5 s of the quick
+    tier's CPU time here, for IRI checks that nothing in the report makes (loaded on first use if one is)."""
+    from ..runs import params
+
+    for module, functions in params.DEFERRED_IMPORTS.items():
+        params._defer_import(module, functions)
+
+
 def report_name(names) -> str:
     """A folder name from the kernels: their names with ':' and '.' as '-', at most 80 characters."""
     text = "+".join("".join(c if c.isalnum() or c in "_-" else "-" for c in n) for n in names)
@@ -93,9 +104,15 @@ def run_report(names, *, device: str = "cpu", tier: str = "quick", against=None,
     injected = {"kernel_names": names, "against": against, "device": device, "tier": tier,
                 "overrides": dict(overrides or {}), "output_dir": str(folder)}
     start = time.perf_counter()
-    with execute._env("PYTHONPATH", _pythonpath(names)), execute._env("ATTNUM_PROGRESS", None if progress else "off"):
+    # as the runner runs a study (attnum.runs.execute.run): the kernel on IPC sockets of this user's own
+    # (no "Kernel is running over TCP" warning), the notebook written at most once a second while cells
+    # run, and the kernel stopped at once when the last cell has finished (every output has arrived)
+    with execute._env("PYTHONPATH", _pythonpath(names)), execute._env("ATTNUM_PROGRESS", None if progress else "off"), \
+            execute.kernel_transport() as transport:
         papermill.execute_notebook(str(nb), str(folder / "notebook.ipynb"), parameters=injected,
-                                   progress_bar=False, cwd=str(nb.parent), kernel_name="python3")
+                                   progress_bar=False, cwd=str(nb.parent), kernel_name="python3",
+                                   engine_name=execute._register_engine(papermill), shutdown_kernel="immediate",
+                                   **transport)
     if not (folder / "results.nc").exists():
         raise ReportError(f"the report notebook finished without writing {folder / 'results.nc'}")
     if html:
@@ -167,14 +184,25 @@ def substitute_glue(nb) -> object:
     return out
 
 
+def _glue_record(output) -> bool:
+    """An output that only records a glued value (MyST-NB's ``application/papermill.record/...``
+    mimetypes), which nbconvert cannot show (it warns "is not able to be represented")."""
+    data = output.get("data") or {}
+    return bool(data) and all(key.startswith("application/papermill.record/") for key in data)
+
+
 def write_html(notebook: Path, target: Path) -> Path:
     """The executed notebook as one standalone HTML file, glued values in its prose, code cells hidden
     (nbconvert's HTML exporter)."""
     import nbformat
     from nbconvert import HTMLExporter
 
+    nb = substitute_glue(nbformat.read(str(notebook), as_version=4))
+    for cell in nb.cells:  # the glued values' hidden outputs: stated in the prose now, and no HTML has them
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if not _glue_record(o)]
     exporter = HTMLExporter()
     exporter.exclude_input = True
-    body, _ = exporter.from_notebook_node(substitute_glue(nbformat.read(str(notebook), as_version=4)))
+    body, _ = exporter.from_notebook_node(nb)
     target.write_text(body)
     return target

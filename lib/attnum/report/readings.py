@@ -232,10 +232,34 @@ def helper_rates_table(rates: xr.Dataset) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index(["kind", "case"])
 
 
+STUDY01_RULES = {"fixed_0.1pct": "fixed", "dynamic_threshold": "dynamic", "reference_relative": "refrel"}
+
+
+def study01_alarms(run: xr.Dataset | None, min_len: int) -> dict:
+    """What the report states of study 01's committed GPU run: each rule's false-alarm rate over every real
+    kernel's outputs at N >= ``min_len`` per dtype (``alarms_<rule>_<dtype>``, the keys of
+    ``length_scaling.real_kernels.real_kernel_values``, from the same ``real_false_alarms_by_dtype``) and the
+    run's commit; None values without the run. Only this table: ``real_kernel_values`` also builds the
+    fidelity and growth tables, which the report does not state (about 2 s here)."""
+    from ..studies.length_scaling.real_kernels import real_false_alarms_by_dtype
+
+    out = {"commit": None}
+    out.update({f"alarms_{name}_{fmt}": None for name in STUDY01_RULES.values() for fmt in ("bf16", "fp16")})
+    if run is None or "real_passes" not in run:
+        return out
+    out["commit"] = str(run.attrs.get("git_commit", ""))[:7] or None
+    table = real_false_alarms_by_dtype(run, min_len)
+    for rule, name in STUDY01_RULES.items():
+        for fmt in ("bf16", "fp16"):
+            if rule in table.index and fmt in table.columns and np.isfinite(table.loc[rule, fmt]):
+                out[f"alarms_{name}_{fmt}"] = float(table.loc[rule, fmt])
+    return out
+
+
 def values(ds: xr.Dataset, rates: xr.Dataset | None, band: dict, study01: dict) -> dict:
     """The values the report's prose states (keys ``rp_*``): the rule's factor, the band of real kernels over
     the emulator (``band``: ``attnum.testing.band_spread``), study 01's false alarms of the fixed and the
-    reference-relative rules (``study01``: ``length_scaling.real_kernels.real_kernel_values`` of its GPU run),
+    reference-relative rules (``study01``: ``study01_alarms`` of its GPU run),
     the kernels and their verdicts counted, the helper's false-alarm and miss rates, the sizes measured."""
     summary = summary_table(ds)
     tested = summary[summary["under test"]]
