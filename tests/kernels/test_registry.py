@@ -176,6 +176,20 @@ def test_kernels_of_your_own_are_checked_before_a_run():
     assert problem and "shape (1, 2, 23, 16)" in problem
 
 
+def test_the_tiny_check_runs_at_the_head_dim_it_is_given():
+    # a production kernel may refuse small head dims (FlashInfer's prefill refuses 16 on an H200): a caller
+    # measuring at d = 64 checks at 64, and a refusal names the shape it was given
+    def only_64(q, k, v, attn_mask=None, is_causal=False, **_):
+        if q.shape[-1] != 64:
+            raise RuntimeError(f"head dim {q.shape[-1]} not supported")
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
+
+    kernel = kernels.CallableKernel("only_64", only_64)
+    assert kernels.check_runs(kernel, head_dim=64) is None
+    problem = kernels.check_runs(kernel, head_dim=16)
+    assert problem == "it failed on a tiny input (1, 2, 24, 16) on cpu: RuntimeError: head dim 16 not supported"
+
+
 def test_sdpa_takes_a_boolean_mask_as_its_own_path_and_it_matches_the_minus_inf_bias():
     q, k, v = _qkv()
     keep = torch.ones(40, 40, dtype=torch.bool)

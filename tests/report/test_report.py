@@ -112,9 +112,10 @@ def test_study01_alarms_are_the_studys_own_numbers():
     """The report reads only study 01's false-alarm table of its GPU run; the values are those of the study's
     ``real_kernel_values`` (which builds further tables the report does not state)."""
     from attnum.ncio import committed_run
+    from attnum.studies.length_scaling.readings import current_form
     from attnum.studies.length_scaling.real_kernels import LONG_SEQUENCE_MIN, real_kernel_values
 
-    run = committed_run("length_scaling", "gpu")
+    run = current_form(committed_run("length_scaling", "gpu"))
     mine, study = readings.study01_alarms(run, LONG_SEQUENCE_MIN), real_kernel_values(run, LONG_SEQUENCE_MIN)
     assert mine == {k: v for k, v in study.items() if k.startswith("alarms_") or k == "commit"}
     assert mine["alarms_fixed_bf16"] is not None

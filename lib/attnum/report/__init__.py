@@ -40,9 +40,10 @@ def default_against(device: str) -> list[str]:
     return ["sdpa:math"] if device == "cpu" else ["sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "sdpa:math"]
 
 
-def check_kernels(names, device: str) -> None:
-    """Every name builds a kernel that runs forward and backward on a tiny input on ``device``
-    (``kernels.check_runs``), else a ``ReportError`` naming each problem, before any measurement."""
+def check_kernels(names, device: str, head_dim: int = 64) -> None:
+    """Every name builds a kernel that runs forward and backward on a tiny bf16 input of ``head_dim`` (the
+    head dim the tier measures at) on ``device`` (``kernels.check_runs``), else a ``ReportError`` naming each
+    problem, before any measurement."""
     import torch
 
     from .. import kernels
@@ -57,7 +58,7 @@ def check_kernels(names, device: str) -> None:
             problems.append(str(exc))
             continue
         dtype = torch.bfloat16
-        reason = kernels.check_runs(kernel, device, dtype=dtype)
+        reason = kernels.check_runs(kernel, device, dtype=dtype, head_dim=head_dim)
         if reason:
             problems.append(f"kernel {name!r} cannot be measured on {device}: {reason}")
     if problems:
@@ -96,7 +97,8 @@ def run_report(names, *, device: str = "cpu", tier: str = "quick", against=None,
     unknown = sorted(set(overrides or {}) - set(params))
     if unknown:
         raise ReportError(f"unknown report parameter(s) {unknown}; parameters: {sorted(params)}")
-    check_kernels(names + [a for a in against if a not in names], device)
+    merged = {**params, **(overrides or {})}
+    check_kernels(names + [a for a in against if a not in names], device, head_dim=int(merged["backward_head_dim"]))
     folder = (Path(outputs).resolve() if outputs else outputs_root()) / "report" / (name or report_name(names))
     folder.mkdir(parents=True, exist_ok=True)
     papermill = import_papermill()
