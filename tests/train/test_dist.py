@@ -42,7 +42,11 @@ def _flags(cfg: dict) -> list:
 
 def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in dist.TORCHRUN_ENV}
-    env.update(PYTHONPATH=str(LIB), OMP_NUM_THREADS="1", TRITON_INTERPRET="0")
+    # this tree's lib first, then what the caller's path adds (on the lent GPU machine the carried wheels:
+    # without them the ranks could not write their NetCDF records)
+    inherited = os.environ.get("PYTHONPATH")
+    env.update(PYTHONPATH=os.pathsep.join([str(LIB)] + ([inherited] if inherited else [])), OMP_NUM_THREADS="1",
+               TRITON_INTERPRET="0")
     for key in dist.MULTICAST_OFF:  # the launcher must set them itself
         env.pop(key, None)
     return env
