@@ -28,7 +28,7 @@ def measure(p: dict) -> xr.Dataset:
         if p.get("sweep_records"):
             sweep = designed.sweep_dataset(p["sweep_records"])
             attrs = {**results.attrs, **sweep.attrs}
-            results = xr.merge([results, sweep], join="outer", compat="no_conflicts", combine_attrs="drop")
+            results = xr.merge([results, sweep], join="outer", compat="no_conflicts", combine_attrs="override")
             results.attrs.update(attrs)
         results.attrs["headline_figure"] = "gpu_training.png"
         return results
