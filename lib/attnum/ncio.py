@@ -621,6 +621,11 @@ def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> x
     return ds
 
 
+def _match_key(value):
+    """A coordinate value as ``compare_results`` matches it: booleans as 0/1."""
+    return int(value) if isinstance(value, (bool, np.bool_)) else value
+
+
 def compare_results(a, b) -> list[dict]:
     """Two results files, run folders or Datasets, variable by variable, over the coordinate values both have:
     per variable ``status`` ("equal": the same values, NaN where NaN; "differs"; "only in a"/"only in b";
@@ -647,8 +652,12 @@ def compare_results(a, b) -> list[dict]:
             continue
         for dim in x.dims:
             if dim in x.coords and dim in y.coords:
-                shared = [v for v in x[dim].values if v in set(y[dim].values)]
-                x, y = x.sel({dim: shared}), y.sel({dim: shared})
+                # matched by position, not by label: a list of booleans given to ``sel`` is read as a mask, and
+                # a boolean coordinate of one run meets the 0/1 integers of a run written before booleans were
+                xs = [_match_key(v) for v in x[dim].values]
+                ys = {_match_key(v): i for i, v in enumerate(y[dim].values)}
+                ix = [i for i, v in enumerate(xs) if v in ys]
+                x, y = x.isel({dim: ix}), y.isel({dim: [ys[xs[i]] for i in ix]})
         y = y.transpose(*x.dims)
         xv, yv = x.values, y.values
         if xv.size == 0 and (da[name].size or db[name].size):

@@ -177,6 +177,21 @@ def test_compare_results_with_no_shared_coordinate_compares_nothing(tmp_path):
     assert [r["status"] for r in ncio.compare_results(folder, a)] == ["equal"]
 
 
+def test_compare_results_matches_boolean_coordinates_whole_and_against_the_old_0_1_form():
+    """A boolean coordinate is compared at every value (a list of booleans given to ``sel`` would be a mask,
+    comparing the True entries only), and a run written with 0/1 integers lines up with one written with
+    booleans."""
+    err = np.array([[1.0, 2.0], [3.0, 4.0]])
+    new = xr.Dataset({"err": (("causal", "n"), err)}, coords={"causal": [False, True], "n": [1, 2]})
+    other = new.copy(deep=True)
+    other["err"][0, 0] = 9.0  # differs only where causal is False
+    row = ncio.compare_results(new, other)[0]
+    assert row["status"] == "differs" and row["differing"] == 0.25
+    old = xr.Dataset({"err": (("causal", "n"), err[::-1])}, coords={"causal": [1, 0], "n": [1, 2]})
+    assert ncio.compare_results(old, new)[0]["status"] == "equal"
+    assert ncio.compare_results(new, old)[0]["status"] == "equal"
+
+
 def test_compare_command_exits_non_zero_when_nothing_is_shared(tmp_path, capsys):
     from attnum.cli import main
 
