@@ -621,6 +621,21 @@ def open_results(path: str | os.PathLike, squeeze_sweep_dims: bool = False) -> x
     return ds
 
 
+def boolean_coordinates(ds: xr.Dataset | None, names) -> xr.Dataset | None:
+    """``ds`` with each coordinate of ``names`` that a run wrote as 0/1 integers (runs made before booleans
+    were written as CF flags) read as booleans, so ``sel(name=True)`` works on old and new runs alike; any other
+    integer there is refused. None stays None."""
+    if ds is None:
+        return None
+    for name in names:
+        if name in ds.coords and ds[name].dtype.kind in "iu":
+            values = ds[name].values
+            if not np.isin(values, (0, 1)).all():
+                raise ValueError(f"coordinate {name} holds {values.tolist()}, not the 0/1 of a yes/no coordinate")
+            ds = ds.assign_coords({name: (ds[name].dims, values.astype(bool), ds[name].attrs)})
+    return ds
+
+
 def _match_key(value):
     """A coordinate value as ``compare_results`` matches it: booleans as 0/1."""
     return int(value) if isinstance(value, (bool, np.bool_)) else value

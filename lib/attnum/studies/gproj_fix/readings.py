@@ -10,6 +10,7 @@ import math
 import numpy as np
 import xarray as xr
 
+from ... import ncio
 from . import (BOOLEAN_COORDINATES, LEGACY_STEP_NO_ATTENTION, LEGACY_TRAIN_BASELINE,
                STEP_NO_ATTENTION)
 
@@ -107,12 +108,7 @@ def current_form(ds: xr.Dataset | None) -> xr.Dataset | None:
     registry name, its ``run_attention`` (older: "fp32"). None stays None."""
     if ds is None:
         return None
-    for name in BOOLEAN_COORDINATES:
-        if name in ds.coords and ds[name].dtype.kind in "iu":
-            values = ds[name].values
-            if not np.isin(values, (0, 1)).all():
-                raise ValueError(f"coordinate {name} holds {values.tolist()}, not the 0/1 of a yes/no coordinate")
-            ds = ds.assign_coords({name: (ds[name].dims, values.astype(bool), ds[name].attrs)})
+    ds = ncio.boolean_coordinates(ds, BOOLEAN_COORDINATES)
     if "step_kernel" in ds.coords and LEGACY_STEP_NO_ATTENTION in ds["step_kernel"].values:
         ds = ds.assign_coords(step_kernel=("step_kernel", [STEP_NO_ATTENTION if str(k) == LEGACY_STEP_NO_ATTENTION
                                                            else str(k) for k in ds["step_kernel"].values],

@@ -30,15 +30,9 @@ them as 0/1 integers, which ``boolean_coordinates`` reads as booleans."""
 def boolean_coordinates(ds: xr.Dataset | None) -> xr.Dataset | None:
     """``ds`` with every coordinate of ``BOOLEAN_COORDINATES`` that a run wrote as 0/1 integers as booleans, so
     that ``sel(real_causal=True)`` works on old and new runs alike (None stays None)."""
-    if ds is None:
-        return None
-    for name in BOOLEAN_COORDINATES:
-        if name in ds.coords and ds[name].dtype.kind in "iu":
-            values = ds[name].values
-            if not np.isin(values, (0, 1)).all():
-                raise ValueError(f"coordinate {name} holds {values.tolist()}, not the 0/1 of a yes/no coordinate")
-            ds = ds.assign_coords({name: (ds[name].dims, values.astype(bool), ds[name].attrs)})
-    return ds
+    from ...ncio import boolean_coordinates as as_booleans
+
+    return as_booleans(ds, BOOLEAN_COORDINATES)
 
 
 def committed_real_kernel_runs() -> list[xr.Dataset]:
