@@ -1,4 +1,4 @@
-"""Runs and results that survive anything (issue 12): atomic swaps, locks, checks before any work,
+"""Runs and results that survive anything: atomic swaps, locks, checks before any work,
 checksums, failure records, clean, publish, CF compliance, grouping.
 
 Runs use ``robust_helpers.fake_execute`` in place of papermill (a real results.nc in

@@ -1,4 +1,4 @@
-"""Issue 14's tests of the real kernels: each SDPA backend and FlexAttention, forward and backward, against
+"""Tests of the real kernels: each SDPA backend and FlexAttention, forward and backward, against
 the fp64 golden value; the dispatch check (a pinned backend that refuses raises, never falls back); the
 fidelity measure on a small case.
 

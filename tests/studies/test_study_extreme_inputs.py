@@ -151,7 +151,7 @@ def test_real_kernel_tables_record_every_kernel_input_and_mask_and_obey_what_mus
         assert float(self_pair["real_pair_zero_row_mismatch"].max()) == 0.0
 
 
-# -- one faulty row and a fixed tolerance (issue 10, item 10) ----------------------------------------
+# -- one faulty row and a fixed tolerance --------------------------------------------------------------
 
 def test_row_fault_totals_match_the_metrics_on_the_explicit_faulty_output():
     import torch

@@ -177,7 +177,7 @@ def test_gpu_tier_measures_fa4_and_flashinfer_prefill():
     assert [registry.get(n).name for n in ("fa4", "flashinfer:prefill")] == ["fa4", "flashinfer:prefill"]
 
 
-# -- issue 10 / issue 14 additions: fast unit tests of the new measurements ----------------------------
+# -- fast unit tests of the real-kernel and acceptance measurements -----------------------------------
 
 import torch  # noqa: E402
 
