@@ -1,8 +1,9 @@
-"""The command line: ``python -m attnum {list,kernels,run,run-all,sweep,publish,compare,bench,clean,idle,train}``.
+"""The command line: ``python -m attnum {list,kernels,run,run-all,sweep,publish,readme-findings,compare,bench,clean,idle,train}``.
 
-One entry point for everything: runs (``attnum.runs``), the site (``attnum.site``), benchmarks, run
-maintenance (``clean``, ``idle``: what ``make clean`` and ``make clean-results`` call), and the GPT
-trainer (``train ...``: its own options, ``python -m attnum train --help``).
+One entry point for everything: runs (``attnum.runs``), the site and README.md's findings block
+(``attnum.site``), benchmarks, run maintenance (``clean``, ``idle``: what ``make clean`` and
+``make clean-results`` call), and the GPT trainer (``train ...``: its own options,
+``python -m attnum train --help``).
 """
 from __future__ import annotations
 
@@ -146,6 +147,10 @@ def main(argv=None) -> int:
 
     p_pub = sub.add_parser("publish", help="render executed notebooks and write outputs/site/index.html")
     p_pub.add_argument("--outputs", type=_outputs_folder, default=None)
+    p_readme = sub.add_parser("readme-findings", help="write README.md's findings block (headline figure, findings) "
+                                                      "from the committed runs")
+    p_readme.add_argument("--check", action="store_true", help="write nothing; exit 1 showing what differs when "
+                                                               "the block is stale")
     p_cmp = sub.add_parser("compare", help="two results.nc files variable by variable (what two runs share)")
     p_cmp.add_argument("a")
     p_cmp.add_argument("b")
@@ -214,6 +219,15 @@ def main(argv=None) -> int:
             from .site import publish
 
             print(f"wrote {publish(args.outputs)}")
+        elif args.cmd == "readme-findings":
+            from .site import README, update_readme
+
+            diff = update_readme(check=args.check)
+            if args.check and diff:
+                print(f"error: the findings block of {README} is stale (run python -m attnum readme-findings):\n"
+                      + diff, file=sys.stderr)
+                return 1
+            print(f"{README}: findings block {'current' if not diff else 'written'}")
         elif args.cmd == "compare":
             from .ncio import compare_results
 
