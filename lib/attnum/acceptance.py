@@ -2,7 +2,7 @@
 
 * ``fixed_relative_rule``: a fixed relative tolerance (0.1% in seed 000).
 * ``dynamic_threshold``: seed 000's length-, range- and dtype-scaled threshold,
-  transcribed verbatim from its formula (papers.md section 1).
+  transcribed verbatim from its formula (the ROCm migration report, docs/sources.md).
 * ``reference_relative_rule``: the FlashAttention / PyTorch test-suite rule
   ``err_kernel <= c * err_same_precision_reference + dtype_floor``, with the
   FlashAttention Hopper tests' floor ``2 * max|(ref + 0.3 - 0.3) - ref|``

@@ -45,7 +45,7 @@ def normal_qkv(batch: int, heads: int, seq_len: int, head_dim: int, *, seed: int
 # registered in INPUT_FAMILIES. All draws come from one torch.Generator per call, in float64 on the
 # CPU; the tensors move to ``device`` at the end. Families follow seed 000's list (extreme values,
 # boundaries, structured patterns, its stratified mix), seed 003's fp16-overflow and boundary cases,
-# and FlashInfer's extreme-logit regression cases (papers.md sections 1, 2 and 6).
+# and FlashInfer's extreme-logit regression cases (FlashInfer issues 4267 and 4450; docs/sources.md).
 
 FLASHINFER_TARGET_LOGITS = (-1e4, -5e4, -5.5e4, -6e4, -1e5, -2e5, -2.45e5)
 FP16_MAX = 65504.0

@@ -22,8 +22,8 @@ first; ``severity_level`` 0 is the mildest. The bugs:
                       matmul (4 = fp8 e4m3's significand) instead of the policy's
                       p format.
   finite_sentinel     masked scores and the running-max start are the finite value
-                      ``severity`` instead of -inf (FlashInfer's -5e4; papers.md
-                      section 6). Rows whose valid raw logits are all far below it
+                      ``severity`` instead of -inf (FlashInfer's -5e4 up to
+                      0.6.18.post1; FlashInfer issue 4267). Rows whose valid raw logits are all far below it
                       come out zero.
   off_by_one_causal   the causal mask lets query i see keys up to i + ``severity``
                       (future keys leak). No effect without a causal mask.

@@ -20,7 +20,7 @@ Options later studies use:
     (seed 004, cause 1). Otherwise subtract the max first, then scale.
   * ``mask_fill``: ``"-inf"`` (NaN-safe) or a finite sentinel such as -5e4
     that replaces masked raw scores *and* starts the running max, as
-    FlashInfer did (seed 002; papers.md section 6).
+    FlashInfer did up to 0.6.18.post1 (FlashInfer issue 4267; docs/sources.md).
   * ``fault``: a ``KernelHooks`` object, the places where a buggy kernel may
     depart from the algorithm (``attnum.kernels.faults`` defines realistic bugs).
     ``None`` (the default) is the algorithm itself, bit for bit.

@@ -5,7 +5,7 @@ inside, online softmax with a running row max ``m`` (raw-score units) and row su
 unnormalised output accumulator kept in registers, one normalisation at the end. Backward: the
 same paper's Alg. 2 -- recompute P from the stored log-sum-exp, ``dV = P^T dO``,
 ``dS = P * (dP - D)``, ``dQ = dS K``, ``dK = dS^T Q``. GProj is seed 004's fix for cause 2
-(``/work/shared/research/papers.md`` section 4): after dS is rounded to the input format its rows
+(the report on late-training blowup, docs/sources.md): after dS is rounded to the input format its rows
 no longer sum to zero, and the residual ``r_i = sum_j dS~_ij`` multiplies the mean key in dQ.
 
 Numerics (the ``fa2_bf16`` / ``fa2_fp16`` policies of ``attnum.precision``, matched stage by stage

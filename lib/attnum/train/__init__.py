@@ -63,8 +63,8 @@ throughput (the record's ``tokens_per_s``):
 * A pair (study 03) trains two models in lockstep: half the tokens per model in the same time.
 
 What this costs the question. Qiu & Yao's loss explosion came after tens of billions of tokens
-(their reproduction resumes from a checkpoint at step 70000, ~0.33 M tokens a step; see
-``shared/research/papers.md`` section 5); one command reaches ~0.1-0.2 B tokens, 100-200 times
+(their reproduction resumes from a checkpoint at step 70000, ~0.33 M tokens a step: Qiu & Yao
+2025, arXiv 2510.04212); one command reaches ~0.1-0.2 B tokens, 100-200 times
 fewer, and a campaign of a few commands does not change the order of magnitude. So a run that does
 not diverge bounds the phenomenon rather than refuting it: the record gives the tokens reached, the
 common key offset (``key_mean_norm``, ``offset_logit``), the sharpness (``max_prob``, ``entropy``)
