@@ -276,7 +276,7 @@ def test_cli_train_and_bench_on_cpu(tmp_path, capsys):
     assert main(["train", "--device", "cpu", "--out", str(tmp_path), "--kernel", "sdpa:nope"]) == 2
     assert "sdpa:nope" in capsys.readouterr().err
     out = tmp_path / "bench.json"
-    assert main(["bench", "--device", "cpu", "--kernels", "sdpa:flash,sdpa:math,triton:fa2", "--n-layer", "1",
+    assert main(["bench", "--device", "cpu", "--kernels", "sdpa:flash,sdpa:math,triton:fa2,fa4", "--n-layer", "1",
                  "--n-head", "2", "--d-model", "16", "--contexts", "16", "--tokens-per-step", "64",
                  "--warmup", "1", "--steps", "2", "--rounds", "1", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
@@ -286,6 +286,8 @@ def test_cli_train_and_bench_on_cpu(tmp_path, capsys):
         by["sdpa:math@fp32"]["step_s_median"] / by["sdpa:flash@bf16"]["step_s_median"] - 1)
     if not torch.cuda.is_available():
         assert by["triton:fa2@bf16"]["status"].startswith("unavailable")
+        # FlashAttention-4 is a training attention like any other: where it cannot run, the bench says why
+        assert by["fa4@bf16"]["status"] == "unavailable: " + AttentionChoice.parse("fa4").unavailable_reason("cpu")
 
 
 def test_every_campaign_run_is_a_valid_configuration():
