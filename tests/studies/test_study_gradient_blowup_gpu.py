@@ -319,11 +319,17 @@ def test_growth_reading_takes_the_largest_pass_and_reads_the_same_layer_of_its_s
     assert list(table["run"]) == [fp32] and table["dq_rel_err"].iloc[0] == 0.0
 
 
-def test_the_committed_gpu_training_run_is_read_in_the_one_record_schema():
-    """The committed run predates the one schema: section 10 reads its per-block norm as grad_norm."""
+def test_section_10_reads_a_run_gathered_before_the_one_record_schema_as_todays():
+    """A gpu_training run gathered in the corpus trainer's old layout (per-block norm ``grad_norm_layer``,
+    whole-model ``grad_norm``) is read by section 10 exactly as the same run in today's schema."""
     committed = ncio.committed_run("late_training_gradient_blowup", "gpu_training")
-    assert committed is not None and "grad_norm_layer" in committed
-    ds = readings_gpu.records_run(None, committed)
+    assert committed is not None and "grad_norm_layer" not in committed and "layer" in committed["grad_norm"].dims
+    old = committed.rename({"grad_norm": "_layer", "grad_norm_total": "_total"}).rename(
+        {"_layer": "grad_norm_layer", "_total": "grad_norm"})
+    ds = readings_gpu.records_run(None, old)
     assert "layer" in ds["grad_norm"].dims and "layer" not in ds["grad_norm_total"].dims
-    np.testing.assert_array_equal(ds["grad_norm"].values, committed["grad_norm_layer"].values)
-    np.testing.assert_array_equal(ds["grad_norm_total"].values, committed["grad_norm"].values)
+    np.testing.assert_array_equal(ds["grad_norm"].values, committed["grad_norm"].values)
+    np.testing.assert_array_equal(ds["grad_norm_total"].values, committed["grad_norm_total"].values)
+    assert readings_gpu.records_run(None, committed) is committed  # today's schema: read as it is
+
+

@@ -57,16 +57,36 @@ def test_the_committed_records_gather_in_the_one_schema():
                                   ds["grad_norm_total"].isel(step=slice(1, None)).max("step").values)
 
 
+def old_layout(ds: xr.Dataset) -> xr.Dataset:
+    """A gathered run in today's schema written back in the corpus trainer's old layout (the inverse of
+    ``record.convert``): per-block ``grad_norm`` as ``grad_norm_layer``, ``grad_norm_total`` as ``grad_norm``,
+    the runs' parameters under their old names."""
+    names = {"grad_norm_total": "grad_norm"}
+    if "grad_norm" in ds and "layer" in ds["grad_norm"].dims:
+        names["grad_norm"] = "grad_norm_layer"
+    ds = ds.rename({n: f"_{n}" for n in names}).rename({f"_{n}": m for n, m in names.items()})
+    back = {new: old for old, new in record.OLD_PARAMETERS.items()}
+    params = [json.dumps({back.get(k, k): v for k, v in json.loads(str(p)).items() if k != "data"}, sort_keys=True)
+              for p in ds["run_parameters"].values]
+    return ds.assign_coords(run_parameters=(ds["run_parameters"].dims, np.array(params, dtype=object)))
+
+
 @pytest.mark.parametrize("path", GATHERED, ids=[p.parts[-3] for p in GATHERED])
-def test_a_committed_gpu_training_run_converts_its_gathered_records(path):
+def test_a_committed_gpu_training_run_is_in_the_one_schema_and_the_old_layout_converts_to_it(path):
     raw = ncio.open_results(path)
-    ds = record.convert(raw)
-    assert "grad_norm_layer" not in ds and "grad_norm_total" in ds
-    np.testing.assert_array_equal(ds["grad_norm_total"].values, raw["grad_norm"].values)
-    if "grad_norm_layer" in raw:
-        np.testing.assert_array_equal(ds["grad_norm"].values, raw["grad_norm_layer"].values)
-    params = [json.loads(str(p)) for p in np.ravel(ds["run_parameters"].values)]
+    assert record.convert(raw) is raw and "grad_norm_layer" not in raw and "grad_norm_total" in raw
+    params = [json.loads(str(p)) for p in np.ravel(raw["run_parameters"].values)]
     assert params and all(p["data"] == "corpus" and "grad_clip" in p for p in params)
+    old = old_layout(raw)
+    assert "grad_clip" not in str(old["run_parameters"].values[0])
+    ds = record.convert(old)
+    assert ds.attrs["record_converted_from"] == "corpus record (old layout)" and "grad_norm_layer" not in ds
+    for name in ("grad_norm", "grad_norm_total"):
+        if name in raw:
+            np.testing.assert_array_equal(ds[name].values, raw[name].values)
+            assert ds[name].dims == raw[name].dims
+    assert [json.loads(str(p)) for p in ds["run_parameters"].values] == \
+        [record.convert_parameters(json.loads(str(p))) for p in raw["run_parameters"].values]
     assert ds.attrs["parameters"] == raw.attrs["parameters"]  # the study's own parameters are not a trainer's
 
 
