@@ -608,7 +608,7 @@ def check_machine(study: str, values: dict, *, allow_large: bool = False) -> Non
     if need > have:
         raise ParameterError(f"estimated peak memory {need / 2**30:.1f} GiB ({note}) exceeds the "
                              f"{have / 2**30:.1f} GiB of this machine's {device}; reduce the sizes, or pass "
-                             f"allow_large=True (--allow-large, or {ALLOW_LARGE_ENV}=1) to run anyway")
+                             f"allow_large=True ({ALLOW_LARGE_ENV}=1 on the command line) to run anyway")
 
 
 # The address-space floor, measured (not chosen): `ulimit -v N` (KiB) in a subshell, then
