@@ -32,6 +32,38 @@ TABLE = {"rel_l2_err": ("1", "relative L2 error"), "max_ulp_err": ("ulp", "max e
          "seq_len": ("1", "sequence length N")}
 
 
+def wait_for(path: Path, proc=None, limit=120.0):
+    """Wait until ``path`` exists (not a timing assertion: a guard against hanging forever); fail if ``proc``
+    ends first."""
+    t0 = time.monotonic()
+    while not path.exists():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process ended early: {proc.communicate()}")
+        if time.monotonic() - t0 > limit:
+            raise AssertionError(f"{path} never appeared")
+        time.sleep(0.05)
+
+
+def sigterm_run(outputs: Path, tmp_path: Path, **env):
+    """Start a run of this module (``fake_execute`` standing in for papermill) in a subprocess, wait until its
+    notebook has started, stop it with SIGTERM and return the finished process; ``env`` adds variables."""
+    import signal
+    import subprocess
+
+    started, never = tmp_path / "started", tmp_path / "never"
+    proc = subprocess.Popen([sys.executable, __file__, str(outputs), "{}"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, FAKE_STARTED=str(started), FAKE_RELEASE=str(never), **env))
+    try:
+        wait_for(started, proc)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc
+
+
 def fake_execute(input_path, output_path, parameters=None, **kwargs):
     out = Path(parameters["output_dir"])
     if os.environ.get("FAKE_STARTED"):

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -53,15 +50,7 @@ def _value(folder: Path) -> float:
     return float(ncio.open_results(folder / "results.nc")["rel_l2_err"][0, 0])
 
 
-def _wait_for(path: Path, proc=None, limit=120.0):
-    """Wait until ``path`` exists (not a timing assertion: a guard against hanging forever)."""
-    t0 = time.monotonic()
-    while not path.exists():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended early: {proc.communicate()}")
-        if time.monotonic() - t0 > limit:
-            raise AssertionError(f"{path} never appeared")
-        time.sleep(0.05)
+_wait_for = rh.wait_for
 
 
 # -- every kind of bad input is refused before any folder exists --
@@ -235,17 +224,7 @@ def test_concurrent_runs_of_one_name_fail_clearly(outputs, tmp_path):
 def test_sigterm_leaves_a_failure_record_and_the_earlier_results(outputs, tmp_path, monkeypatch, fake):
     monkeypatch.setenv("FAKE_VALUE", "0.001")
     runs.run(STUDY, "smoke", progress=False)
-    started, never = tmp_path / "started", tmp_path / "never"
-    env = dict(os.environ, FAKE_STARTED=str(started), FAKE_RELEASE=str(never), FAKE_VALUE="0.002")
-    proc = subprocess.Popen([sys.executable, str(HELPER), str(outputs), "{}"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        _wait_for(started, proc)
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = rh.sigterm_run(outputs, tmp_path, FAKE_VALUE="0.002")
     assert proc.returncode != 0
     failed = outputs / STUDY / "smoke.failed"
     record = json.loads((failed / "RUN.json").read_text())

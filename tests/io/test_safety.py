@@ -788,43 +788,19 @@ def test_a_refused_value_shows_in_ipython_as_its_one_message():
         "ParameterError: parameter 'head_dim': 100000 is out of range; allowed: 1 <= value <= 512"]
 
 
-# -- gaps the audit of the 19 findings filled (h-safety3) --
+# -- the adversarial review's findings not covered above --
 
-HELPER = Path(rh.__file__)
-
-
-def _wait_for(path: Path, proc, limit=120.0):
-    import time
-
-    t0 = time.monotonic()
-    while not path.exists():
-        assert proc.poll() is None, f"process ended early: {proc.communicate()}"
-        assert time.monotonic() - t0 < limit, f"{path} never appeared"
-        time.sleep(0.05)
+_wait_for = rh.wait_for
 
 
 def test_a_run_stopped_by_sigterm_never_deletes_what_a_planted_failed_link_points_at(outputs, fake, victim,
                                                                                      tmp_path):
     """Finding 1 as reported: the planted ``<run>.failed`` link, then the run stopped with SIGTERM."""
-    import signal
-    import subprocess
-    import sys
-
     runs.run(STUDY, "smoke", progress=False)
     failed = outputs / STUDY / "smoke.failed"
     failed.symlink_to(victim)
     before = _tree(victim)
-    started, never = tmp_path / "started", tmp_path / "never"
-    proc = subprocess.Popen([sys.executable, str(HELPER), str(outputs), "{}"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, FAKE_STARTED=str(started), FAKE_RELEASE=str(never)))
-    try:
-        _wait_for(started, proc)
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc = rh.sigterm_run(outputs, tmp_path)
     assert proc.returncode != 0
     assert _tree(victim) == before
     own = (outputs / STUDY / runs.store.VERSIONS / "smoke").resolve()
