@@ -493,3 +493,29 @@ def test_the_committed_gpu_runs_read_with_boolean_real_causal():
     assert real_kernels.math_backend_values(ds)["cases"] > 0  # selects real_causal=False
     with pytest.raises(ValueError, match="real_causal"):
         real_kernels.boolean_coordinates(xr.Dataset(coords={"real_causal": [0, 2]}))
+
+
+def test_real_kernel_values_when_one_kernel_always_ran_and_another_did_not(monkeypatch):
+    """The summary's text columns mix strings and missing values when one kernel gave output everywhere and
+    another was refused somewhere (an H200 run whose lengths all fit sdpa:math). pandas 2 keeps the missing ones
+    as None in an object column (pandas 3 as NaN): each reading must come out a string or None either way."""
+    real = real_kernels.real_kernel_sweep(["sdpa:math"], [64, 128], ["bf16"], [16], [False], [0], block_ks=(32,),
+                                          progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024,
+                                          reference_chunk=4096)
+    other = real.assign_coords(real_kernel=["sdpa:efficient"]).copy(deep=True)
+    other["real_status"] = other["real_status"].astype(object)  # "ok" alone gives a 2-character dtype
+    other["real_status"].loc[dict(real_seq_len=128)] = "refused: too long for this test"
+    for name in other.data_vars:
+        if name != "real_status" and "real_seq_len" in other[name].dims and other[name].dtype.kind == "f":
+            other[name].loc[dict(real_seq_len=128)] = np.nan
+    both = xr.concat([real, other], dim="real_kernel", data_vars="all")
+    table = real_kernels.real_kernel_table(both)
+    as_pandas2 = table.astype(object).where(table.notna(), None)  # None, not NaN, in the text columns
+    assert as_pandas2.loc["sdpa:math", "no output"] is None
+    for summary in (table, as_pandas2):
+        monkeypatch.setattr(real_kernels, "real_kernel_table", lambda run, summary=summary: summary)
+        values = real_kernels.real_kernel_values(both)
+        assert values["sdpa_math_no_output"] == "none"
+        assert values["sdpa_efficient_no_output"] == table.loc["sdpa:efficient", "no output"]
+        assert values["sdpa_efficient_no_output"].startswith("refused")
+        assert values["sdpa_flash_no_output"] is None  # not measured at all

@@ -373,8 +373,10 @@ def real_kernel_values(run: xr.Dataset | None, min_len: int = LONG_SEQUENCE_MIN)
         if table is None or not len(table) or index not in table.index or column not in table.columns:
             return None
         value = table.loc[index, column]
-        return None if isinstance(value, float) and not np.isfinite(value) else (
-            value if isinstance(value, str) else float(value))
+        # an object column holds None where one kernel has nothing to say and another has a string
+        if value is None or (isinstance(value, float) and not np.isfinite(value)):
+            return None
+        return value if isinstance(value, str) else float(value)
 
     for kernel in REAL_KERNELS_STATED:
         k = kernel_key(kernel)
