@@ -495,10 +495,10 @@ def test_the_committed_gpu_runs_read_with_boolean_real_causal():
         real_kernels.boolean_coordinates(xr.Dataset(coords={"real_causal": [0, 2]}))
 
 
-def test_real_kernel_values_when_one_kernel_always_ran_and_another_did_not(monkeypatch):
-    """The summary's text columns mix strings and missing values when one kernel gave output everywhere and
-    another was refused somewhere (an H200 run whose lengths all fit sdpa:math). pandas 2 keeps the missing ones
-    as None in an object column (pandas 3 as NaN): each reading must come out a string or None either way."""
+def test_real_kernel_values_when_every_kernel_gave_output(monkeypatch):
+    """A run where no kernel was refused anywhere (an H200 run whose lengths all fit sdpa:math) has a "no
+    output" column of None alone, which pandas keeps as None in an object column (mixed with strings it
+    becomes NaN): each reading must come out a string or None either way, and one refusal must be named."""
     real = real_kernels.real_kernel_sweep(["sdpa:math"], [64, 128], ["bf16"], [16], [False], [0], block_ks=(32,),
                                           progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024,
                                           reference_chunk=4096)
@@ -510,9 +510,11 @@ def test_real_kernel_values_when_one_kernel_always_ran_and_another_did_not(monke
             other[name].loc[dict(real_seq_len=128)] = np.nan
     both = xr.concat([real, other], dim="real_kernel", data_vars="all")
     table = real_kernels.real_kernel_table(both)
-    as_pandas2 = table.astype(object).where(table.notna(), None)  # None, not NaN, in the text columns
-    assert as_pandas2.loc["sdpa:math", "no output"] is None
-    for summary in (table, as_pandas2):
+    alone = real_kernels.real_kernel_table(real)  # sdpa:math only, never refused
+    assert alone.loc["sdpa:math", "no output"] is None
+    assert real_kernels.real_kernel_values(real)["sdpa_math_no_output"] == "none"
+    as_objects = table.astype(object).where(table.notna(), None)  # None, not NaN, in the text columns
+    for summary in (table, as_objects):
         monkeypatch.setattr(real_kernels, "real_kernel_table", lambda run, summary=summary: summary)
         values = real_kernels.real_kernel_values(both)
         assert values["sdpa_math_no_output"] == "none"
