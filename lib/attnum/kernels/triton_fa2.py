@@ -35,6 +35,22 @@ module raises otherwise (q, k, v must have the same sequence length in every cas
 (masked loads and stores); head dims 16, 32, 64, 128 (any size up to 256 works, padded to the
 next power of two).
 
+Masks only where they can matter (compile-time switches; the arithmetic is unchanged). Each loop
+over blocks (the forward's and the dQ kernel's over key blocks, the dK/dV kernel's over query
+blocks) runs the same blocks in the same order as one masked loop would, but split in two or three
+loops: blocks wholly below the diagonal (causal) or wholly inside [0, N) (not causal) compute no
+mask at all (no ``tl.where``, no bounds masks on their loads); only the diagonal blocks apply the
+causal mask, and only the last, partial block (N % BLOCK) the bounds mask. ``EVEN_N`` (N a multiple
+of both of a kernel's block sizes) also drops the row masks of the program's own loads and stores,
+and ``EVEN_D`` (d a power of two >= 16) the head-dim masks. A ``tl.where`` that keeps every element
+and a masked load whose mask is all true give the same values, and the online softmax sees the
+blocks in the same order, so the result is bit for bit that of the every-block-masked path, which
+is kept as the reference (``_split=False``; the interpreter tests compare the two with
+``torch.equal``, and ``triton_fa2_tune --split-check`` does on the GPU, where ptxas compiles the
+split loops as separate code and could in principle contract an expression differently -- the
+fp32-level latitude above). In a causal run about 1/(number of key blocks per row) of the tiles
+are diagonal, so nearly all of the masking work goes.
+
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
 1. ``_bwd_dq_kernel``: query-block outer, loop over key blocks; recomputes S, P, dP, dS and
@@ -63,19 +79,59 @@ GProj (``gproj``, a ``tl.constexpr``; seed 004):
   4 bytes per query row written and re-read per key block. The extra *pass* the emulator needs
   for r is free here because the separate dQ kernel already is that pass.
 
+GProj's cost, and what was considered to lower it (not measured here). The emulator fixes the
+arithmetic: ``dQ_i = sum_j dS~_ij K_j - r_i (P~ K)_i`` with ``r_i`` the fp32 sum of the rounded row
+and ``P~ K`` an fp32 product of the rounded P, the correction applied once after the key loop. (a)
+Folding the correction into the operand, ``sum_j (dS~_ij - r_i P~_ij) K_j``, saves the P~ K matmul
+but needs r_i before the loop (a second pass over S and dP: 2 matmuls a tile to save 1) and rounds
+differently; rejected. (b) One matmul of the stacked ``[dS~; P~]`` (2 BLOCK_M x BLOCK_N) with K_j
+has the same FLOPs as the two products and costs a register-layout shuffle to stack; rejected. (c)
+``r_i`` as a matmul (K_j with a column of ones appended) needs a spare head-dim column, which the
+power-of-two head dims 64 and 128 do not have; the row sum of dS~ is a 4-lane shuffle reduction a
+tile, small against the three matmuls. What remains is the schedule: the extra fp32 BLOCK_M x d
+accumulator raises register pressure (at 64 x 128 with 4 warps: 2 x 64 KiB of fp32 over 128
+threads), which is why GProj's warps and stages are tuned on their own (``TUNED_GPROJ_LAUNCH``,
+the tiles held equal to GProj off's so GProj on and off differ by the GProj arithmetic alone), and
+the P~ K product reuses the K tile and P already in registers for dS~ K (no extra load, no extra
+exponential; rounding P to the input format is its one extra elementwise step). Under ``dq_dk`` the dK/dV kernel's extra cost is the fifth matmul and
+the load of r (4 bytes a query row per key block).
+
 ``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
 upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32
 dot is silently rounded to TF32: what "FP32 attention backward" costs in the same kernel (the
-fp32 dots leave the tensor cores). Every ``tl.dot`` of this module passes
+fp32 dots leave the tensor cores). Every other ``tl.dot`` of this module passes
 ``input_precision="ieee"``; for fp16/bf16 operands it changes nothing.
 
+``fp32_dot="tf32x3"`` (opt-in, FP32 backward only; the default stays ``"ieee"``): Triton's 3xTF32
+(``tl.dot(..., input_precision="tf32x3")``, NVIDIA): each fp32 operand x is split as x = hi + lo,
+hi = tf32(x), lo = tf32(x - hi), and the product is hi_a hi_b + hi_a lo_b + lo_a hi_b on the tensor
+cores with fp32 accumulation (lo_a lo_b dropped). hi + lo keeps about 22 of fp32's 24 significand
+bits, so each product is within a few 2^-22 relative of the fp32 one: close to, but not bit for
+bit, the ``"ieee"`` kernel, and far below the input formats' unit roundoff (bf16 2^-8, fp16
+2^-11). Here one operand of every fp32 dot is an exact upcast of a bf16/fp16 tensor (K, dO, Q),
+whose significand fits TF32's 11 bits, so its lo is 0 and only the fp32 P or dS operand is split.
+The sums in the tensor cores run in their own order and rounding, as for every MMA here. In the
+CPU interpreter ``input_precision`` is ignored (every dot is a numpy fp32 matmul), so there the two
+agree exactly; on the GPU ``test_gpu_fp32_dot_tf32x3`` bounds the difference.
+
 Block sizes (``BlockConfig``): autotune-free constants for the H200 (Hopper, 228 KiB shared
-memory per SM, 64K registers): forward BLOCK_M = 128 query rows by BLOCK_N = 64 keys; the dQ
-kernel 128 query rows by 64 keys; the dK/dV kernel 128 keys by 64 query rows; 4 warps for
-d <= 64 and 8 for d = 128 (two fp32 128 x 128 accumulators need 8 warps to stay in registers);
+memory per SM, 64K registers), per (head dim, causal) in ``TUNED_CONFIGS`` (picked from
+``triton_fa2_tune``'s sweep, which times the forward, the dQ kernel and the dK/dV kernel each
+alone; every entry says where it came from), with per-kernel warps and stages and GProj's own
+warps/stages in ``TUNED_GPROJ_LAUNCH``. Head dims outside the table fall back to the untuned
+constants: forward BLOCK_M = 128 query rows by BLOCK_N = 64 keys; the dQ kernel 128 query rows by
+64 keys; the dK/dV kernel 128 keys by 64 query rows; 4 warps for d <= 64 and 8 above;
 ``num_stages`` 3 forward and 2 backward. The fp32 backward halves the backward tiles (fp32
-operands take twice the shared memory). Tests pass small blocks through ``config=``.
-Measured on one H200 (bf16, 2^18 tokens per shape, ``triton_fa2_bench``, 2026-11-30): at N = 32768,
+operands take twice the shared memory) unless ``TUNED_FP32_BWD`` has its own. Tests pass small
+blocks through ``config=``. Numerics of a tuned default: warps and stages never change the
+arithmetic, but the tiles set which partial sums are formed and rounded together (the fp32 order of
+the row max / row sum updates and of the MMA accumulation), so a kernel at other tiles is a
+different kernel at the fp32 level -- every bf16/fp16 rounding rule above is the same, and the
+emulator matches it at its own tiles (``block_q``/``block_k``) -- and its outputs can differ from
+the old default's in the last bit of the input format where an fp32 value sits on a rounding
+boundary. ``triton_fa2_tune --same-numerics`` measures exactly that.
+Measured on one H200 with the untuned constants, before the mask split (bf16, 2^18 tokens per
+shape, ``triton_fa2_bench``, 2026-11-30): at N = 32768,
 d = 128, non-causal, forward 307 / backward 266 TFLOP/s (SDPA's FlashAttention-2 backend 354 / 304,
 cuDNN 667 / 549); GProj dq backward 235 (-12%), dq_dk 197 (-26%), FP32 backward 21 (-92%). d = 64
 is weaker (forward 212, backward 113): these blocks were not tuned for it.
