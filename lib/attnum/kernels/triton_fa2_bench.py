@@ -1,7 +1,7 @@
 """Speed of our Triton FlashAttention-2 kernel against PyTorch's attention kernels (GPU only).
 
     python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192] [--dims=64,128]
-                                              [--budget-s=270]
+                                              [--budget-s=240]
 
 or ``main(out_path, quick=False)``. For every shape -- N in {4096, 8192, 16384, 32768} (quick:
 {4096, 16384}), head dim 64 and 128, causal and not, bf16, batch * heads = 2^18 / N so every shape
@@ -35,7 +35,7 @@ H200, most of it compilation (FlexAttention one torch.compile per shape, ~7-14 s
 few seconds a kernel variant), and 130 s for the full run with warm caches. This version drops
 ``sdpa:efficient`` and N = 1024, adds N = 8192 and the tf32x3 variant, and its correctness check
 reuses the timed variants (N = 512), so a fresh full run is expected at ~4-5 minutes: the default
-``--budget-s=270`` stops it before a new shape starts past 270 s. Split it with ``--ns`` (e.g.
+``--budget-s=240`` stops it before a new shape starts past 240 s. Split it with ``--ns`` (e.g.
 ``--ns=4096,8192`` and ``--ns=16384,32768``) when a call must stay well under 5 minutes.
 """
 from __future__ import annotations
@@ -228,7 +228,7 @@ def summarize(cases) -> list[dict]:
     return out
 
 
-def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float = 270.0) -> dict:
+def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float = 240.0) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("triton_fa2_bench needs a CUDA GPU")
     from . import triton_fa2 as tfa
@@ -289,8 +289,8 @@ if __name__ == "__main__":
     flags = {a for a in sys.argv[1:] if a.startswith("--") and "=" not in a}
     if len(args) != 1 or set(opts) - {"--ns", "--dims", "--budget-s"} or flags - {"--quick"}:
         raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192]"
-                         " [--dims=64,128] [--budget-s=270]")
+                         " [--dims=64,128] [--budget-s=240]")
     main(args[0], quick="--quick" in flags,
          ns=tuple(int(x) for x in opts["--ns"].split(",")) if "--ns" in opts else None,
          dims=tuple(int(x) for x in opts.get("--dims", "64,128").split(",")),
-         budget_s=float(opts.get("--budget-s", 270)))
+         budget_s=float(opts.get("--budget-s", 240)))
