@@ -8,6 +8,7 @@ kernels in bf16 and fp16 and the interpreter tests skip.
 Tolerances are multiples of the unit roundoff u of the input format (fp16 2^-11, bf16 2^-8,
 fp32 2^-24), applied to max-abs errors normalised by the largest reference value.
 """
+import dataclasses
 import importlib
 import math
 import os
@@ -198,7 +199,179 @@ def test_import_without_triton_and_reasons():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr[-2000:]
     with pytest.raises(ValueError):
         tfa.BlockConfig(fwd_m=8)
-    assert tfa.default_config(128).num_warps == 8 and tfa.default_config(64).num_warps == 4
+    # untuned head dims fall back to 128 x 64 tiles, 4 warps for d <= 64 and 8 above
+    assert tfa.default_config(256).num_warps == 8 and tfa.default_config(32).num_warps == 4
+    assert (tfa.default_config(32).fwd_m, tfa.default_config(32).fwd_n) == (128, 64)
+
+
+def test_default_config_table(monkeypatch):
+    """The tuned table per (head_dim, causal), GProj's own warps/stages (never tiles), the FP32
+    backward's halved tiles, and per-kernel launch fields."""
+    for (d, causal), entry in tfa.TUNED_CONFIGS.items():
+        cfg = tfa.default_config(d, causal=causal)
+        assert {key: getattr(cfg, key) for key in entry if key != "source"} == {
+            key: value for key, value in entry.items() if key != "source"}
+        assert "source" in entry
+    for key, launch in tfa.TUNED_GPROJ_LAUNCH.items():
+        assert set(launch) <= set(tfa.LAUNCH_FIELDS), key  # GProj never gets tiles of its own
+    d = 128
+    base = tfa.default_config(d, causal=True)
+    monkeypatch.setitem(tfa.TUNED_GPROJ_LAUNCH, (d, True, "dq"), dict(dq_warps=8, dq_stages=3))
+    g = tfa.default_config(d, causal=True, gproj="dq")
+    assert g.tiles() == base.tiles() and g.launch("dq") == (8, 3) and g.launch("kv") == base.launch("kv")
+    assert tfa.default_config(d, causal=True, gproj="dq_dk") == base
+    f = tfa.default_config(d, fp32_backward=True, causal=True)
+    assert (f.dq_m, f.dq_n, f.kv_n, f.kv_m) == (min(base.dq_m, 64), max(16, min(base.dq_n, 64) // 2),
+                                                min(base.kv_n, 64), max(16, min(base.kv_m, 64) // 2))
+    assert f.launch("dq")[1] == 1 and f.launch("kv")[1] == 1
+    monkeypatch.setitem(tfa.TUNED_FP32_BWD, (d, True), dict(dq_m=32, dq_n=16, kv_n=32, kv_m=16, dq_warps=2,
+                                                            dq_stages=2, kv_warps=4, kv_stages=1, source="test"))
+    f = tfa.default_config(d, fp32_backward=True, causal=True)
+    assert (f.dq_m, f.dq_n, f.kv_n, f.kv_m, f.launch("dq"), f.launch("kv")) == (32, 16, 32, 16, (2, 2), (4, 1))
+    # per-kernel fields fall back to the shared ones; existing field names keep working
+    c = tfa.BlockConfig(num_warps=8, fwd_stages=4, bwd_stages=1, kv_warps=2, dq_stages=3)
+    assert c.launch("fwd") == (8, 4) and c.launch("dq") == (8, 3) and c.launch("kv") == (2, 1)
+    with pytest.raises(ValueError):
+        tfa.BlockConfig(dq_warps=3)
+    with pytest.raises(ValueError):
+        tfa.BlockConfig(kv_stages=0)
+
+
+def test_tune_picker_on_a_synthetic_sweep():
+    """``pick_configs`` takes the fastest ok and correct case per kernel, GProj's warps/stages only at
+    the chosen tiles, and ``format_tables`` prints tables that ``default_config`` can use."""
+    from attnum.kernels import triton_fa2_tune as tune
+
+    base = dict(vars(tfa.BlockConfig()))
+
+    def case(part, change, ms, status="ok", correct=True, d=64, causal=False, fp32_dot="ieee"):
+        return {"d": d, "causal": causal, "part": part, "fp32_dot": fp32_dot, "status": status, "correct": correct,
+                "ms": ms, "config": {**base, **change}}
+
+    cases = [case("fwd", dict(fwd_m=128, fwd_n=64, fwd_warps=8, fwd_stages=2), 2.0),
+             case("fwd", dict(fwd_m=64, fwd_n=64, fwd_warps=4, fwd_stages=3), 1.5),
+             case("fwd", dict(fwd_m=128, fwd_n=128, fwd_warps=8, fwd_stages=3), 1.0, correct=False),  # wrong
+             case("fwd", dict(fwd_m=128, fwd_n=128, fwd_warps=4, fwd_stages=4), 0.5, status="error"),
+             case("dq", dict(dq_m=64, dq_n=64, dq_warps=4, dq_stages=2), 3.0),
+             case("dq", dict(dq_m=128, dq_n=64, dq_warps=8, dq_stages=2), 2.5),
+             case("kv", dict(kv_n=64, kv_m=64, kv_warps=4, kv_stages=2), 4.0),
+             case("kv", dict(kv_n=128, kv_m=64, kv_warps=8, kv_stages=3), 4.5),
+             # GProj: fastest at another tile is ignored; at the chosen tile 4 warps / 3 stages wins
+             case("dq_gproj", dict(dq_m=64, dq_n=64, dq_warps=4, dq_stages=2), 1.0),
+             case("dq_gproj", dict(dq_m=128, dq_n=64, dq_warps=8, dq_stages=2), 2.9),
+             case("dq_gproj", dict(dq_m=128, dq_n=64, dq_warps=4, dq_stages=3), 2.7),
+             case("kv_gproj", dict(kv_n=64, kv_m=64, kv_warps=4, kv_stages=2), 4.4),  # same launch as off
+             case("dq_fp32", dict(dq_m=64, dq_n=32, dq_warps=4, dq_stages=1), 9.0),
+             case("dq_fp32", dict(dq_m=64, dq_n=32, dq_warps=8, dq_stages=1), 5.0, fp32_dot="tf32x3"),
+             case("kv_fp32", dict(kv_n=64, kv_m=32, kv_warps=4, kv_stages=2), 12.0),
+             # a shape with no correct dq measurement is not tuned
+             case("fwd", dict(fwd_m=64, fwd_n=64), 1.0, d=128),
+             case("dq", dict(dq_m=64, dq_n=64), 1.0, d=128, correct=False),
+             case("kv", dict(kv_n=64, kv_m=64), 1.0, d=128)]
+    sweep = {"environment": {"time_utc": "2026-12-02T00:00:00Z"}, "n": 8192, "cases": cases}
+    picked = tune.pick_configs(sweep)
+    assert list(picked["configs"]) == [(64, False)]
+    cfg = picked["configs"][64, False]
+    assert (cfg["fwd_m"], cfg["fwd_n"], cfg["fwd_warps"], cfg["fwd_stages"]) == (64, 64, 4, 3)
+    assert (cfg["dq_m"], cfg["dq_n"], cfg["dq_warps"], cfg["dq_stages"]) == (128, 64, 8, 2)
+    assert (cfg["kv_n"], cfg["kv_m"], cfg["kv_warps"], cfg["kv_stages"]) == (64, 64, 4, 2)
+    assert picked["gproj_launch"] == {(64, False, "dq"): dict(dq_warps=4, dq_stages=3),
+                                      (64, False, "dq_dk"): dict(dq_warps=4, dq_stages=3)}
+    assert picked["fp32_bwd"][64, False]["dq_warps"] == 4  # ieee's best, not tf32x3's
+    assert any("d=128" in note and "not tuned" in note for note in picked["notes"])
+    assert any("tf32x3" in note for note in picked["notes"])
+    # the printed tables are Python that default_config reads as they are
+    namespace = {}
+    exec(tune.format_tables(picked), namespace)
+    assert namespace["TUNED_CONFIGS"] == picked["configs"]
+    saved = (dict(tfa.TUNED_CONFIGS), dict(tfa.TUNED_GPROJ_LAUNCH), dict(tfa.TUNED_FP32_BWD))
+    try:
+        for table, name in zip(saved, ("TUNED_CONFIGS", "TUNED_GPROJ_LAUNCH", "TUNED_FP32_BWD")):
+            getattr(tfa, name).clear()
+            getattr(tfa, name).update(namespace[name])
+        c = tfa.default_config(64, causal=False, gproj="dq")
+        assert c.tiles() == tfa.default_config(64).tiles() and c.launch("dq") == (4, 3)
+        assert tfa.default_config(64, fp32_backward=True).launch("kv") == (4, 2)
+    finally:
+        for table, name in zip(saved, ("TUNED_CONFIGS", "TUNED_GPROJ_LAUNCH", "TUNED_FP32_BWD")):
+            getattr(tfa, name).clear()
+            getattr(tfa, name).update(table)
+
+
+def test_bench_summary_ratios():
+    from attnum.kernels.triton_fa2_bench import summarize
+
+    def case(impl, fwd, bwd, status="ok"):
+        return {"impl": impl, "n": 4096, "d": 64, "causal": True, "status": status, "fwd_ms": fwd, "bwd_ms": bwd,
+                "fwd_bwd_ms": fwd + bwd}
+
+    (s,) = summarize([case("triton_fa2", 1.0, 3.0), case("flex_attention_compiled", 1.0, 4.0),
+                      case("sdpa_flash_attention", 1.0, 3.0), case("triton_fa2_gproj_dq", 1.0, 3.16),
+                      case("triton_fa2_gproj_dq_dk", 1.0, 4.0), case("triton_fa2_fp32_backward", 1.0, 15.0),
+                      case("triton_fa2_fp32_backward_tf32x3", 1.0, 7.0), case("sdpa_cudnn_attention", 0, 0, "refused")])
+    assert s["fwd_bwd_vs_flex"] == pytest.approx(0.8) and s["fwd_bwd_vs_sdpa_flash"] == pytest.approx(1.0)
+    assert s["gproj_dq_cost_fwd_bwd"] == pytest.approx(0.04) and s["gproj_dq_dk_cost_bwd"] == pytest.approx(1 / 3)
+    assert s["fp32_backward_ratio_fwd_bwd"] == pytest.approx(4.0) and s["fwd_bwd_vs_sdpa_cudnn"] is None
+    assert s["meets"] == {"fwd_bwd_vs_flex": True, "gproj_dq_cost": True, "gproj_dq_dk_cost": False,
+                          "fp32_backward_ratio": False, "fp32_backward_tf32x3_ratio": True}
+
+
+# tiles (fwd_m, fwd_n, dq_m, dq_n, kv_n, kv_m) with unequal sizes, so the diagonal split meets
+# BLOCK_M > BLOCK_N and BLOCK_M < BLOCK_N in both kernels
+SPLIT_TILES = [(16, 16, 16, 16, 16, 16), (32, 16, 16, 32, 32, 16), (16, 32, 32, 16, 16, 32)]
+
+
+@interp
+@pytest.mark.parametrize("tiles", SPLIT_TILES, ids=["t16", "mixed_a", "mixed_b"])
+@pytest.mark.parametrize("n,d", [(64, 16), (45, 16), (32, 24)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_interpreter_split_and_even_n_bitwise(tiles, n, d, causal):
+    """The causal split (unmasked blocks below the diagonal, masked diagonal blocks), the bounds tail
+    and EVEN_N / EVEN_D (masks dropped) give bit for bit the reference path's output, lse and
+    gradients (every block masked, as before the split): N a multiple of every tile (64) and not (45);
+    d a power of two (16) and not (24, padded to 32)."""
+    cfg = tfa.BlockConfig(**dict(zip(tfa.TILE_FIELDS, tiles)))
+    q, k, v, do = inputs((1, 2, n, d), torch.float16, seed=n + d + len(tiles))
+    out, lse = tfa.forward(q, k, v, causal=causal, config=cfg)
+    ref_out, ref_lse = tfa.forward(q, k, v, causal=causal, config=cfg, _split=False)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    for gproj, fp32_backward in VARIANTS + [("dq_dk", True)]:
+        got = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward, config=cfg)
+        ref = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward, config=cfg,
+                           _split=False)
+        for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+            assert torch.equal(g, r), (name, gproj, fp32_backward)
+
+
+@interp
+def test_interpreter_launch_fields_fp32_dot_and_single_kernels():
+    """Per-kernel warps/stages never change the arithmetic; ``fp32_dot="tf32x3"`` runs (the CPU
+    interpreter computes every dot in fp32 whatever the precision, so there it equals ``"ieee"``);
+    ``_only`` launches one backward kernel and gives that kernel's gradients unchanged."""
+    q, k, v, do = inputs((1, 2, 40, 16), torch.float16, seed=21)
+    other = dataclasses.replace(SMALL, fwd_warps=2, dq_warps=8, kv_warps=1, dq_stages=3, kv_stages=1)
+    assert other.launch("dq") == (8, 3) and other.launch("kv") == (1, 1) and other.launch("fwd") == (2, 3)
+    out, lse = tfa.forward(q, k, v, causal=True, config=SMALL)
+    assert torch.equal(tfa.forward(q, k, v, causal=True, config=other)[0], out)
+    for gproj in tfa.GPROJ_MODES:
+        ref = tfa.backward(q, k, v, out, lse, do, causal=True, gproj=gproj, config=SMALL)
+        got = tfa.backward(q, k, v, out, lse, do, causal=True, gproj=gproj, config=other)
+        assert all(torch.equal(a, b) for a, b in zip(ref, got)), gproj
+        assert torch.equal(tfa.backward(q, k, v, out, lse, do, causal=True, gproj=gproj, config=SMALL,
+                                        _only="dq")[0], ref[0])
+        if gproj != "dq_dk":  # under dq_dk the dK/dV kernel alone reads r = 0 (timing only)
+            assert all(torch.equal(a, b) for a, b in zip(
+                tfa.backward(q, k, v, out, lse, do, causal=True, gproj=gproj, config=SMALL, _only="kv")[1:],
+                ref[1:]))
+    ieee = tfa.backward(q, k, v, out, lse, do, gproj="dq", fp32_backward=True, config=SMALL)
+    x3 = tfa.backward(q, k, v, out, lse, do, gproj="dq", fp32_backward=True, config=SMALL, fp32_dot="tf32x3")
+    assert all(torch.equal(a, b) for a, b in zip(ieee, x3))
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    tfa.triton_attention(*leaves, fp32_backward=True, fp32_dot="tf32x3", config=SMALL).backward(do.float())
+    with pytest.raises(ValueError, match="fp32_dot"):
+        tfa.backward(q, k, v, out, lse, do, fp32_backward=True, config=SMALL, fp32_dot="tf32")
+    with pytest.raises(ValueError, match="fp32_dot"):
+        tfa.triton_attention(q, k, v, fp32_dot="bf16x3")
 
 
 # -- GPU tests -----------------------------------------------------------------------------------
@@ -241,3 +414,45 @@ def test_gpu_gproj_sharp_regime(dtype):
     assert errs[big, "off", False] > 20 * errs[big, "dq", False], errs
     # the FP32 backward alone still reads D from the rounded O (see the interpreter test)
     assert errs[big, "off", True] > 5 * errs[big, "dq", False], errs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_split_matches_reference_path(d, causal):
+    """Compiled, the split loops and the dropped masks give the every-block-masked path's bits
+    (N a multiple of the default tiles, and not)."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    for n in (1000, 1024):
+        q, k, v, do = inputs((2, 3, n, d), torch.bfloat16, device="cuda", seed=n + d)
+        out, lse = tfa.forward(q, k, v, causal=causal)
+        ref_out, ref_lse = tfa.forward(q, k, v, causal=causal, _split=False)
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse), n
+        for gproj, fp32_backward in VARIANTS:
+            got = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward)
+            ref = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               _split=False)
+            for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+                assert torch.equal(g, r), (n, name, gproj, fp32_backward)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_gpu_fp32_dot_tf32x3(dtype):
+    """The FP32 backward with 3xTF32 dots agrees with the ieee one up to a rare last-bit flip of the
+    stored gradient (its products are within a few 2^-22 relative of fp32's), and with fp64."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    q, k, v, do = inputs((2, 3, 1000, 128), dtype, device="cuda", seed=5)
+    out, lse = tfa.forward(q, k, v, causal=True)
+    r_dq, r_dk, r_dv = reference(q, k, v, do, True, 128 ** -0.5)[2:]
+    for gproj in tfa.GPROJ_MODES:
+        ieee = tfa.backward(q, k, v, out, lse, do, causal=True, gproj=gproj, fp32_backward=True)
+        x3 = tfa.backward(q, k, v, out, lse, do, causal=True, gproj=gproj, fp32_backward=True, fp32_dot="tf32x3")
+        for name, a, b, r in zip(("dq", "dk", "dv"), ieee, x3, (r_dq, r_dk, r_dv)):
+            assert rel_max(b, a.double()) <= 2 * U[dtype], (name, gproj)
+            assert (a != b).float().mean().item() <= 0.02, (name, gproj)
+            assert rel_max(b, r, r_dv.abs().max().item()) <= 8 * U[dtype], (name, gproj)

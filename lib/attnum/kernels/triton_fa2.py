@@ -35,6 +35,22 @@ module raises otherwise (q, k, v must have the same sequence length in every cas
 (masked loads and stores); head dims 16, 32, 64, 128 (any size up to 256 works, padded to the
 next power of two).
 
+Masks only where they can matter (compile-time switches; the arithmetic is unchanged). Each loop
+over blocks (the forward's and the dQ kernel's over key blocks, the dK/dV kernel's over query
+blocks) runs the same blocks in the same order as one masked loop would, but split in two or three
+loops: blocks wholly below the diagonal (causal) or wholly inside [0, N) (not causal) compute no
+mask at all (no ``tl.where``, no bounds masks on their loads); only the diagonal blocks apply the
+causal mask, and only the last, partial block (N % BLOCK) the bounds mask. ``EVEN_N`` (N a multiple
+of both of a kernel's block sizes) also drops the row masks of the program's own loads and stores,
+and ``EVEN_D`` (d a power of two >= 16) the head-dim masks. A ``tl.where`` that keeps every element
+and a masked load whose mask is all true give the same values, and the online softmax sees the
+blocks in the same order, so the result is bit for bit that of the every-block-masked path, which
+is kept as the reference (``_split=False``; the interpreter tests compare the two with
+``torch.equal``, and ``triton_fa2_tune --split-check`` does on the GPU, where ptxas compiles the
+split loops as separate code and could in principle contract an expression differently -- the
+fp32-level latitude above). In a causal run about 1/(number of key blocks per row) of the tiles
+are diagonal, so nearly all of the masking work goes.
+
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
 1. ``_bwd_dq_kernel``: query-block outer, loop over key blocks; recomputes S, P, dP, dS and
@@ -63,19 +79,59 @@ GProj (``gproj``, a ``tl.constexpr``; seed 004):
   4 bytes per query row written and re-read per key block. The extra *pass* the emulator needs
   for r is free here because the separate dQ kernel already is that pass.
 
+GProj's cost, and what was considered to lower it (not measured here). The emulator fixes the
+arithmetic: ``dQ_i = sum_j dS~_ij K_j - r_i (P~ K)_i`` with ``r_i`` the fp32 sum of the rounded row
+and ``P~ K`` an fp32 product of the rounded P, the correction applied once after the key loop. (a)
+Folding the correction into the operand, ``sum_j (dS~_ij - r_i P~_ij) K_j``, saves the P~ K matmul
+but needs r_i before the loop (a second pass over S and dP: 2 matmuls a tile to save 1) and rounds
+differently; rejected. (b) One matmul of the stacked ``[dS~; P~]`` (2 BLOCK_M x BLOCK_N) with K_j
+has the same FLOPs as the two products and costs a register-layout shuffle to stack; rejected. (c)
+``r_i`` as a matmul (K_j with a column of ones appended) needs a spare head-dim column, which the
+power-of-two head dims 64 and 128 do not have; the row sum of dS~ is a 4-lane shuffle reduction a
+tile, small against the three matmuls. What remains is the schedule: the extra fp32 BLOCK_M x d
+accumulator raises register pressure (at 64 x 128 with 4 warps: 2 x 64 KiB of fp32 over 128
+threads), which is why GProj's warps and stages are tuned on their own (``TUNED_GPROJ_LAUNCH``,
+the tiles held equal to GProj off's so GProj on and off differ by the GProj arithmetic alone), and
+the P~ K product reuses the K tile and P already in registers for dS~ K (no extra load, no extra
+exponential; rounding P to the input format is its one extra elementwise step). Under ``dq_dk`` the dK/dV kernel's extra cost is the fifth matmul and
+the load of r (4 bytes a query row per key block).
+
 ``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
 upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32
 dot is silently rounded to TF32: what "FP32 attention backward" costs in the same kernel (the
-fp32 dots leave the tensor cores). Every ``tl.dot`` of this module passes
+fp32 dots leave the tensor cores). Every other ``tl.dot`` of this module passes
 ``input_precision="ieee"``; for fp16/bf16 operands it changes nothing.
 
+``fp32_dot="tf32x3"`` (opt-in, FP32 backward only; the default stays ``"ieee"``): Triton's 3xTF32
+(``tl.dot(..., input_precision="tf32x3")``, NVIDIA): each fp32 operand x is split as x = hi + lo,
+hi = tf32(x), lo = tf32(x - hi), and the product is hi_a hi_b + hi_a lo_b + lo_a hi_b on the tensor
+cores with fp32 accumulation (lo_a lo_b dropped). hi + lo keeps about 22 of fp32's 24 significand
+bits, so each product is within a few 2^-22 relative of the fp32 one: close to, but not bit for
+bit, the ``"ieee"`` kernel, and far below the input formats' unit roundoff (bf16 2^-8, fp16
+2^-11). Here one operand of every fp32 dot is an exact upcast of a bf16/fp16 tensor (K, dO, Q),
+whose significand fits TF32's 11 bits, so its lo is 0 and only the fp32 P or dS operand is split.
+The sums in the tensor cores run in their own order and rounding, as for every MMA here. In the
+CPU interpreter ``input_precision`` is ignored (every dot is a numpy fp32 matmul), so there the two
+agree exactly; on the GPU ``test_gpu_fp32_dot_tf32x3`` bounds the difference.
+
 Block sizes (``BlockConfig``): autotune-free constants for the H200 (Hopper, 228 KiB shared
-memory per SM, 64K registers): forward BLOCK_M = 128 query rows by BLOCK_N = 64 keys; the dQ
-kernel 128 query rows by 64 keys; the dK/dV kernel 128 keys by 64 query rows; 4 warps for
-d <= 64 and 8 for d = 128 (two fp32 128 x 128 accumulators need 8 warps to stay in registers);
+memory per SM, 64K registers), per (head dim, causal) in ``TUNED_CONFIGS`` (picked from
+``triton_fa2_tune``'s sweep, which times the forward, the dQ kernel and the dK/dV kernel each
+alone; every entry says where it came from), with per-kernel warps and stages and GProj's own
+warps/stages in ``TUNED_GPROJ_LAUNCH``. Head dims outside the table fall back to the untuned
+constants: forward BLOCK_M = 128 query rows by BLOCK_N = 64 keys; the dQ kernel 128 query rows by
+64 keys; the dK/dV kernel 128 keys by 64 query rows; 4 warps for d <= 64 and 8 above;
 ``num_stages`` 3 forward and 2 backward. The fp32 backward halves the backward tiles (fp32
-operands take twice the shared memory). Tests pass small blocks through ``config=``.
-Measured on one H200 (bf16, 2^18 tokens per shape, ``triton_fa2_bench``, 2026-11-30): at N = 32768,
+operands take twice the shared memory) unless ``TUNED_FP32_BWD`` has its own. Tests pass small
+blocks through ``config=``. Numerics of a tuned default: warps and stages never change the
+arithmetic, but the tiles set which partial sums are formed and rounded together (the fp32 order of
+the row max / row sum updates and of the MMA accumulation), so a kernel at other tiles is a
+different kernel at the fp32 level -- every bf16/fp16 rounding rule above is the same, and the
+emulator matches it at its own tiles (``block_q``/``block_k``) -- and its outputs can differ from
+the old default's in the last bit of the input format where an fp32 value sits on a rounding
+boundary. ``triton_fa2_tune --same-numerics`` measures exactly that.
+Measured on one H200 with the untuned constants, before the mask split (bf16, 2^18 tokens per
+shape, ``triton_fa2_bench``, 2026-11-30): at N = 32768,
 d = 128, non-causal, forward 307 / backward 266 TFLOP/s (SDPA's FlashAttention-2 backend 354 / 304,
 cuDNN 667 / 549); GProj dq backward 235 (-12%), dq_dk 197 (-26%), FP32 backward 21 (-92%). d = 64
 is weaker (forward 212, backward 113): these blocks were not tuned for it.
@@ -106,7 +162,12 @@ _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 @dataclasses.dataclass(frozen=True)
 class BlockConfig:
     """Tile sizes and launch parameters. ``fwd_m``/``fwd_n``: forward query rows / keys per tile;
-    ``dq_m``/``dq_n``: the dQ kernel's; ``kv_n``/``kv_m``: the dK/dV kernel's (keys outer)."""
+    ``dq_m``/``dq_n``: the dQ kernel's; ``kv_n``/``kv_m``: the dK/dV kernel's (keys outer).
+
+    ``num_warps`` and ``bwd_stages`` are the shared defaults; ``fwd_warps``, ``dq_warps``,
+    ``kv_warps`` and ``dq_stages``, ``kv_stages`` (None: the shared value) set one kernel's own.
+    Warps and stages change only the schedule, never the arithmetic; tiles change the fp32
+    summation order (see the module docstring, "Block sizes")."""
     fwd_m: int = 128
     fwd_n: int = 64
     dq_m: int = 128
@@ -116,20 +177,95 @@ class BlockConfig:
     num_warps: int = 4
     fwd_stages: int = 3
     bwd_stages: int = 2
+    fwd_warps: int | None = None
+    dq_warps: int | None = None
+    kv_warps: int | None = None
+    dq_stages: int | None = None
+    kv_stages: int | None = None
 
     def __post_init__(self):
         for name in ("fwd_m", "fwd_n", "dq_m", "dq_n", "kv_n", "kv_m"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two >= 16 (tl.dot's minimum), got {value}")
+        for name in ("num_warps", "fwd_warps", "dq_warps", "kv_warps"):
+            value = getattr(self, name)
+            if value is not None and (value < 1 or value & (value - 1)):
+                raise ValueError(f"{name} must be a power of two, got {value}")
+        for name in ("fwd_stages", "bwd_stages", "dq_stages", "kv_stages"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+
+    def launch(self, kernel: str) -> tuple[int, int]:
+        """``(num_warps, num_stages)`` of ``kernel`` in {"fwd", "dq", "kv"}."""
+        if kernel == "fwd":
+            return self.fwd_warps or self.num_warps, self.fwd_stages
+        if kernel == "dq":
+            return self.dq_warps or self.num_warps, self.dq_stages or self.bwd_stages
+        if kernel == "kv":
+            return self.kv_warps or self.num_warps, self.kv_stages or self.bwd_stages
+        raise ValueError(f"kernel must be 'fwd', 'dq' or 'kv', got {kernel!r}")
+
+    def tiles(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in TILE_FIELDS}
 
 
-def default_config(head_dim: int, fp32_backward: bool = False) -> BlockConfig:
-    """The H200 choice (see the module docstring): no autotuning, so runs are reproducible."""
-    warps = 4 if head_dim <= 64 else 8
+TILE_FIELDS = ("fwd_m", "fwd_n", "dq_m", "dq_n", "kv_n", "kv_m")
+LAUNCH_FIELDS = ("num_warps", "fwd_stages", "bwd_stages", "fwd_warps", "dq_warps", "kv_warps", "dq_stages",
+                 "kv_stages")
+
+# Tuned H200 defaults per (head_dim, causal): bf16, N = 8192, 2^18 tokens a shape (triton_fa2_tune).
+# Entries are BlockConfig fields; "source" says where each came from. Rebuild it with
+# ``python -m attnum.kernels.triton_fa2_tune pick TUNE.json [...]``, which prints this table.
+TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
+    # d = 128: outputs/kernels/h200/triton_fa2_tune.json (2026-12-02): forward 64 x 64 / 4 warps /
+    # 3 stages (3.00 ms against 3.80 non-causal, 1.76 against 2.24 causal), backward 64-tiles / 4
+    # warps / 2 stages (7.79 against 9.78 ms, 4.47 against 5.74 causal; both kernels the same there)
+    (128, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
+                       bwd_stages=2, source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied)"),
+    (128, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
+                      bwd_stages=2, source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied)"),
+    # d = 64: forward 128 x 64 with 8 warps / 2 stages measured (2.06 against 2.70 ms non-causal);
+    # the backward was not measured: 64-tiles / 4 warps / 2 stages, d = 128's choice, is a guess
+    (64, False): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
+                      fwd_stages=2, bwd_stages=2, source="forward: h200 tune 2026-12-02; backward: unmeasured guess"),
+    (64, True): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
+                     fwd_stages=2, bwd_stages=2, source="unmeasured guess (d = 64 non-causal's forward)"),
+}
+# Warps and stages of the backward kernels per GProj mode, over TUNED_CONFIGS' (same tiles: GProj
+# never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone).
+# Keys (head_dim, causal, gproj); values only LAUNCH_FIELDS.
+TUNED_GPROJ_LAUNCH: dict[tuple[int, bool, str], dict] = {}
+# The FP32 backward's own backward tiles/warps/stages per (head_dim, causal) (BlockConfig fields of
+# the dQ and dK/dV kernels); where absent, TUNED_CONFIGS' backward tiles halved (see default_config).
+TUNED_FP32_BWD: dict[tuple[int, bool], dict] = {}
+
+
+def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = False,
+                   gproj: str = "off") -> BlockConfig:
+    """The H200 choice (see the module docstring): no autotuning, so runs are reproducible.
+    ``TUNED_CONFIGS[(head_dim, causal)]`` where the table has the head dim, with GProj's own
+    warps/stages from ``TUNED_GPROJ_LAUNCH``; otherwise the untuned fallback (128 x 64 tiles, 4
+    warps for d <= 64 and 8 above). The FP32 backward halves the backward tiles of either."""
+    entry = TUNED_CONFIGS.get((int(head_dim), bool(causal)))
+    if entry is None:
+        warps = 4 if head_dim <= 64 else 8
+        cfg = BlockConfig(num_warps=warps)
+    else:
+        fields = {key: value for key, value in entry.items() if key != "source"}
+        fields.update(TUNED_GPROJ_LAUNCH.get((int(head_dim), bool(causal), gproj), {}))
+        cfg = BlockConfig(**fields)
+    fp32_entry = TUNED_FP32_BWD.get((int(head_dim), bool(causal))) if fp32_backward else None
+    if fp32_entry is not None:
+        return dataclasses.replace(cfg, **{key: value for key, value in fp32_entry.items() if key != "source"})
     if fp32_backward:
-        return BlockConfig(dq_m=64, dq_n=32, kv_n=64, kv_m=32, num_warps=warps, bwd_stages=1)
-    return BlockConfig(num_warps=warps)
+        # fp32 operands take twice the shared memory: halve the backward tiles (never below 16),
+        # one pipeline stage, the shared warps for both backward kernels
+        return dataclasses.replace(cfg, dq_m=max(16, min(cfg.dq_m, 64)), dq_n=max(16, min(cfg.dq_n, 64) // 2),
+                                   kv_n=max(16, min(cfg.kv_n, 64)), kv_m=max(16, min(cfg.kv_m, 64) // 2),
+                                   bwd_stages=1, dq_warps=None, kv_warps=None, dq_stages=None, kv_stages=None)
+    return cfg
 
 
 def _interpreting() -> bool:
@@ -170,42 +306,64 @@ def unavailable_reason(device=None) -> str | None:
 # ---------------------------------------------------------------------------------------------
 if triton is not None:
 
+    # -- masked and unmasked loads/stores: the masks are compile-time choices (constexpr), and a
+    #    load that drops them reads the same values, so the arithmetic does not change --
     @triton.jit
-    def _fwd_kernel(Q, K, V, O, LSE, N, D_HEAD, scale,
-                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_D: tl.constexpr):
-        start_m = tl.program_id(0) * BLOCK_M
-        bh = tl.program_id(1)
-        base = bh.to(tl.int64) * N * D_HEAD
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        row_ok = offs_m < N
-        d_ok = offs_d < D_HEAD
-        q = tl.load(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :],
-                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    def _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr):
+        if MASK_ROWS:
+            if MASK_D:
+                x = tl.load(ptrs, mask=rows_ok[:, None] & d_ok[None, :], other=0.0)
+            else:
+                x = tl.load(ptrs, mask=rows_ok[:, None], other=0.0)
+        else:
+            if MASK_D:
+                x = tl.load(ptrs, mask=d_ok[None, :], other=0.0)
+            else:
+                x = tl.load(ptrs)
+        return x
 
-        # -- running statistics: row max m (raw-score units), row sum l, accumulator; all fp32 --
-        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    @triton.jit
+    def _store_tile(ptrs, x, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr):
+        if MASK_ROWS:
+            if MASK_D:
+                tl.store(ptrs, x, mask=rows_ok[:, None] & d_ok[None, :])
+            else:
+                tl.store(ptrs, x, mask=rows_ok[:, None])
+        else:
+            if MASK_D:
+                tl.store(ptrs, x, mask=d_ok[None, :])
+            else:
+                tl.store(ptrs, x)
 
-        # causal: key blocks wholly above the diagonal are skipped
-        hi = N
-        if CAUSAL:
-            hi = tl.minimum(N, start_m + BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
+    @triton.jit
+    def _load_rowvec(ptrs, rows_ok, other, MASK_ROWS: tl.constexpr):
+        if MASK_ROWS:
+            x = tl.load(ptrs, mask=rows_ok, other=other)
+        else:
+            x = tl.load(ptrs)
+        return x
+
+    @triton.jit
+    def _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
+                    MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
+                    BLOCK_N: tl.constexpr):
+        """Key blocks [lo, hi) of one query block, in increasing order (Alg. 1's inner loop).
+        MASK_CAUSAL / MASK_COLS: apply the causal mask / the bounds mask (keys >= N) to S."""
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
-            kv_mask = col_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+            k = _load_tile(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
+            v = _load_tile(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
 
             # -- compute qk: raw scores, fp32 accumulation --
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            keep = col_ok[None, :]
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            s = tl.where(keep, s, float("-inf"))
+            if MASK_COLS:
+                keep = col_ok[None, :]
+                if MASK_CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None])
+                s = tl.where(keep, s, float("-inf"))
+            elif MASK_CAUSAL:
+                s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
 
             # -- online softmax: new max, then subtract the max first and scale second --
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -218,13 +376,60 @@ if triton is not None:
             acc = acc * alpha[:, None]
             acc = tl.dot(p.to(v.dtype), v, acc, input_precision="ieee")
             m_i = m_new
+        return acc, l_i, m_i
+
+    @triton.jit
+    def _fwd_kernel(Q, K, V, O, LSE, N, D_HEAD, scale,
+                    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
+                    SPLIT: tl.constexpr):
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        base = bh.to(tl.int64) * N * D_HEAD
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < N
+        d_ok = offs_d < D_HEAD
+        q = _load_tile(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], row_ok, d_ok, not EVEN_N, not EVEN_D)
+
+        # -- running statistics: row max m (raw-score units), row sum l, accumulator; all fp32 --
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+        # causal: key blocks wholly above the diagonal are skipped
+        hi = N
+        if CAUSAL:
+            hi = tl.minimum(N, start_m + BLOCK_M)
+        if SPLIT:
+            # the same key blocks in the same order, split where the masks start to matter: blocks
+            # wholly below the diagonal (causal) or wholly inside [0, N) (not causal) need no mask
+            if CAUSAL:
+                mid = (start_m // BLOCK_N) * BLOCK_N
+            else:
+                mid = (N // BLOCK_N) * BLOCK_N
+            acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
+                                        0, mid, False, False, not EVEN_D, BLOCK_N)
+            if CAUSAL:
+                acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
+                                            mid, hi, True, not EVEN_N, not EVEN_D, BLOCK_N)
+            elif not EVEN_N:
+                acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
+                                            mid, hi, False, True, not EVEN_D, BLOCK_N)
+        else:
+            # reference path: every block masked (the test of SPLIT / EVEN_N compares against it)
+            acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
+                                        0, hi, CAUSAL, True, True, BLOCK_N)
 
         # -- epilogue: normalise once, round the output once, store the natural-log LSE in fp32 --
         out = acc / l_i[:, None]
-        tl.store(O + base + offs_m[:, None] * D_HEAD + offs_d[None, :], out.to(O.dtype.element_ty),
-                 mask=row_ok[:, None] & d_ok[None, :])
+        _store_tile(O + base + offs_m[:, None] * D_HEAD + offs_d[None, :], out.to(O.dtype.element_ty), row_ok, d_ok,
+                    not EVEN_N, not EVEN_D)
         lse = m_i * scale + tl.log(l_i)
-        tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=row_ok)
+        if EVEN_N:
+            tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse)
+        else:
+            tl.store(LSE + bh.to(tl.int64) * N + offs_m, lse, mask=row_ok)
 
     @triton.jit
     def _bwd_preprocess_kernel(O, DO, DELTA, N, D_HEAD, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -241,55 +446,34 @@ if triton is not None:
         tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
 
     @triton.jit
-    def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, R, N, D_HEAD, scale,
-                       CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
-                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
-        start_m = tl.program_id(0) * BLOCK_M
-        bh = tl.program_id(1)
-        base = bh.to(tl.int64) * N * D_HEAD
-        row_base = bh.to(tl.int64) * N
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        offs_d = tl.arange(0, BLOCK_D)
-        row_ok = offs_m < N
-        d_ok = offs_d < D_HEAD
-        q_mask = row_ok[:, None] & d_ok[None, :]
-        q = tl.load(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
-        do = tl.load(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
-        # padded rows get lse = +inf, so their P is exactly 0
-        lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
-        delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-
-        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-        if GPROJ != 0:
-            # -- GProj: r_i and (P~ K)_i accumulated beside dQ, fp32 --
-            r = tl.zeros([BLOCK_M], dtype=tl.float32)
-            pk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
-
-        hi = N
-        if CAUSAL:
-            hi = tl.minimum(N, start_m + BLOCK_M)
-        for start_n in range(0, hi, BLOCK_N):
+    def _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
+                   MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
+                   GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Key blocks [lo, hi) of the dQ kernel's query block, in increasing order (Alg. 2 for dQ)."""
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
-            kv_mask = col_ok[:, None] & d_ok[None, :]
-            k = tl.load(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
-            v = tl.load(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
+            k = _load_tile(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
+            v = _load_tile(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
 
             # -- recompute S and P from the stored log-sum-exp --
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
             p = tl.exp(s * scale - lse[:, None])
-            keep = col_ok[None, :]
-            if CAUSAL:
-                keep = keep & (offs_n[None, :] <= offs_m[:, None])
-            p = tl.where(keep, p, 0.0)
+            if MASK_COLS:
+                keep = col_ok[None, :]
+                if MASK_CAUSAL:
+                    keep = keep & (offs_n[None, :] <= offs_m[:, None])
+                p = tl.where(keep, p, 0.0)
+            elif MASK_CAUSAL:
+                p = tl.where(offs_n[None, :] <= offs_m[:, None], p, 0.0)
 
             # -- dP = dO V^T and dS = P * (dP - D), fp32 --
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
             ds = p * (dp - delta[:, None])
 
             if FP32_BWD:
-                # -- FP32 backward: dS stays fp32, K upcast exactly, ieee fp32 dot (no TF32) --
-                dq = tl.dot(ds, k.to(tl.float32), dq, input_precision="ieee")
+                # -- FP32 backward: dS stays fp32, K upcast exactly, fp32 dot (F32_DOT: ieee or tf32x3) --
+                dq = tl.dot(ds, k.to(tl.float32), dq, input_precision=F32_DOT)
             else:
                 # -- dS rounded to the input format: seed 004, cause 2 --
                 ds_lo = ds.to(k.dtype)
@@ -298,63 +482,96 @@ if triton is not None:
                 # -- GProj: r_i += sum_j dS~_ij (of the values the matmul saw), (P~ K)_i += P~ K_j --
                 if FP32_BWD:
                     r += tl.sum(ds, 1)
-                    pk = tl.dot(p, k.to(tl.float32), pk, input_precision="ieee")
+                    pk = tl.dot(p, k.to(tl.float32), pk, input_precision=F32_DOT)
                 else:
                     r += tl.sum(ds_lo.to(tl.float32), 1)
                     pk = tl.dot(p.to(k.dtype), k, pk, input_precision="ieee")
+        return dq, r, pk
+
+    @triton.jit
+    def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, R, N, D_HEAD, scale,
+                       CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                       EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
+                       F32_DOT: tl.constexpr):
+        start_m = tl.program_id(0) * BLOCK_M
+        bh = tl.program_id(1)
+        base = bh.to(tl.int64) * N * D_HEAD
+        row_base = bh.to(tl.int64) * N
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        offs_d = tl.arange(0, BLOCK_D)
+        row_ok = offs_m < N
+        d_ok = offs_d < D_HEAD
+        q = _load_tile(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], row_ok, d_ok, not EVEN_N, not EVEN_D)
+        do = _load_tile(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], row_ok, d_ok, not EVEN_N,
+                        not EVEN_D)
+        # padded rows get lse = +inf, so their P is exactly 0
+        lse = _load_rowvec(LSE + row_base + offs_m, row_ok, float("inf"), not EVEN_N)
+        delta = _load_rowvec(DELTA + row_base + offs_m, row_ok, 0.0, not EVEN_N)
+
+        dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        # -- GProj: r_i and (P~ K)_i accumulated beside dQ, fp32 (unused, and compiled away, when off) --
+        r = tl.zeros([BLOCK_M], dtype=tl.float32)
+        pk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+
+        hi = N
+        if CAUSAL:
+            hi = tl.minimum(N, start_m + BLOCK_M)
+        if SPLIT:
+            # as in the forward: unmasked blocks first, then the diagonal (causal) or the tail (N % BLOCK_N)
+            if CAUSAL:
+                mid = (start_m // BLOCK_N) * BLOCK_N
+            else:
+                mid = (N // BLOCK_N) * BLOCK_N
+            dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
+                                   0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N)
+            if CAUSAL:
+                dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD,
+                                       scale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
+                                       BLOCK_N)
+            elif not EVEN_N:
+                dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD,
+                                       scale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N)
+        else:
+            dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
+                                   0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N)
 
         if GPROJ != 0:
             # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --
             dq = dq - r[:, None] * pk
         if GPROJ == 2:
             # -- GProj dq_dk: hand r to the dK/dV kernel, which runs next --
-            tl.store(R + row_base + offs_m, r, mask=row_ok)
+            if EVEN_N:
+                tl.store(R + row_base + offs_m, r)
+            else:
+                tl.store(R + row_base + offs_m, r, mask=row_ok)
         dq = dq * scale
-        tl.store(DQ + base + offs_m[:, None] * D_HEAD + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-                 mask=q_mask)
+        _store_tile(DQ + base + offs_m[:, None] * D_HEAD + offs_d[None, :], dq.to(DQ.dtype.element_ty), row_ok,
+                    d_ok, not EVEN_N, not EVEN_D)
 
     @triton.jit
-    def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, R, DK, DV, N, D_HEAD, scale,
-                         CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr):
-        # key-block outer: this program owns keys [start_n, start_n + BLOCK_N); tiles are transposed
-        # (keys x query rows) so that dK and dV accumulate as plain row-major products.
-        start_n = tl.program_id(0) * BLOCK_N
-        bh = tl.program_id(1)
-        base = bh.to(tl.int64) * N * D_HEAD
-        row_base = bh.to(tl.int64) * N
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        offs_d = tl.arange(0, BLOCK_D)
-        col_ok = offs_n < N
-        d_ok = offs_d < D_HEAD
-        kv_mask = col_ok[:, None] & d_ok[None, :]
-        k = tl.load(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], mask=kv_mask, other=0.0)
-        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
-
-        lo = 0
-        if CAUSAL:
-            lo = (start_n // BLOCK_M) * BLOCK_M  # query rows above the first key never see it
-        for start_m in range(lo, N, BLOCK_M):
+    def _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N, D_HEAD, scale,
+                   lo, hi, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr,
+                   GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_M: tl.constexpr):
+        """Query blocks [lo, hi) of the dK/dV kernel's key block, in increasing order (Alg. 2 for dK, dV)."""
+        for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             row_ok = offs_m < N
-            q_mask = row_ok[:, None] & d_ok[None, :]
-            q = tl.load(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
-            do = tl.load(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], mask=q_mask, other=0.0)
-            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=float("inf"))
-            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+            q = _load_tile(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], row_ok, d_ok, MASK_ROWS, MASK_D)
+            do = _load_tile(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], row_ok, d_ok, MASK_ROWS, MASK_D)
+            lse = _load_rowvec(LSE + row_base + offs_m, row_ok, float("inf"), MASK_ROWS)
+            delta = _load_rowvec(DELTA + row_base + offs_m, row_ok, 0.0, MASK_ROWS)
 
             # -- recompute S^T and P^T from the stored log-sum-exp --
             s_t = tl.dot(k, tl.trans(q), input_precision="ieee")
             p_t = tl.exp(s_t * scale - lse[None, :])
-            if CAUSAL:
+            if MASK_CAUSAL:
                 p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
 
             # -- dV_j += P~^T dO (P rounded to the input format; fp32 under FP32_BWD) --
             if FP32_BWD:
                 p_mm = p_t
-                dv = tl.dot(p_mm, do.to(tl.float32), dv, input_precision="ieee")
+                dv = tl.dot(p_mm, do.to(tl.float32), dv, input_precision=F32_DOT)
             else:
                 p_mm = p_t.to(do.dtype)
                 dv = tl.dot(p_mm, do, dv, input_precision="ieee")
@@ -365,7 +582,7 @@ if triton is not None:
 
             # -- dK_j += dS~^T Q --
             if FP32_BWD:
-                dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision="ieee")
+                dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision=F32_DOT)
             else:
                 # -- dS rounded to the input format: seed 004, cause 2 --
                 ds_lo = ds_t.to(q.dtype)
@@ -373,16 +590,69 @@ if triton is not None:
             if GPROJ == 2:
                 # -- GProj dq_dk: dK's operand is dS~ - round(r_i P~_ij); the correction is a second
                 #    operand of the fp32 accumulator, so the difference itself is never rounded --
-                r = tl.load(R + row_base + offs_m, mask=row_ok, other=0.0)
+                r = _load_rowvec(R + row_base + offs_m, row_ok, 0.0, MASK_ROWS)
                 if FP32_BWD:
-                    dk = tl.dot(-(r[None, :] * p_mm), q.to(tl.float32), dk, input_precision="ieee")
+                    dk = tl.dot(-(r[None, :] * p_mm), q.to(tl.float32), dk, input_precision=F32_DOT)
                 else:
                     corr = (r[None, :] * p_mm.to(tl.float32)).to(q.dtype)
                     dk = tl.dot(-corr, q, dk, input_precision="ieee")
+        return dk, dv
+
+    @triton.jit
+    def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, R, DK, DV, N, D_HEAD, scale,
+                         CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                         EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
+                         F32_DOT: tl.constexpr):
+        # key-block outer: this program owns keys [start_n, start_n + BLOCK_N); tiles are transposed
+        # (keys x query rows) so that dK and dV accumulate as plain row-major products.
+        start_n = tl.program_id(0) * BLOCK_N
+        bh = tl.program_id(1)
+        base = bh.to(tl.int64) * N * D_HEAD
+        row_base = bh.to(tl.int64) * N
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, BLOCK_D)
+        col_ok = offs_n < N
+        d_ok = offs_d < D_HEAD
+        k = _load_tile(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, not EVEN_N, not EVEN_D)
+        v = _load_tile(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, not EVEN_N, not EVEN_D)
+        dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+
+        lo = 0
+        if CAUSAL:
+            lo = (start_n // BLOCK_M) * BLOCK_M  # query rows above the first key never see it
+        if SPLIT:
+            # the same query blocks in the same order: the diagonal ones (causal; the first query
+            # block whose first row is past this block's last key is unmasked), then the unmasked
+            # ones, then the tail (N % BLOCK_M, bounds mask only)
+            full = (N // BLOCK_M) * BLOCK_M
+            mid = lo
+            if CAUSAL:
+                mid = tl.minimum(N, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
+                                    D_HEAD, scale, lo, mid, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
+                                    BLOCK_M)
+            if EVEN_N:
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
+                                    D_HEAD, scale, mid, N, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
+                                    BLOCK_M)
+            else:
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
+                                    D_HEAD, scale, mid, full, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
+                                    BLOCK_M)
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
+                                    D_HEAD, scale, tl.maximum(mid, full), N, False, True, not EVEN_D, GPROJ,
+                                    FP32_BWD, F32_DOT, BLOCK_M)
+        else:
+            dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N, D_HEAD,
+                                scale, lo, N, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_M)
 
         dk = dk * scale
-        tl.store(DK + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kv_mask)
-        tl.store(DV + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kv_mask)
+        _store_tile(DK + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dk.to(DK.dtype.element_ty), col_ok, d_ok,
+                    not EVEN_N, not EVEN_D)
+        _store_tile(DV + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dv.to(DV.dtype.element_ty), col_ok, d_ok,
+                    not EVEN_N, not EVEN_D)
 
     # jit() decides at decoration time whether a kernel runs in the interpreter
     _KERNELS_INTERPRETED = not isinstance(_fwd_kernel, triton.runtime.JITFunction)
@@ -444,39 +714,61 @@ def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config: BlockConfig | None = None):
+FP32_DOTS = ("ieee", "tf32x3")
+
+
+def _even(n: int, *blocks: int) -> bool:
+    return all(n % block == 0 for block in blocks)
+
+
+def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config: BlockConfig | None = None,
+            _split: bool = True):
     """FlashAttention-2 forward. Returns ``(out, lse)``: out (batch, heads, N, d) in q's dtype,
-    lse (batch, heads, N) fp32, the natural-log log-sum-exp of the scaled scores."""
+    lse (batch, heads, N) fp32, the natural-log log-sum-exp of the scaled scores. ``_split=False``
+    (tests only) runs the reference path: every key block masked, as before the split."""
     scale = _check(q, k, v, causal, scale)
     b, h, n, d = q.shape
-    cfg = config or default_config(d)
+    cfg = config or default_config(d, causal=causal)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = torch.empty_like(q)
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
+    block_d = _block_d(d)
+    warps, stages = cfg.launch("fwd")
     grid = (triton.cdiv(n, cfg.fwd_m), b * h)
     _fwd_kernel[grid](q, k, v, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
-                      BLOCK_N=cfg.fwd_n, BLOCK_D=_block_d(d), num_warps=cfg.num_warps,
-                      num_stages=cfg.fwd_stages)
+                      BLOCK_N=cfg.fwd_n, BLOCK_D=block_d, EVEN_N=_split and _even(n, cfg.fwd_m, cfg.fwd_n),
+                      EVEN_D=_split and block_d == d, SPLIT=bool(_split), num_warps=warps, num_stages=stages)
     return out, lse
 
 
 def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float | None = None,
-             gproj: str = "off", fp32_backward: bool = False, config: BlockConfig | None = None):
+             gproj: str = "off", fp32_backward: bool = False, config: BlockConfig | None = None,
+             fp32_dot: str = "ieee", _split: bool = True, _only: str | None = None):
     """FlashAttention-2 backward from the forward's stored ``out`` and ``lse``. Returns
-    ``(dq, dk, dv)`` in q's dtype. ``gproj`` in ``GPROJ_MODES``; see the module docstring."""
+    ``(dq, dk, dv)`` in q's dtype. ``gproj`` in ``GPROJ_MODES``; see the module docstring.
+    ``fp32_dot`` (FP32 backward only): ``"ieee"`` (true fp32 products, default) or ``"tf32x3"``
+    (three TF32 tensor-core products, close to but not bitwise fp32; module docstring).
+    ``_split=False``: the reference path (tests only), as in ``forward``. ``_only`` (``"dq"`` or
+    ``"kv"``; the launch-config sweep): launch that backward kernel alone, the other gradients left
+    unwritten (under GProj dq_dk, ``"kv"`` reads r = 0, which costs what the true r costs)."""
     scale = _check(q, k, v, causal, scale)
     if gproj not in GPROJ_MODES:
         raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
+    if fp32_dot not in FP32_DOTS:
+        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
     b, h, n, d = q.shape
     if out.shape != q.shape or grad_out.shape != q.shape or lse.shape != (b, h, n):
         raise ValueError(f"out {tuple(out.shape)}, grad_out {tuple(grad_out.shape)} must be {tuple(q.shape)} "
                          f"and lse {tuple(lse.shape)} must be {(b, h, n)}")
-    cfg = config or default_config(d, fp32_backward)
+    cfg = config or default_config(d, fp32_backward, causal=causal, gproj=gproj)
     q, k, v, out = q.contiguous(), k.contiguous(), v.contiguous(), out.to(q.dtype).contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
     lse = lse.to(torch.float32).contiguous()
     block_d = _block_d(d)
     code = _GPROJ_CODE[gproj]
+    # the fp32 dots' precision only matters (and only compiles a variant) under the FP32 backward
+    f32_dot = fp32_dot if fp32_backward else "ieee"
+    even_d = _split and block_d == d
 
     # -- preprocessing: D_i = rowsum(dO * O) --
     delta = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
@@ -484,18 +776,27 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
                                                         BLOCK_D=block_d)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     # r is only written and read in dq_dk mode; a 1-element dummy otherwise
-    r = torch.empty((b, h, n) if code == 2 else (1,), dtype=torch.float32, device=q.device)
+    if _only not in (None, "dq", "kv"):
+        raise ValueError(f"_only must be None, 'dq' or 'kv', got {_only!r}")
+    r = (torch.zeros if _only == "kv" else torch.empty)((b, h, n) if code == 2 else (1,), dtype=torch.float32,
+                                                          device=q.device)
 
     # -- dQ first (query-block outer): its r is what dK needs under GProj dq_dk --
-    _bwd_dq_kernel[(triton.cdiv(n, cfg.dq_m), b * h)](
-        q, k, v, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
-        FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
-        num_warps=cfg.num_warps, num_stages=cfg.bwd_stages)
+    warps, stages = cfg.launch("dq")
+    if _only != "kv":
+        _bwd_dq_kernel[(triton.cdiv(n, cfg.dq_m), b * h)](
+            q, k, v, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
+            FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
+            EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
+            num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
-    _bwd_dkdv_kernel[(triton.cdiv(n, cfg.kv_n), b * h)](
-        q, k, v, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
-        FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
-        num_warps=cfg.num_warps, num_stages=cfg.bwd_stages)
+    warps, stages = cfg.launch("kv")
+    if _only != "dq":
+        _bwd_dkdv_kernel[(triton.cdiv(n, cfg.kv_n), b * h)](
+            q, k, v, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
+            FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
+            EVEN_N=_split and _even(n, cfg.kv_n, cfg.kv_m), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
+            num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 
@@ -503,24 +804,27 @@ class TritonFlashAttention(torch.autograd.Function):
     """Autograd wrapper: saves q, k, v, out, lse (no N x N tensor), recomputes P in backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, scale, gproj, fp32_backward, config):
+    def forward(ctx, q, k, v, causal, scale, gproj, fp32_backward, config, fp32_dot):
         out, lse = forward(q, k, v, causal=causal, scale=scale, config=config)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = dict(causal=causal, scale=scale, gproj=gproj, fp32_backward=fp32_backward, config=config)
+        ctx.options = dict(causal=causal, scale=scale, gproj=gproj, fp32_backward=fp32_backward, config=config,
+                           fp32_dot=fp32_dot)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         dq, dk, dv = backward(q, k, v, out, lse, grad_out, **ctx.options)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def triton_attention(q, k, v, *, causal: bool = False, scale: float | None = None, gproj: str = "off",
-                     fp32_backward: bool = False, config: BlockConfig | None = None):
+                     fp32_backward: bool = False, config: BlockConfig | None = None, fp32_dot: str = "ieee"):
     """Attention output (batch, heads, N, d) with a FlashAttention-2 Triton forward and backward;
     differentiable in q, k, v. Drop-in for ``scaled_dot_product_attention(q, k, v, is_causal=causal)``
     with n_q == n_k and no mask or dropout."""
     if gproj not in GPROJ_MODES:
         raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
-    return TritonFlashAttention.apply(q, k, v, bool(causal), scale, gproj, bool(fp32_backward), config)
+    if fp32_dot not in FP32_DOTS:
+        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
+    return TritonFlashAttention.apply(q, k, v, bool(causal), scale, gproj, bool(fp32_backward), config, fp32_dot)

@@ -1,29 +1,42 @@
 """Speed of our Triton FlashAttention-2 kernel against PyTorch's attention kernels (GPU only).
 
-    python -m attnum.kernels.triton_fa2_bench OUT.json [--quick]
+    python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192] [--dims=64,128]
+                                              [--budget-s=240]
 
-or ``main(out_path, quick=False)``. For every shape -- N in {1024, 4096, 16384, 32768} (quick:
-{1024, 4096}), head dim 64 and 128, causal and not, bf16, batch * heads = 2^18 / N so every shape
-holds 262,144 tokens (the forward grid is 2048 thread blocks of 128 rows: the 132 SMs of an H200
-are full at every N) -- it times forward, backward and forward + backward with CUDA events after
-warm-up (median of repeats) and reports TFLOP/s with the usual count: forward 4 N^2 d per head
-(halved when causal), backward 2.5 x forward (5 matmuls against 2; the recomputation is not
-counted), so TFLOP/s compare directly across implementations.
+or ``main(out_path, quick=False)``. For every shape -- N in {4096, 8192, 16384, 32768} (quick:
+{4096, 16384}), head dim 64 and 128, causal and not, bf16, batch * heads = 2^18 / N so every shape
+holds 262,144 tokens (the 132 SMs of an H200 are full at every N) -- it times forward, backward and
+forward + backward with CUDA events after warm-up (median of repeats) and reports TFLOP/s with the
+usual count: forward 4 N^2 d per head (halved when causal), backward 2.5 x forward (5 matmuls
+against 2; the recomputation is not counted), so TFLOP/s compare directly across implementations.
 
-Implementations: ``triton_fa2`` with gproj off / dq / dq_dk and with fp32_backward;
+Implementations: ``triton_fa2`` at its default configuration (``triton_fa2.default_config``) with
+gproj off / dq / dq_dk and with fp32_backward (fp32 dots ``"ieee"``, and ``"tf32x3"``);
 ``scaled_dot_product_attention`` pinned to exactly one backend each (FLASH_ATTENTION,
-CUDNN_ATTENTION, EFFICIENT_ATTENTION; a backend that raises is recorded as ``refused`` with its
-error, never skipped silently); FlexAttention compiled with ``torch.compile`` (causal through
-``create_block_mask``). Each case is wrapped so one failure does not stop the rest, and the JSON is
-rewritten after every case, so a run cut short still leaves its results. Every case also records
-a correctness line: max |difference| of its output and dQ against SDPA's math backend in fp32 on
-a small shape (2 x 3 heads, N = 300, not a multiple of any block) in bf16.
+CUDNN_ATTENTION; a backend that raises is recorded as ``refused`` with its error, never skipped
+silently); FlexAttention compiled with ``torch.compile`` (causal through ``create_block_mask``).
+The tf32x3 variant goes to ``extra_cases`` (``EXTRA_IMPLS``), the others to ``cases``.
+Each case is wrapped so one failure does not stop the rest, and the JSON is rewritten after every
+case, so a run cut short (``--budget-s``: no new shape starts past it) still leaves its results.
+Every case also records a correctness line: max |difference| of its output and dQ against SDPA's
+math backend in fp32 on a small shape (2 x 3 heads, N = 512, bf16; N a multiple of every tile, so
+the line checks the very kernel variant that is timed -- the bounds-masked variants are covered by
+the GPU tests at N = 40 and 1000).
 
-Runtime on one H200 (torch 2.11, triton 3.6, 2026-11-30): ``quick`` took 165 s on a fresh machine,
-most of it compilation (FlexAttention: one torch.compile per shape, ~7-14 s each; Triton: 20
-kernel variants, a few seconds each); the full run then took 130 s on the same machine with those
-compile caches warm. Fresh, the full run should take about 4-5 minutes (the quick run's compilation
-plus ~2 min): under the 6-minute budget.
+``summary`` (one entry per shape, rewritten with the JSON): ``triton_fa2``'s forward + backward
+time over compiled FlexAttention's and over ``sdpa:flash``'s (and the same for forward and
+backward alone), GProj dq and dq_dk's cost over GProj off (``fwd_bwd`` and ``bwd`` time ratios
+minus 1), the FP32 backward's time over the bf16 kernel's (``ieee`` and ``tf32x3``), and ``meets``:
+the issue's targets (fwd+bwd <= Flex; GProj dq <= +5% and dq_dk <= +15% in fwd+bwd; FP32 backward
+fwd+bwd <= 3x).
+
+Runtime: the previous version (N 1024..32768, 8 implementations) took 165 s for ``quick`` on a fresh
+H200, most of it compilation (FlexAttention one torch.compile per shape, ~7-14 s each; Triton a
+few seconds a kernel variant), and 130 s for the full run with warm caches. This version drops
+``sdpa:efficient`` and N = 1024, adds N = 8192 and the tf32x3 variant, and its correctness check
+reuses the timed variants (N = 512), so a fresh full run is expected at ~4-5 minutes: the default
+``--budget-s=240`` stops it before a new shape starts past 240 s. Split it with ``--ns`` (e.g.
+``--ns=4096,8192`` and ``--ns=16384,32768``) when a call must stay well under 5 minutes.
 """
 from __future__ import annotations
 
@@ -42,10 +55,16 @@ from ..versions import accelerator_versions
 
 TOKENS = 2 ** 18
 DTYPE = torch.bfloat16
+CHECK_N = 512
 TRITON_VARIANTS = {"triton_fa2": dict(gproj="off"), "triton_fa2_gproj_dq": dict(gproj="dq"),
                    "triton_fa2_gproj_dq_dk": dict(gproj="dq_dk"),
-                   "triton_fa2_fp32_backward": dict(gproj="off", fp32_backward=True)}
-SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
+                   "triton_fa2_fp32_backward": dict(gproj="off", fp32_backward=True),
+                   "triton_fa2_fp32_backward_tf32x3": dict(gproj="off", fp32_backward=True, fp32_dot="tf32x3")}
+SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
+EXTRA_IMPLS = ("triton_fa2_fp32_backward_tf32x3",)
+"""Implementations written to ``extra_cases`` instead of ``cases``: labels that the readers of this file
+(``attnum.studies.gproj_fix.readings_costs.BENCH_NAMES``) do not map to a registry kernel."""
+TARGETS = {"fwd_bwd_vs_flex": 1.0, "gproj_dq_cost": 0.05, "gproj_dq_dk_cost": 0.15, "fp32_backward_ratio": 3.0}
 
 
 def flops(n: int, d: int, bh: int, causal: bool) -> tuple[float, float]:
@@ -118,7 +137,7 @@ def _reference_check(fn, d: int, causal: bool) -> dict:
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(2, 3, 300, d, device="cuda", generator=g, dtype=DTYPE) for _ in range(4))
+    q, k, v, do = (torch.randn(2, 3, CHECK_N, d, device="cuda", generator=g, dtype=DTYPE) for _ in range(4))
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
     with sdpa_kernel([SDPBackend.MATH]):
         ref = sdpa(q32, k32, v32, is_causal=causal)
@@ -126,7 +145,7 @@ def _reference_check(fn, d: int, causal: bool) -> dict:
     ql, kl, vl = (t.clone().requires_grad_() for t in (q, k, v))
     out = fn(ql, kl, vl, causal)
     (dq,) = torch.autograd.grad(out, (ql,), do)
-    return {"check_shape": [2, 3, 300, d], "max_abs_diff_out": (out.float() - ref).abs().max().item(),
+    return {"check_shape": [2, 3, CHECK_N, d], "max_abs_diff_out": (out.float() - ref).abs().max().item(),
             "max_abs_diff_dq": (dq.float() - ref_dq).abs().max().item(),
             "ref_max_abs_out": ref.abs().max().item(), "ref_max_abs_dq": ref_dq.abs().max().item()}
 
@@ -172,42 +191,106 @@ def run_case(name: str, fn, n: int, d: int, causal: bool, warmup: int, reps: int
     return rec
 
 
-def main(out_path, quick: bool = False) -> dict:
+def summarize(cases) -> list[dict]:
+    """Per shape (n, d, causal): the ratios of ``summary`` (see the module docstring) from the ok cases."""
+    ok = {(c["impl"], c["n"], c["d"], c["causal"]): c for c in cases if c.get("status") == "ok"}
+    shapes = sorted({(c["n"], c["d"], c["causal"]) for c in cases})
+    out = []
+
+    def ratio(a, b, key):
+        return a[key] / b[key] if a and b and key in a and key in b and b[key] else None
+
+    for n, d, causal in shapes:
+        get = lambda impl: ok.get((impl, n, d, causal))  # noqa: E731
+        base = get("triton_fa2")
+        rec = {"n": n, "d": d, "causal": causal}
+        for other, name in (("flex_attention_compiled", "flex"), ("sdpa_flash_attention", "sdpa_flash"),
+                            ("sdpa_cudnn_attention", "sdpa_cudnn")):
+            for key in ("fwd_bwd", "fwd", "bwd"):
+                rec[f"{key}_vs_{name}"] = ratio(base, get(other), f"{key}_ms")
+        for impl, name in (("triton_fa2_gproj_dq", "gproj_dq"), ("triton_fa2_gproj_dq_dk", "gproj_dq_dk")):
+            for key in ("fwd_bwd", "bwd"):
+                r = ratio(get(impl), base, f"{key}_ms")
+                rec[f"{name}_cost_{key}"] = None if r is None else r - 1.0
+        for impl, name in (("triton_fa2_fp32_backward", "fp32_backward"),
+                           ("triton_fa2_fp32_backward_tf32x3", "fp32_backward_tf32x3")):
+            for key in ("fwd_bwd", "bwd"):
+                rec[f"{name}_ratio_{key}"] = ratio(get(impl), base, f"{key}_ms")
+        checks = {"fwd_bwd_vs_flex": (rec["fwd_bwd_vs_flex"], TARGETS["fwd_bwd_vs_flex"]),
+                  "gproj_dq_cost": (rec["gproj_dq_cost_fwd_bwd"], TARGETS["gproj_dq_cost"]),
+                  "gproj_dq_dk_cost": (rec["gproj_dq_dk_cost_fwd_bwd"], TARGETS["gproj_dq_dk_cost"]),
+                  "fp32_backward_ratio": (rec["fp32_backward_ratio_fwd_bwd"], TARGETS["fp32_backward_ratio"]),
+                  "fp32_backward_tf32x3_ratio": (rec["fp32_backward_tf32x3_ratio_fwd_bwd"],
+                                                 TARGETS["fp32_backward_ratio"])}
+        rec["meets"] = {key: (None if value is None else bool(value <= target)) for key, (value, target) in
+                        checks.items()}
+        out.append(rec)
+    return out
+
+
+def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float = 240.0) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("triton_fa2_bench needs a CUDA GPU")
     from . import triton_fa2 as tfa
     reason = tfa.unavailable_reason("cuda")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    result = {"environment": environment(), "tokens_per_shape": TOKENS, "quick": quick,
+    ns = tuple(ns) if ns else ((4096, 16384) if quick else (4096, 8192, 16384, 32768))
+    result = {"environment": environment(), "tokens_per_shape": TOKENS, "quick": quick, "ns": list(ns),
+              "dims": list(dims), "budget_s": budget_s,
               "flop_count": "forward 4*N^2*d per head (x0.5 causal); backward 2.5x forward",
-              "triton_fa2_unavailable": reason, "cases": []}
-    ns = (1024, 4096) if quick else (1024, 4096, 16384, 32768)
+              "triton_fa2_unavailable": reason, "targets": TARGETS,
+              "triton_fa2_configs": {} if reason else {
+                  f"{d},{int(c)}": vars(tfa.default_config(d, causal=c)) for d in dims for c in (False, True)},
+              "cases": [], "extra_cases": [], "summary": [], "stopped_by_budget": False}
     warmup, reps = (1, 5) if not quick else (1, 3)
     impls = _implementations()
     t0 = time.time()
+
+    def save():
+        result["summary"] = summarize(result["cases"] + result["extra_cases"])
+        result["total_s"] = round(time.time() - t0, 1)
+        out_path.write_text(json.dumps(result, indent=1))
+
     for n in ns:
-        for d in (64, 128):
+        for d in dims:
             for causal in (False, True):
+                if time.time() - t0 > budget_s:
+                    result["stopped_by_budget"] = True
+                    save()
+                    return result
                 for name, fn in impls.items():
                     if name.startswith("triton") and reason:
                         rec = {"impl": name, "n": n, "d": d, "causal": causal, "status": "error", "error": reason}
                     else:
                         rec = run_case(name, fn, n, d, causal, warmup, reps)
                     rec["elapsed_s"] = round(time.time() - t0, 1)
-                    result["cases"].append(rec)
-                    out_path.write_text(json.dumps(result, indent=1))
+                    result["extra_cases" if name in EXTRA_IMPLS else "cases"].append(rec)
+                    save()
                     summary = " ".join(f"{key}={rec[key]:.1f}" for key in ("fwd_tflops", "bwd_tflops", "fwd_bwd_tflops")
                                        if key in rec)
-                    print(f"[{rec['elapsed_s']:7.1f}s] {name:28s} N={n:6d} d={d:3d} causal={causal!s:5s} "
+                    print(f"[{rec['elapsed_s']:7.1f}s] {name:32s} N={n:6d} d={d:3d} causal={causal!s:5s} "
                           f"{rec['status']:7s} {summary} {rec.get('error', '')[:160]}", flush=True)
-    result["total_s"] = round(time.time() - t0, 1)
-    out_path.write_text(json.dumps(result, indent=1))
+                shape = [s for s in result["summary"] if (s["n"], s["d"], s["causal"]) == (n, d, causal)]
+                if shape:
+                    s = shape[0]
+                    fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
+                    print(f"   summary N={n} d={d} causal={causal}: fwd+bwd vs flex {fmt(s['fwd_bwd_vs_flex'])}, "
+                          f"vs sdpa flash {fmt(s['fwd_bwd_vs_sdpa_flash'])}; gproj dq {fmt(s['gproj_dq_cost_fwd_bwd'])}, "
+                          f"dq_dk {fmt(s['gproj_dq_dk_cost_fwd_bwd'])}; fp32 bwd x{fmt(s['fp32_backward_ratio_fwd_bwd'])}"
+                          f" (tf32x3 x{fmt(s['fp32_backward_tf32x3_ratio_fwd_bwd'])})", flush=True)
+    save()
     return result
 
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    if len(args) != 1:
-        raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench OUT.json [--quick]")
-    main(args[0], quick="--quick" in sys.argv[1:])
+    opts = dict(a.split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
+    flags = {a for a in sys.argv[1:] if a.startswith("--") and "=" not in a}
+    if len(args) != 1 or set(opts) - {"--ns", "--dims", "--budget-s"} or flags - {"--quick"}:
+        raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192]"
+                         " [--dims=64,128] [--budget-s=240]")
+    main(args[0], quick="--quick" in flags,
+         ns=tuple(int(x) for x in opts["--ns"].split(",")) if "--ns" in opts else None,
+         dims=tuple(int(x) for x in opts.get("--dims", "64,128").split(",")),
+         budget_s=float(opts.get("--budget-s", 240)))

@@ -1,22 +1,46 @@
 """Launch-configuration sweep of our Triton FlashAttention-2 kernel on a GPU (the data behind
-``triton_fa2.default_config``).
+``triton_fa2.default_config``), and the picker that turns its JSON into the tuned table.
 
-    python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192]
+    python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]
+                                             [--causal=0,1] [--parts=fwd,dq,kv,dq_gproj,kv_gproj,dq_fp32,kv_fp32]
     python -m attnum.kernels.triton_fa2_tune OUT.json --same-numerics=D:KEY=VALUE,...
+    python -m attnum.kernels.triton_fa2_tune OUT.json --split-check=D
+    python -m attnum.kernels.triton_fa2_tune pick TUNE.json [TUNE2.json ...]
 
-The second form asks whether a configuration (the default's fields, changed by KEY=VALUE) gives
-bit for bit the default's output, log-sum-exp and gradients (every GProj mode, causal and not, N
-a multiple of no tile) on head dim D: ``torch.equal`` per tensor, written to OUT.json.
+Sweep. For each head dim and causality (bf16, one shape of 2^18 tokens: batch x 16 heads x N), it
+times each of the three kernels *alone* over a short candidate list (``CANDIDATES``), so the search
+is a sum over kernels, not a product: the forward (``fwd``: tiles ``fwd_m`` x ``fwd_n``, warps,
+stages), the dQ kernel (``dq``: ``dq_m`` x ``dq_n``) and the dK/dV kernel (``kv``: ``kv_n`` x
+``kv_m``) with GProj off. Then, at the fastest GProj-off tile of that kernel so far (GProj never gets
+tiles of its own), warps and stages again with GProj on: ``dq_gproj`` (the dQ kernel under ``"dq"``,
+which is also ``"dq_dk"``'s dQ kernel but for one store of r) and ``kv_gproj`` (the dK/dV kernel under
+``"dq_dk"``). Last, ``dq_fp32`` / ``kv_fp32``: the FP32 backward's kernels over a few tiles, with the
+fp32 dots in ``"ieee"`` and in ``"tf32x3"``. Each kernel is timed with CUDA events (median of repeats
+after warm-up; ``backward(..., _only=...)`` launches one backward kernel, plus the D preprocessing,
+a few microseconds, the same for every candidate). ``sdpa:flash`` is timed on the same tensors.
 
-For head dim 64 and 128, causal and not, bf16, one shape of 2^18 tokens (batch x 16 heads x N), it
-times the forward alone over tile sizes (``fwd_m`` x ``fwd_n``), warps and pipeline stages, and the
-backward (dQ kernel then dK/dV kernel, ``triton_fa2.backward``) over the backward tiles, warps and
-stages, with CUDA events (median of repeats after warm-up), beside ``sdpa:flash`` (FlashAttention-2
-through PyTorch, pinned to that one backend) on the same tensors. Every configuration is also checked
-against PyTorch's math backend on a small shape (output and dQ max |difference|), so a fast but wrong
-configuration shows as such. A configuration Triton cannot compile or launch (shared memory, registers)
-is recorded with its error; nothing is skipped silently. The JSON is rewritten after every case, and
-the sweep stops cleanly when ``--budget-s`` is spent, so a run cut short keeps what it measured.
+Every configuration is also checked on a small shape (2 x 3 heads x 512, a multiple of every tile,
+so the check runs the same compiled variant as the timing) against PyTorch's math backend in fp32:
+max |difference| of out, dQ, dK, dV, and ``correct`` when each is within ``CHECK_REL`` of the
+reference's largest value (a coarse gate against a broken configuration, not an accuracy test). A
+configuration Triton cannot compile or launch (shared memory, registers) is recorded with its
+error; nothing is skipped silently. The JSON is rewritten after every case, and the sweep stops
+cleanly when ``--budget-s`` is spent (``stopped_by_budget``), so a run cut short keeps what it
+measured. The order is per (d, causal): fwd, dq, kv, dq_gproj, kv_gproj; the FP32 parts come after
+every shape's others. On a fresh H200 one case costs about one Triton compilation (~1-3 s), so
+a full sweep of both head dims is ~2x the 240 s budget: run it as two calls (``--dims=128`` and
+``--dims=64``) and give both JSONs to ``pick``.
+
+``pick``: the fastest correct configuration per (d, causal) and kernel, printed as the Python
+tables ``TUNED_CONFIGS``, ``TUNED_GPROJ_LAUNCH`` and ``TUNED_FP32_BWD`` of ``triton_fa2`` (paste
+them there), with the measured times as comments. ``pick_configs`` is the pure function behind it.
+
+``--same-numerics``: does a configuration (the default's fields, changed by KEY=VALUE) give bit for
+bit the default's output, log-sum-exp and gradients (every GProj mode, causal and not, N a multiple
+of no tile) on head dim D: ``torch.equal`` per tensor, written to OUT.json. ``--split-check``: the
+same comparison between the kernel as it runs (unmasked blocks split from the masked ones, masks
+dropped when N is a multiple of the tiles) and its reference path (every block masked,
+``_split=False``), at the default config, N a multiple of the tiles and not.
 
 Tile sizes change which partial sums are rounded together, so a configuration other than the
 default is a different kernel numerically (the emulator matches it only at the same tiles); warps and
@@ -37,28 +61,69 @@ from ..timing import median_ms
 
 TOKENS = 2 ** 18
 HEADS = 16
-FWD_TILES = ((128, 64), (128, 128), (64, 64), (128, 32))
-BWD_TILES = ((128, 64, 128, 64), (64, 64, 64, 64), (128, 32, 128, 32))
-WARPS = (4, 8)
-FWD_STAGES = (2, 3, 4)
-BWD_STAGES = (1, 2, 3)
+CHECK_N = 512
+CHECK_REL = 2.0 ** -4
+PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32")
+# (tile 1, tile 2, warps, stages): fwd (fwd_m, fwd_n), dq (dq_m, dq_n), kv (kv_n, kv_m), per head dim
+CANDIDATES = {
+    "fwd": {128: ((64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2),
+                  (128, 128, 8, 2), (64, 128, 4, 2), (128, 32, 8, 4)),
+            64: ((128, 64, 8, 2), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (128, 128, 4, 3),
+                 (64, 64, 4, 3), (64, 64, 4, 4), (128, 128, 8, 2))},
+    "dq": {128: ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 8, 3), (64, 64, 8, 2)),
+           64: ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3),
+                (128, 128, 8, 2), (64, 128, 4, 2))},
+    "kv": {128: ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 3), (64, 64, 8, 2)),
+           64: ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3),
+                (128, 32, 4, 3), (128, 128, 8, 2))},
+    "fp32": {128: ((64, 32, 4, 1), (64, 32, 8, 1), (64, 32, 4, 2)),
+             64: ((64, 32, 4, 1), (64, 64, 4, 1), (64, 32, 4, 2))},
+}
+# (warps, stages) tried with GProj on, at the fastest GProj-off tile of that kernel
+GPROJ_LAUNCH = ((4, 2), (4, 3), (8, 2), (8, 3), (4, 1))
+TILE_KEYS = {"fwd": ("fwd_m", "fwd_n"), "dq": ("dq_m", "dq_n"), "kv": ("kv_n", "kv_m")}
+LAUNCH_KEYS = {"fwd": ("fwd_warps", "fwd_stages"), "dq": ("dq_warps", "dq_stages"), "kv": ("kv_warps", "kv_stages")}
 
 
-def _check_small(tfa, config, d: int, causal: bool) -> dict:
-    """max |out - ref|, max |dq - ref| on (2, 3, 300, d) bf16, ref = SDPA math in fp32."""
+def _kernel_of(part: str) -> str:
+    return part.split("_")[0]
+
+
+def _change(part: str, cand) -> dict:
+    """BlockConfig fields of one candidate (tile 1, tile 2, warps, stages) of ``part``."""
+    kernel = _kernel_of(part)
+    a, b, warps, stages = cand
+    return {**dict(zip(TILE_KEYS[kernel], (a, b))), **dict(zip(LAUNCH_KEYS[kernel], (warps, stages)))}
+
+
+def _part_options(part: str) -> dict:
+    """(gproj, fp32_backward, fp32_dot list) a part is timed under."""
+    return {"fwd": ("off", False, ("ieee",)), "dq": ("off", False, ("ieee",)), "kv": ("off", False, ("ieee",)),
+            "dq_gproj": ("dq", False, ("ieee",)), "kv_gproj": ("dq_dk", False, ("ieee",)),
+            "dq_fp32": ("off", True, ("ieee", "tf32x3")), "kv_fp32": ("off", True, ("ieee", "tf32x3"))}[part]
+
+
+def _check_small(tfa, config, d: int, causal: bool, gproj: str, fp32_backward: bool, fp32_dot: str) -> dict:
+    """max |x - ref| for out, dq, dk, dv on (2, 3, CHECK_N, d) bf16, ref = SDPA math in fp32."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.nn.functional import scaled_dot_product_attention as sdpa
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v, do = (torch.randn(2, 3, 300, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4))
+    q, k, v, do = (torch.randn(2, 3, CHECK_N, d, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(4))
     q32, k32, v32 = (t.float().requires_grad_() for t in (q, k, v))
     with sdpa_kernel([SDPBackend.MATH]):
         ref = sdpa(q32, k32, v32, is_causal=causal)
-    (ref_dq,) = torch.autograd.grad(ref, (q32,), do.float())
+    refs = (ref, *torch.autograd.grad(ref, (q32, k32, v32), do.float()))
     out, lse = tfa.forward(q, k, v, causal=causal, config=config)
-    dq, _, _ = tfa.backward(q, k, v, out, lse, do, causal=causal, config=config)
-    return {"max_abs_diff_out": (out.float() - ref).abs().max().item(),
-            "max_abs_diff_dq": (dq.float() - ref_dq).abs().max().item()}
+    got = (out, *tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                              config=config, fp32_dot=fp32_dot))
+    rec, correct = {}, True
+    for name, x, r in zip(("out", "dq", "dk", "dv"), got, refs):
+        diff = (x.float() - r).abs().max().item()
+        rec[f"max_abs_diff_{name}"] = diff
+        correct = correct and diff == diff and diff <= CHECK_REL * r.abs().max().item()
+    rec["correct"] = bool(correct)
+    return rec
 
 
 def _sdpa_flash(q, k, v, do, causal: bool, warmup: int, reps: int) -> dict:
@@ -81,7 +146,17 @@ def _sdpa_flash(q, k, v, do, causal: bool, warmup: int, reps: int) -> dict:
         return {"status": "refused", "error": f"{type(exc).__name__}: {exc}"[:2000]}
 
 
-def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps: int = 7) -> dict:
+def _best(cases, d: int, causal: bool, part: str, fp32_dot: str = "ieee", tiles: dict | None = None):
+    """The fastest ok and correct case of ``part`` (at ``tiles`` when given), or None."""
+    good = [c for c in cases if c.get("d") == d and c.get("causal") == causal and c.get("part") == part
+            and c.get("status") == "ok" and c.get("correct", False) and c.get("fp32_dot", "ieee") == fp32_dot
+            and isinstance(c.get("ms"), (int, float))
+            and (tiles is None or all(c["config"][key] == value for key, value in tiles.items()))]
+    return min(good, key=lambda c: c["ms"]) if good else None
+
+
+def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps: int = 7,
+         dims=(128, 64), causals=(False, True), parts=PARTS) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("triton_fa2_tune needs a CUDA GPU")
     from . import triton_fa2 as tfa
@@ -90,11 +165,15 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
     reason = tfa.unavailable_reason("cuda")
     if reason:
         raise SystemExit(f"triton_fa2 is unavailable here: {reason}")
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        raise SystemExit(f"unknown parts {sorted(unknown)}; allowed: {PARTS}")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     result = {"environment": environment(), "n": n, "heads": HEADS, "batch": TOKENS // n // HEADS,
-              "dtype": "bf16", "warmup": warmup, "repeats": reps, "budget_s": budget_s,
-              "default_configs": {str(d): vars(tfa.default_config(d)) for d in (64, 128)},
+              "dtype": "bf16", "warmup": warmup, "repeats": reps, "budget_s": budget_s, "parts": list(parts),
+              "check": {"shape": [2, 3, CHECK_N, "d"], "rel": CHECK_REL},
+              "default_configs": {f"{d},{int(c)}": vars(tfa.default_config(d, causal=c)) for d in dims for c in causals},
               "sdpa_flash": [], "cases": [], "stopped_by_budget": False}
     t0 = time.time()
 
@@ -103,48 +182,168 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
         out_path.write_text(json.dumps(result, indent=1))
 
     shape = (TOKENS // n // HEADS, HEADS, n)
-    for d, causal in itertools.product((128, 64), (False, True)):
-        q, k, v, do = (torch.randn(*shape, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-        result["sdpa_flash"].append({"d": d, "causal": causal, **_sdpa_flash(q, k, v, do, causal, warmup, reps)})
-        base = tfa.default_config(d)
-        out, lse = tfa.forward(q, k, v, causal=causal, config=base)
-        grid = [("fwd", dict(fwd_m=m, fwd_n=nn, num_warps=w, fwd_stages=s))
-                for (m, nn), w, s in itertools.product(FWD_TILES, WARPS, FWD_STAGES)]
-        grid += [("bwd", dict(dq_m=a, dq_n=b, kv_n=c, kv_m=e, num_warps=w, bwd_stages=s))
-                 for (a, b, c, e), w, s in itertools.product(BWD_TILES, WARPS, BWD_STAGES)]
-        grid += [("bwd_gproj_dq", dict(dq_m=a, dq_n=b, kv_n=c, kv_m=e, num_warps=w, bwd_stages=s))
-                 for (a, b, c, e), w, s in itertools.product(BWD_TILES, WARPS, BWD_STAGES)]
-        for part, change in grid:
-            if time.time() - t0 > budget_s:
-                result["stopped_by_budget"] = True
-                save()
-                return result
-            cfg = tfa.BlockConfig(**{**vars(base), **change})
-            rec = {"d": d, "causal": causal, "part": part, "config": vars(cfg), "status": "ok"}
-            try:
-                rec.update(_check_small(tfa, cfg, d, causal))
-                if part == "fwd":
-                    def call():
-                        tfa.forward(q, k, v, causal=causal, config=cfg)
-                else:
-                    gproj = "dq" if part == "bwd_gproj_dq" else "off"
+    tensors = {}
 
-                    def call():
-                        tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, config=cfg)
-                rec["ms"] = median_ms(call, warmup, reps, "cuda")
-            except Exception as exc:  # noqa: BLE001
-                rec["status"] = "error"
-                rec["error"] = f"{type(exc).__name__}: {exc}"[:1000]
-                rec["traceback"] = traceback.format_exc()[-2000:]
-            finally:
-                torch.cuda.empty_cache()
-            rec["elapsed_s"] = round(time.time() - t0, 1)
-            result["cases"].append(rec)
+    def inputs(d, causal):
+        if (d, causal) not in tensors:
+            tensors.clear()
+            torch.cuda.empty_cache()
+            q, k, v, do = (torch.randn(*shape, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            out, lse = tfa.forward(q, k, v, causal=causal, config=tfa.default_config(d, causal=causal))
+            tensors[d, causal] = (q, k, v, do, out, lse)
+        return tensors[d, causal]
+
+    def run(d, causal, part, change, fp32_dot="ieee"):
+        """Time one case and record it; False once the budget is spent."""
+        if time.time() - t0 > budget_s:
+            result["stopped_by_budget"] = True
             save()
-            print(f"[{rec['elapsed_s']:6.1f}s] d={d} causal={causal!s:5s} {part:12s} {change} "
-                  f"{rec['status']} {rec.get('ms', float('nan')):.3f} ms", flush=True)
+            return False
+        gproj, fp32_backward, _ = _part_options(part)
+        base = tfa.default_config(d, fp32_backward, causal=causal)
+        cfg = tfa.BlockConfig(**{**vars(base), **change})
+        rec = {"d": d, "causal": causal, "part": part, "gproj": gproj, "fp32_backward": fp32_backward,
+               "fp32_dot": fp32_dot, "change": change, "config": vars(cfg), "status": "ok"}
+        try:
+            q, k, v, do, out, lse = inputs(d, causal)
+            rec.update(_check_small(tfa, cfg, d, causal, gproj, fp32_backward, fp32_dot))
+            if part == "fwd":
+                def call():
+                    tfa.forward(q, k, v, causal=causal, config=cfg)
+            else:
+                def call():
+                    tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                                 config=cfg, fp32_dot=fp32_dot, _only=_kernel_of(part))
+            rec["ms"] = median_ms(call, warmup, reps, "cuda")
+        except Exception as exc:  # noqa: BLE001
+            rec["status"] = "error"
+            rec["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+            rec["traceback"] = traceback.format_exc()[-2000:]
+        finally:
+            torch.cuda.empty_cache()
+        rec["elapsed_s"] = round(time.time() - t0, 1)
+        result["cases"].append(rec)
+        save()
+        print(f"[{rec['elapsed_s']:6.1f}s] d={d} causal={causal!s:5s} {part:9s} {fp32_dot:6s} {change} "
+              f"{rec['status']} {rec.get('ms', float('nan')):.3f} ms correct={rec.get('correct')}", flush=True)
+        return True
+
+    shapes = list(itertools.product(dims, causals))
+    for d, causal in shapes:
+        if any(p in parts for p in ("fwd", "dq", "kv")):
+            q, k, v, do, _, _ = inputs(d, causal)
+            result["sdpa_flash"].append({"d": d, "causal": causal, **_sdpa_flash(q, k, v, do, causal, warmup, reps)})
+            save()
+        for part in ("fwd", "dq", "kv"):
+            if part in parts:
+                for cand in CANDIDATES[part][d if d in CANDIDATES[part] else 128]:
+                    if not run(d, causal, part, _change(part, cand)):
+                        return result
+        for part in ("dq_gproj", "kv_gproj"):
+            if part not in parts:
+                continue
+            kernel = _kernel_of(part)
+            best = _best(result["cases"], d, causal, kernel)
+            base = tfa.default_config(d, causal=causal)
+            tiles = ({key: best["config"][key] for key in TILE_KEYS[kernel]} if best else
+                     {key: getattr(base, key) for key in TILE_KEYS[kernel]})
+            for warps, stages in GPROJ_LAUNCH:
+                change = {**tiles, **dict(zip(LAUNCH_KEYS[kernel], (warps, stages)))}
+                if not run(d, causal, part, change):
+                    return result
+    for d, causal in shapes:
+        for part in ("dq_fp32", "kv_fp32"):
+            if part not in parts:
+                continue
+            for cand, fp32_dot in itertools.product(CANDIDATES["fp32"][d if d in CANDIDATES["fp32"] else 128],
+                                                    ("ieee", "tf32x3")):
+                if not run(d, causal, part, _change(part, cand), fp32_dot):
+                    return result
     save()
     return result
+
+
+# -- picking the table from sweep JSONs (pure: tested on CPU with a synthetic JSON) ------------------
+def pick_configs(results) -> dict:
+    """From one or more sweep results (dicts as ``main`` writes them), the fastest ok and correct
+    configuration per (d, causal): ``{"configs": {(d, causal): fields}, "gproj_launch":
+    {(d, causal, gproj): fields}, "fp32_bwd": {(d, causal): fields}, "notes": [...]}``. ``configs``
+    needs all three of fwd, dq, kv for a shape (else the shape is left out, with a note); GProj's
+    warps/stages are kept only at the chosen GProj-off tiles and only where they differ from GProj
+    off's; the FP32 backward's tiles from the ``"ieee"`` cases (tf32x3's best goes to ``notes``)."""
+    if isinstance(results, dict):
+        results = [results]
+    cases = [c for res in results for c in res.get("cases", [])]
+    stamps = sorted({res.get("environment", {}).get("time_utc", "?") for res in results})
+    source = f"h200 tune {', '.join(stamps)}, N={results[0].get('n', '?') if results else '?'}"
+    shapes = sorted({(c["d"], c["causal"]) for c in cases if "d" in c and "causal" in c})
+    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "notes": []}
+    for d, causal in shapes:
+        best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
+        missing = [kernel for kernel, case in best.items() if case is None]
+        if missing:
+            picked["notes"].append(f"d={d} causal={causal}: no correct measurement of {missing}; not tuned")
+            continue
+        fields, times = {}, {}
+        for kernel, case in best.items():
+            cfg = case["config"]
+            fields.update({key: cfg[key] for key in TILE_KEYS[kernel]})
+            warps, stages = _launch_of(cfg, kernel)
+            fields.update(dict(zip(LAUNCH_KEYS[kernel], (warps, stages))))
+            times[kernel] = round(case["ms"], 3)
+        fields["num_warps"] = fields["fwd_warps"]
+        fields["bwd_stages"] = fields["dq_stages"]
+        fields["source"] = f"{source}; ms fwd {times['fwd']}, dq {times['dq']}, kv {times['kv']}"
+        picked["configs"][d, causal] = fields
+        for kernel, part, modes in (("dq", "dq_gproj", ("dq", "dq_dk")), ("kv", "kv_gproj", ("dq_dk",))):
+            tiles = {key: fields[key] for key in TILE_KEYS[kernel]}
+            g = _best(cases, d, causal, part, tiles=tiles)
+            if g is None:
+                continue
+            launch = dict(zip(LAUNCH_KEYS[kernel], _launch_of(g["config"], kernel)))
+            off = {key: fields[key] for key in LAUNCH_KEYS[kernel]}
+            if launch != off:
+                for mode in modes:
+                    picked["gproj_launch"].setdefault((d, causal, mode), {}).update(launch)
+            picked["notes"].append(f"d={d} causal={causal}: {part} best {round(g['ms'], 3)} ms at {launch} "
+                                   f"(GProj off {times[kernel]} ms at {off})")
+        fp32 = {}
+        for kernel in ("dq", "kv"):
+            for dot in ("ieee", "tf32x3"):
+                g = _best(cases, d, causal, f"{kernel}_fp32", fp32_dot=dot)
+                if g is None:
+                    continue
+                cfg = g["config"]
+                if dot == "ieee":
+                    fp32.update({key: cfg[key] for key in TILE_KEYS[kernel]})
+                    fp32.update(dict(zip(LAUNCH_KEYS[kernel], _launch_of(cfg, kernel))))
+                picked["notes"].append(f"d={d} causal={causal}: {kernel}_fp32 {dot} best {round(g['ms'], 3)} ms at "
+                                       f"{ {key: cfg[key] for key in TILE_KEYS[kernel]} } "
+                                       f"{dict(zip(LAUNCH_KEYS[kernel], _launch_of(cfg, kernel)))}")
+        if all(key in fp32 for key in TILE_KEYS["dq"] + TILE_KEYS["kv"]):
+            picked["fp32_bwd"][d, causal] = {**fp32, "source": source}
+    return picked
+
+
+def _launch_of(cfg: dict, kernel: str) -> tuple[int, int]:
+    """(warps, stages) a recorded config gives ``kernel`` (the shared fields where its own is None)."""
+    warps_key, stages_key = LAUNCH_KEYS[kernel]
+    warps = cfg.get(warps_key) or cfg["num_warps"]
+    stages = cfg.get(stages_key) or (cfg["fwd_stages"] if kernel == "fwd" else cfg["bwd_stages"])
+    return warps, stages
+
+
+def format_tables(picked: dict) -> str:
+    """The Python source of ``TUNED_CONFIGS``, ``TUNED_GPROJ_LAUNCH``, ``TUNED_FP32_BWD`` (notes as comments)."""
+    lines = [f"# {note}" for note in picked["notes"]]
+    for name, key, table in (("TUNED_CONFIGS", "tuple[int, bool]", picked["configs"]),
+                             ("TUNED_GPROJ_LAUNCH", "tuple[int, bool, str]", picked["gproj_launch"]),
+                             ("TUNED_FP32_BWD", "tuple[int, bool]", picked["fp32_bwd"])):
+        lines.append(f"{name}: dict[{key}, dict] = {{")
+        for shape, fields in sorted(table.items()):
+            lines.append(f"    {shape!r}: {fields!r},")
+        lines.append("}")
+    return "\n".join(lines)
 
 
 def same_numerics(out_path, head_dim: int, change: dict) -> dict:
@@ -155,35 +354,68 @@ def same_numerics(out_path, head_dim: int, change: dict) -> dict:
 
     base = tfa.default_config(head_dim)
     other = tfa.BlockConfig(**{**vars(base), **change})
-    cases = []
-    for n, causal, gproj in itertools.product((300, 1000, 4096), (False, True), tfa.GPROJ_MODES):
-        g = torch.Generator(device="cuda").manual_seed(n)
-        q, k, v, do = (torch.randn(2, 4, n, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
-                       for _ in range(4))
-        res = {}
-        for name, cfg in (("base", base), ("other", other)):
-            out, lse = tfa.forward(q, k, v, causal=causal, config=cfg)
-            dq, dk, dv = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, config=cfg)
-            res[name] = dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
-        cases.append({"n": n, "causal": causal, "gproj": gproj,
-                      **{f"equal_{t}": bool(torch.equal(res["base"][t], res["other"][t])) for t in res["base"]},
-                      "max_abs_diff_dq": (res["base"]["dq"].float() - res["other"]["dq"].float()).abs().max().item()})
-    result = {"head_dim": head_dim, "base": vars(base), "other": vars(other), "cases": cases,
-              "all_equal": all(all(v for key, v in c.items() if key.startswith("equal_")) for c in cases)}
+    result = _compare(tfa, head_dim, (("base", dict(config=base)), ("other", dict(config=other))), (300, 1000, 4096))
+    result.update(base=vars(base), other=vars(other))
     Path(out_path).write_text(json.dumps(result, indent=1))
     print(f"d={head_dim} {change}: bit-identical in every case: {result['all_equal']}", flush=True)
     return result
 
 
+def split_check(out_path, head_dim: int) -> dict:
+    """Bit-for-bit comparison of the kernel as it runs and its every-block-masked reference path."""
+    if not torch.cuda.is_available():
+        raise SystemExit("triton_fa2_tune needs a CUDA GPU")
+    from . import triton_fa2 as tfa
+
+    result = _compare(tfa, head_dim, (("base", dict(_split=True)), ("other", dict(_split=False))), (300, 1000, 4096))
+    result["compared"] = "default config per (d, causal): _split=True (as run) against _split=False (reference)"
+    Path(out_path).write_text(json.dumps(result, indent=1))
+    print(f"d={head_dim} split against every block masked: bit-identical in every case: {result['all_equal']}",
+          flush=True)
+    return result
+
+
+def _compare(tfa, head_dim: int, variants, ns) -> dict:
+    cases = []
+    for n, causal, gproj in itertools.product(ns, (False, True), tfa.GPROJ_MODES):
+        g = torch.Generator(device="cuda").manual_seed(n)
+        q, k, v, do = (torch.randn(2, 4, n, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+                       for _ in range(4))
+        res = {}
+        for name, opts in variants:
+            fwd_opts = {key: value for key, value in opts.items() if key in ("config", "_split")}
+            out, lse = tfa.forward(q, k, v, causal=causal, **fwd_opts)
+            dq, dk, dv = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, **opts)
+            res[name] = dict(out=out, lse=lse, dq=dq, dk=dk, dv=dv)
+        cases.append({"n": n, "causal": causal, "gproj": gproj,
+                      **{f"equal_{t}": bool(torch.equal(res["base"][t], res["other"][t])) for t in res["base"]},
+                      "max_abs_diff_dq": (res["base"]["dq"].float() - res["other"]["dq"].float()).abs().max().item()})
+    return {"head_dim": head_dim, "cases": cases,
+            "all_equal": all(all(v for key, v in c.items() if key.startswith("equal_")) for c in cases)}
+
+
+USAGE = ("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]"
+         " [--causal=0,1] [--parts=...] | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D"
+         " | pick TUNE.json [TUNE2.json ...]")
+
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
-    if len(args) != 1 or set(opts) - {"--budget-s", "--n", "--same-numerics"}:
-        raise SystemExit("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192]"
-                         " | OUT.json --same-numerics=D:KEY=VALUE,...")
-    if "--same-numerics" in opts:
+    if args[:1] == ["pick"]:
+        if len(args) < 2 or opts:
+            raise SystemExit(USAGE)
+        print(format_tables(pick_configs([json.loads(Path(p).read_text()) for p in args[1:]])))
+    elif len(args) != 1 or set(opts) - {"--budget-s", "--n", "--same-numerics", "--split-check", "--dims",
+                                        "--causal", "--parts"}:
+        raise SystemExit(USAGE)
+    elif "--same-numerics" in opts:
         dim, _, pairs = opts["--same-numerics"].partition(":")
         same_numerics(args[0], int(dim), {key: int(value) for key, value in
                                           (pair.split("=", 1) for pair in pairs.split(",") if pair)})
+    elif "--split-check" in opts:
+        split_check(args[0], int(opts["--split-check"]))
     else:
-        main(args[0], budget_s=float(opts.get("--budget-s", 240)), n=int(opts.get("--n", 8192)))
+        main(args[0], budget_s=float(opts.get("--budget-s", 240)), n=int(opts.get("--n", 8192)),
+             dims=tuple(int(x) for x in opts.get("--dims", "128,64").split(",")),
+             causals=tuple(bool(int(x)) for x in opts.get("--causal", "0,1").split(",")),
+             parts=tuple(opts.get("--parts", ",".join(PARTS)).split(",")))
