@@ -456,3 +456,33 @@ def test_gpu_fp32_dot_tf32x3(dtype):
             assert rel_max(b, a.double()) <= 2 * U[dtype], (name, gproj)
             assert (a != b).float().mean().item() <= 0.02, (name, gproj)
             assert rel_max(b, r, r_dv.abs().max().item()) <= 8 * U[dtype], (name, gproj)
+
+
+def test_bench_applies_the_tables_a_sweep_picks(tmp_path):
+    """``triton_fa2_bench --tables-from`` times the configuration ``pick_configs`` chooses from the sweep
+    files: ``default_config`` returns the picked tiles and launches for that process."""
+    import json
+
+    from attnum.kernels import triton_fa2_bench as bench
+
+    base = dict(vars(tfa.BlockConfig()))
+    cases = [{"d": 64, "causal": True, "part": part, "fp32_dot": "ieee", "status": "ok", "correct": True, "ms": 1.0,
+              "config": {**base, **change}}
+             for part, change in (("fwd", dict(fwd_m=64, fwd_n=32, fwd_warps=4, fwd_stages=4)),
+                                  ("dq", dict(dq_m=32, dq_n=64, dq_warps=2, dq_stages=3)),
+                                  ("kv", dict(kv_n=32, kv_m=32, kv_warps=8, kv_stages=1)))]
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"environment": {"time_utc": "t"}, "n": 8192, "cases": cases}))
+    saved = (dict(tfa.TUNED_CONFIGS), dict(tfa.TUNED_GPROJ_LAUNCH), dict(tfa.TUNED_FP32_BWD))
+    try:
+        applied = bench.apply_tables(tfa, [path])
+        cfg = tfa.default_config(64, causal=True)
+        assert (cfg.fwd_m, cfg.fwd_n, cfg.dq_m, cfg.dq_n, cfg.kv_n, cfg.kv_m) == (64, 32, 32, 64, 32, 32)
+        assert (cfg.launch("fwd"), cfg.launch("dq"), cfg.launch("kv")) == ((4, 4), (2, 3), (8, 1))
+        assert applied["configs"]["64,True"]["dq_warps"] == 2
+        assert tfa.default_config(64, causal=False).tiles() == tfa.BlockConfig(**{
+            k: v for k, v in saved[0][64, False].items() if k != "source"}).tiles()  # other shapes untouched
+    finally:
+        for table, name in zip(saved, ("TUNED_CONFIGS", "TUNED_GPROJ_LAUNCH", "TUNED_FP32_BWD")):
+            getattr(tfa, name).clear()
+            getattr(tfa, name).update(table)

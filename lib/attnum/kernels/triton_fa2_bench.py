@@ -228,10 +228,25 @@ def summarize(cases) -> list[dict]:
     return out
 
 
-def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float = 240.0) -> dict:
+def apply_tables(tfa, tune_paths) -> dict:
+    """Make ``tfa.default_config`` use the tables ``triton_fa2_tune.pick_configs`` picks from the sweep
+    files ``tune_paths`` (for this process only: the committed tables are what ``format_tables`` prints
+    from the same files, pasted into the module). Returns the picked tables (keys as strings, for JSON)."""
+    from .triton_fa2_tune import pick_configs
+
+    picked = pick_configs([json.loads(Path(p).read_text()) for p in tune_paths])
+    tfa.TUNED_CONFIGS.update(picked["configs"])
+    tfa.TUNED_GPROJ_LAUNCH.update(picked["gproj_launch"])
+    tfa.TUNED_FP32_BWD.update(picked["fp32_bwd"])
+    return {name: {",".join(str(x) for x in key): value for key, value in table.items()} if isinstance(table, dict)
+            else table for name, table in picked.items()}
+
+
+def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float = 240.0, tables_from=()) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("triton_fa2_bench needs a CUDA GPU")
     from . import triton_fa2 as tfa
+    applied = apply_tables(tfa, tables_from) if tables_from else None
     reason = tfa.unavailable_reason("cuda")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -240,6 +255,7 @@ def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float
               "dims": list(dims), "budget_s": budget_s,
               "flop_count": "forward 4*N^2*d per head (x0.5 causal); backward 2.5x forward",
               "triton_fa2_unavailable": reason, "targets": TARGETS,
+              "tables_from": [str(p) for p in tables_from], "tables_applied": applied,
               "triton_fa2_configs": {} if reason else {
                   f"{d},{int(c)}": vars(tfa.default_config(d, causal=c)) for d in dims for c in (False, True)},
               "cases": [], "extra_cases": [], "summary": [], "stopped_by_budget": False}
@@ -287,10 +303,11 @@ if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     flags = {a for a in sys.argv[1:] if a.startswith("--") and "=" not in a}
-    if len(args) != 1 or set(opts) - {"--ns", "--dims", "--budget-s"} or flags - {"--quick"}:
+    if len(args) != 1 or set(opts) - {"--ns", "--dims", "--budget-s", "--tables-from"} or flags - {"--quick"}:
         raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192]"
-                         " [--dims=64,128] [--budget-s=240]")
+                         " [--dims=64,128] [--budget-s=240] [--tables-from=TUNE.json,...]")
     main(args[0], quick="--quick" in flags,
          ns=tuple(int(x) for x in opts["--ns"].split(",")) if "--ns" in opts else None,
          dims=tuple(int(x) for x in opts.get("--dims", "64,128").split(",")),
-         budget_s=float(opts.get("--budget-s", 240)))
+         budget_s=float(opts.get("--budget-s", 240)),
+         tables_from=tuple(opts["--tables-from"].split(",")) if "--tables-from" in opts else ())
