@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
-from attnum import ncio
+from attnum import ncio, runs
 
 OUTPUTS = Path(__file__).resolve().parents[2] / "outputs"
 H200 = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": "91900", "triton": "3.6.0", "gpu": "NVIDIA H200",
@@ -91,7 +91,8 @@ def test_a_cpu_run_needs_no_gpu(tmp_path):
 
 def _committed_gpu_runs():
     out = []
-    for results in sorted(OUTPUTS.glob("*/*/results.nc")):
+    # study runs only: outputs/report/<name>/ holds kernel reports, recorded in REPORT.json rather than RUN.json
+    for results in sorted(p for study in runs.studies() for p in (OUTPUTS / study).glob("*/results.nc")):
         with xr.open_dataset(results, engine=ncio.ENGINE) as ds:
             if "cuda" in str(ds.attrs.get("device", "")).lower():
                 out.append((results.parent.parent.name, results.parent.name, "accelerator_versions" in ds.attrs))

@@ -198,12 +198,16 @@ def test_in_a_browser(site):
         first_img = page.locator("article img").first.bounding_box()["y"]
         assert first_img < page.locator("article h2").first.bounding_box()["y"]  # above the findings
         findings = page.eval_on_selector_all("#findings li", "els => els.map(e => e.innerText)")
-        as_result = nbformat.read(root.parent / STUDY / "as_result" / "notebook.ipynb", as_version=4)
-        template = attnum.site._finding_template(nbformat.read(runs.studies()[STUDY], as_version=4))
-        glued = attnum.glue.read_glued(as_result)
-        expected = [format(glued[k], spec) if spec else str(glued[k]) for k, spec in attnum.site._GLUE_ROLE.findall(template)]
-        assert expected and len(findings) == 1 and findings[0].startswith("02 · Extreme inputs")  # 01's GPU run glued none
-        assert [e for e in expected if e not in findings[0]] == [], (expected, findings)
+        # one finding per study whose result run glued its finding's values: 01 (the committed GPU run) and 02
+        assert [f[:2] for f in findings] == ["01", "02"], findings
+        for finding, (study, run) in zip(findings, [("length_scaling", "gpu"), (STUDY, "as_result")]):
+            executed = nbformat.read(root.parent / study / run / "notebook.ipynb", as_version=4)
+            template = attnum.site._finding_template(nbformat.read(runs.studies()[study], as_version=4))
+            glued = attnum.glue.read_glued(executed)
+            expected = [format(glued[k], spec) if spec else str(glued[k])
+                        for k, spec in attnum.site._GLUE_ROLE.findall(template)]
+            assert expected and [e for e in expected if e not in finding] == [], (study, expected, finding)
+            assert finding.rstrip().endswith(f"run {run})"), finding  # names the run it comes from
         full_size = page.eval_on_selector_all("article figure a:has(img)", "els => els.map(e => e.href)")
         assert full_size and all(h.endswith(".png") for h in full_size)
         assert "GPU (cuda:0 NVIDIA H200" in text and "Finding (run" in text

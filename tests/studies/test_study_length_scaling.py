@@ -477,16 +477,20 @@ def test_real_causal_is_boolean_after_the_results_file(tmp_path):
 
 
 def test_the_committed_gpu_runs_read_with_boolean_real_causal():
-    """outputs/length_scaling/gpu*/ were written with real_causal as 0/1 integers: they read back as booleans,
+    """Runs written before ncio stored booleans have real_causal as 0/1 integers (some committed gpu* runs; the
+    committed gpu run itself, in either form, is also cast back to 0/1 here): both read back as booleans,
     value for value, through readings.current_form and committed_real_kernel_runs."""
-    raw = ncio.committed_run("length_scaling", "gpu")
-    if raw is None:
+    committed = ncio.committed_run("length_scaling", "gpu")
+    if committed is None:
         pytest.skip("no committed GPU run in this checkout")
-    ds = readings.current_form(raw)
-    assert ds["real_causal"].dtype == bool
-    assert ds["real_causal"].values.tolist() == [bool(x) for x in raw["real_causal"].values]
-    np.testing.assert_array_equal(ds["real_rel_l2_err"].sel(real_causal=True).values,
-                                  raw["real_rel_l2_err"].sel(real_causal=1).values)
+    as_ints = committed.assign_coords(real_causal=committed["real_causal"].values.astype(np.int64))
+    for raw in (committed, as_ints):
+        ds = readings.current_form(raw)
+        assert ds["real_causal"].dtype == bool
+        assert ds["real_causal"].values.tolist() == [bool(x) for x in raw["real_causal"].values]
+        causal_at = [bool(x) for x in raw["real_causal"].values].index(True)
+        np.testing.assert_array_equal(ds["real_rel_l2_err"].sel(real_causal=True).values,
+                                      raw["real_rel_l2_err"].isel(real_causal=causal_at).values)
     assert "emulator" in ds["kernel"].values
     runs_ = real_kernels.committed_real_kernel_runs()
     assert runs_ and all(r["real_causal"].dtype == bool for r in runs_)
