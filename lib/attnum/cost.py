@@ -47,6 +47,7 @@ import numpy as np
 import xarray as xr
 
 from .kernels.fixes import FIXES
+from .kernels.triton_fa2 import default_config
 
 PASSES = ("forward", "backward")
 QUANTITIES = {
@@ -234,14 +235,14 @@ def triton_fa2_cost(variant: str, seq_len: int, head_dim: int, *, causal: bool =
     dP^T, P~^T dO, dS~^T Q; 4 per tile, +1 for GProj dq_dk's (r P~)^T Q), so 7 backward GEMMs where
     the atomic design has 5. ``fp32_backward``: the dV, dQ and dK GEMMs take fp32 operands (3 of 7);
     ``fp32_attention`` (the kernel fed fp32 tensors): every GEMM. ``tiles``: the kernel's tile sizes
-    (``fwd_m``, ``fwd_n``, ``dq_m``, ``dq_n``, ``kv_m``, ``kv_n``); by default ``triton_fa2``'s H200
-    choice (128 x 64; halved in the backward under ``fp32_backward`` and, here, for fp32 inputs)."""
+    (``fwd_m``, ``fwd_n``, ``dq_m``, ``dq_n``, ``kv_m``, ``kv_n``); by default the tiles the kernel
+    itself launches with at this head dim and causality (``triton_fa2.default_config``: its tuned
+    table, or the untuned fallback; the backward tiles halved under ``fp32_backward`` and, here, for
+    fp32 inputs). Tiles only matter where they cut the causal diagonal (``visited_tiles``)."""
     if variant not in TRITON_VARIANTS:
         raise ValueError(f"unknown Triton variant {variant!r}; allowed: {list(TRITON_VARIANTS)}")
     gproj, fp32_bwd, fp32_in = TRITON_VARIANTS[variant]
-    halved = fp32_bwd or fp32_in
-    t = dict(fwd_m=128, fwd_n=64, dq_m=64 if halved else 128, dq_n=32 if halved else 64,
-             kv_m=32 if halved else 64, kv_n=64 if halved else 128)
+    t = default_config(head_dim, fp32_backward=fp32_bwd or fp32_in, causal=causal, gproj=gproj).tiles()
     t.update(tiles or {})
     n, d = seq_len, head_dim
 

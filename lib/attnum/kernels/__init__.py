@@ -89,8 +89,8 @@ class TritonKernel(Kernel):
 
     def runs_as(self) -> str:
         return (f"attnum's Triton FlashAttention-2 kernel (attnum.kernels.triton_fa2), GProj {self.gproj}, "
-                f"{'FP32' if self.fp32_backward else 'input-format'} backward; tiles and stages fixed per head dim "
-                "(triton_fa2.default_config, no autotuning)")
+                f"{'FP32' if self.fp32_backward else 'input-format'} backward; tiles, warps and stages fixed "
+                "per (head dim, causal, GProj mode) (triton_fa2.default_config's tuned table, no autotuning)")
 
     def unavailable_reason(self, device="cpu"):
         from . import triton_fa2

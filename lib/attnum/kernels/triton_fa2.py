@@ -130,11 +130,10 @@ different kernel at the fp32 level -- every bf16/fp16 rounding rule above is the
 emulator matches it at its own tiles (``block_q``/``block_k``) -- and its outputs can differ from
 the old default's in the last bit of the input format where an fp32 value sits on a rounding
 boundary. ``triton_fa2_tune --same-numerics`` measures exactly that.
-Measured on one H200 with the untuned constants, before the mask split (bf16, 2^18 tokens per
-shape, ``triton_fa2_bench``, 2026-11-30): at N = 32768,
-d = 128, non-causal, forward 307 / backward 266 TFLOP/s (SDPA's FlashAttention-2 backend 354 / 304,
-cuDNN 667 / 549); GProj dq backward 235 (-12%), dq_dk 197 (-26%), FP32 backward 21 (-92%). d = 64
-is weaker (forward 212, backward 113): these blocks were not tuned for it.
+Measured speed lives in ``outputs/kernels/h200/triton_fa2_bench.json`` (``triton_fa2_bench``: against
+SDPA's backends, compiled FlexAttention and FA4 where installed, with a ``summary`` against the speed
+targets) and the sweeps in ``triton_fa2_tune*.json``; this docstring states no timings, since they
+change with every table.
 """
 from __future__ import annotations
 
@@ -226,17 +225,30 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
                        bwd_stages=2, source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied)"),
     (128, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
                       bwd_stages=2, source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied)"),
-    # d = 64: forward 128 x 64 with 8 warps / 2 stages measured (2.06 against 2.70 ms non-causal);
-    # the backward was not measured: 64-tiles / 4 warps / 2 stages, d = 128's choice, is a guess
+    # d = 64, non-causal: triton_fa2_tune --dims=64 --parts=fwd,dq,kv,dq_gproj,kv_gproj on the H200
+    # (2026-12-02, each kernel timed alone): forward 128 x 64 / 8 warps / 3 stages 1.594 ms, dQ kernel
+    # 64 x 64 / 4 warps / 2 stages 1.64 ms, dK/dV kernel 64 x 64 / 4 warps / 3 stages 2.661 ms. That
+    # sweep's JSON did not reach the repository (the session that ran it ended first): these are the
+    # picks as read from it. Stages never change the arithmetic, so the numerics are those of the
+    # entry it replaced (same tiles).
     (64, False): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
-                      fwd_stages=2, bwd_stages=2, source="forward: h200 tune 2026-12-02; backward: unmeasured guess"),
+                      fwd_stages=3, bwd_stages=2, kv_stages=3,
+                      source="h200 tune 2026-12-02 (--dims=64, each kernel alone; JSON not committed)"),
+    # d = 64, causal: the same sweep timed it (forward 0.966, dQ 1.05, dK/dV 1.531 ms) but its picks were
+    # not read out before the JSON was lost; this stays d = 64 non-causal's earlier forward with 64-tiles
     (64, True): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
-                     fwd_stages=2, bwd_stages=2, source="unmeasured guess (d = 64 non-causal's forward)"),
+                     fwd_stages=2, bwd_stages=2, source="unmeasured guess (d = 64 non-causal's earlier forward)"),
 }
 # Warps and stages of the backward kernels per GProj mode, over TUNED_CONFIGS' (same tiles: GProj
 # never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone).
 # Keys (head_dim, causal, gproj); values only LAUNCH_FIELDS.
-TUNED_GPROJ_LAUNCH: dict[tuple[int, bool, str], dict] = {}
+# d = 64 non-causal, the sweep above: the GProj dQ kernel at 4 warps / 3 stages (2.612 ms against the
+# GProj-off dQ kernel's 1.64 ms: GProj costs more at d = 64, where the extra P~ K GEMM weighs more
+# against the score GEMMs' fixed cost per tile).
+TUNED_GPROJ_LAUNCH: dict[tuple[int, bool, str], dict] = {
+    (64, False, "dq"): dict(dq_warps=4, dq_stages=3),
+    (64, False, "dq_dk"): dict(dq_warps=4, dq_stages=3),
+}
 # The FP32 backward's own backward tiles/warps/stages per (head_dim, causal) (BlockConfig fields of
 # the dQ and dK/dV kernels); where absent, TUNED_CONFIGS' backward tiles halved (see default_config).
 TUNED_FP32_BWD: dict[tuple[int, bool], dict] = {}

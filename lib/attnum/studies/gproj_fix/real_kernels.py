@@ -21,8 +21,10 @@ from . import STEP_NO_ATTENTION
 
 def emulator_equivalent(name: str):
     """The emulated configuration that models a real kernel of the registry on the mechanism
-    grid's bf16 operands, or None. Our Triton kernel: ``fa2_bf16`` with its forward tiles (128 x 64),
-    max subtracted before scaling (no fused scale-max: seed 004's forward fix is built in), its GProj
+    grid's bf16 operands, or None. Our Triton kernel: ``fa2_bf16`` with 128 x 64 tiles (its untuned
+    fallback and its tuned d = 64 forward; the tuned d = 128 table uses 64 x 64, so there the equivalent
+    sums in another fp32 order: an approximation at the fp32 level, one name per kernel whatever the head
+    dim), max subtracted before scaling (no fused scale-max: seed 004's forward fix is built in), its GProj
     mode; ``:fp32_bwd`` keeps dS and P in fp32 for the matmuls and still stores bf16 gradients.
     ``sdpa:flash`` / ``sdpa:efficient`` / ``sdpa:cudnn``: ``fa2_bf16``, tiles 128, max subtracted
     before scaling: an approximation. PyTorch compiles its FlashAttention-2 copy with ``UNFUSE_FMA``
