@@ -1,6 +1,7 @@
 """The source documents' own kernels: FlashAttention-4 (``fa4``) and FlashInfer (``flashinfer:prefill``,
-``flashinfer:decode``). On the CPU: the registry entries, the refusals and their messages, the mask
-conversion and the sentinel read from FlashInfer's header. On CUDA (marked gpu, where the packages are
+``flashinfer:decode``, ``flashinfer:decode_paged``). On the CPU: the registry entries, the refusals and their
+messages, the mask conversion, the sentinel read from FlashInfer's header, and the paged decode's page table
+and batching through a stand-in for FlashInfer's wrapper that reads the pages it is given. On CUDA (marked gpu, where the packages are
 installed): forward (and FA4's backward) against fp64."""
 import math
 import types
@@ -21,10 +22,18 @@ def test_registry_names_and_options():
         kernels.get("flashinfer:paged")
     with pytest.raises(ValueError, match="takes no options"):
         kernels.get("fa4:bk128")
+    assert kernels.get("flashinfer:decode_paged").page_size == flashinfer.DEFAULT_PAGE_SIZE
+    assert kernels.get("flashinfer:decode_paged:p16").name == "flashinfer:decode_paged"  # one name per kernel
+    paged8 = kernels.get("flashinfer:decode_paged:p8")
+    assert (paged8.name, paged8.page_size) == ("flashinfer:decode_paged:p8", 8)
+    for bad in ("flashinfer:prefill:p8", "flashinfer:decode_paged:8", "flashinfer:decode_paged:p0",
+                "flashinfer:decode_paged:p8:x"):
+        with pytest.raises(ValueError, match="flashinfer"):
+            kernels.get(bad)
 
 
 def test_cpu_refusals_say_why_and_run_nothing():
-    for name in ("fa4", "flashinfer:prefill", "flashinfer:decode"):
+    for name in ("fa4", "flashinfer:prefill", "flashinfer:decode", "flashinfer:decode_paged"):
         kernel = kernels.get(name)
         reason = kernel.unavailable_reason("cpu")
         assert reason and "CUDA" in reason
@@ -75,6 +84,73 @@ def test_fa4_refuses_an_additive_bias_rather_than_dropping_it(monkeypatch):
         kernel.forward(q, q, q, attn_bias=torch.zeros(4, 4))
 
 
+def test_page_table_lists_the_pages_each_row_reads():
+    seen = flashinfer.rows_keys(4, 10, causal=True)  # bottom-right causal: rows see 7, 8, 9, 10 keys
+    assert seen == [7, 8, 9, 10] and flashinfer.rows_keys(3, 5, causal=False) == [5, 5, 5]
+    indptr, indices, last = flashinfer.page_table(seen, 4, first_page=3)
+    assert indptr == [0, 2, 4, 7, 10]
+    assert indices == [3, 4, 3, 4, 3, 4, 5, 3, 4, 5]
+    assert last == [3, 4, 1, 2]
+    cache = torch.arange(10.0).view(10, 1, 1)
+    pages = flashinfer.paged_cache(cache, 4)
+    assert pages.shape == (3, 4, 1, 1) and pages.flatten().tolist() == list(range(10)) + [0, 0]
+    for r, n in enumerate(seen):  # the table and the pages give back exactly the first n tokens
+        rows = pages[[i - 3 for i in indices[indptr[r]:indptr[r + 1]]]].reshape(-1)
+        assert rows[:(indptr[r + 1] - indptr[r] - 1) * 4 + last[r]].tolist() == list(range(n))
+    with pytest.raises(ValueError, match="at least one key"):
+        flashinfer.rows_keys(6, 4, causal=True)  # the first two rows would see no key
+
+
+class _PagedStandIn:
+    """Reads a paged NHD cache through a CSR page table the way FlashInfer's batch decode is documented to
+    (fp64 softmax, base-2 log-sum-exp), so the kernel's page table, batching and layouts can be checked."""
+
+    calls = []
+
+    def __init__(self, workspace, layout, use_tensor_cores=False, backend="auto"):
+        assert layout == "NHD" and backend == "fa2" and not use_tensor_cores
+        self.calls.append(self)
+
+    def plan(self, indptr, indices, last, heads, kv_heads, d, page_size, *, q_data_type, kv_data_type, sm_scale):
+        self.table = (indptr.tolist(), indices.tolist(), last.tolist())
+        self.heads, self.kv_heads, self.page_size, self.scale = heads, kv_heads, page_size, sm_scale
+
+    def run(self, q, cache, return_lse):
+        indptr, indices, last = self.table
+        k_pages, v_pages = cache
+        outs, lses = [], []
+        for r in range(q.shape[0]):
+            pages = indices[indptr[r]:indptr[r + 1]]
+            n = (len(pages) - 1) * self.page_size + last[r]
+            k = k_pages[pages].reshape(-1, self.kv_heads, q.shape[-1])[:n].double()
+            v = v_pages[pages].reshape(-1, self.kv_heads, q.shape[-1])[:n].double()
+            s = torch.einsum("hd,nhd->hn", q[r].double(), k) * self.scale
+            outs.append(torch.einsum("hn,nhd->hd", torch.softmax(s, -1), v))
+            lses.append(torch.logsumexp(s, -1) / math.log(2.0))
+        return torch.stack(outs).to(q.dtype), torch.stack(lses).float()
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_paged_decode_reads_every_row_from_the_shared_pages(monkeypatch, causal, page_size):
+    kernel = kernels.get(f"flashinfer:decode_paged:p{page_size}")
+    monkeypatch.setattr(kernel, "require", lambda device: None)
+    monkeypatch.setattr(flashinfer, "_module", lambda: types.SimpleNamespace(BatchDecodeWithPagedKVCacheWrapper=_PagedStandIn))
+    _PagedStandIn.calls.clear()
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 3, 5, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, 3, 9, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    out, lse = kernel.forward(q, k, v, causal=causal)
+    gold, gold_lse = kernels.get("golden").forward(q, k, v, causal=causal)
+    assert len(_PagedStandIn.calls) == 1  # every row of every batch element in one batch call
+    torch.testing.assert_close(out, gold, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse.double(), gold_lse, rtol=1e-6, atol=1e-6)
+    pages = -(-9 // page_size)
+    assert _PagedStandIn.calls[0].table[1][-1] == 2 * pages - 1  # batch element 1 reads its own pages
+    with pytest.raises(ValueError, match="takes no mask"):
+        kernel.forward(q, k, v, attn_bias=torch.zeros(5, 9))
+
+
 # -- on a CUDA device with the packages installed (.ci/gpu-seed-kernels) -------------------------------
 
 def _installed(name):
@@ -82,7 +158,7 @@ def _installed(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["fa4", "flashinfer:prefill", "flashinfer:decode"])
+@pytest.mark.parametrize("name", ["fa4", "flashinfer:prefill", "flashinfer:decode", "flashinfer:decode_paged"])
 @pytest.mark.parametrize("causal", [False, True])
 def test_cuda_seed_kernels_forward_against_golden(name, causal):
     if not _installed(name):

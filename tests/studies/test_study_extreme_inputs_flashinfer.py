@@ -1,6 +1,7 @@
 """Study 02: FlashInfer before and after its sentinel fix, read from the committed H200 probe files, and the
 sources' numbers and definitions the notebook glues. Fast (no smoke run): the readings against values computed
 here from the committed JSONs, independently of ``readings_flashinfer``."""
+import copy
 import json
 import math
 
@@ -71,6 +72,29 @@ def test_onsets_are_those_of_the_committed_probe_files():
     assert vals["new_no_onset"] is True
     assert vals["old_sentinel"] == records["0.6.18.post1"]["flashinfer_mask_sentinel"]
     assert vals["new_sentinel"] == records["0.7.0"]["flashinfer_mask_sentinel"]
+
+
+def test_the_paged_decode_is_read_where_a_probe_file_has_it():
+    """The committed files predate the paged decode kernel (not measured); a file with its rows reads them."""
+    records = _committed()
+    vals = rf.flashinfer_values(rf.load_flashinfer_probes())
+    assert all(vals[f"{tag}_decode_paged_{case}_measured"] is False for tag in ("old", "new")
+               for case in ("nomask", "causal", "masked"))
+    with_paged = copy.deepcopy(records)
+    for record in with_paged.values():  # the single-request decode's rows, scaled, as if the paged kernel gave them
+        rows = copy.deepcopy(record["kernels"]["flashinfer:decode"])
+        for r in rows["sentinel"]:
+            if "nomask_rel_l2_err" in r:
+                r["nomask_rel_l2_err"] *= 0.5
+        record["kernels"]["flashinfer:decode_paged"] = rows
+    table = rf.flashinfer_onset_table(with_paged)
+    vals = rf.flashinfer_values(with_paged)
+    for version, tag in (("0.6.18.post1", "old"), ("0.7.0", "new")):
+        hand = _onset_by_hand(with_paged[version], "flashinfer:decode_paged", "nomask")
+        assert table.loc[("flashinfer:decode_paged", "nomask", version), "last right"] == hand[0]
+        assert vals[f"{tag}_decode_paged_nomask_measured"] is True
+        assert vals[f"{tag}_decode_paged_nomask_onset"] == hand[1]
+        assert vals[f"{tag}_decode_paged_nomask_err_max"] == pytest.approx(vals[f"{tag}_decode_nomask_err_max"] * 0.5)
 
 
 def test_the_emulators_onset_is_the_p_underflow_of_the_same_sentinel_and_the_agreement_its_bracket():

@@ -165,8 +165,8 @@ register("textbook", _build_textbook, doc="the unguarded textbook formula", exam
 register("triton", _build_triton, doc="our FlashAttention-2 Triton kernel, GProj as a switch",
          examples=("triton:fa2", "triton:fa2:gproj_dq", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd"))
 register("fa4", _fa4.build, doc="FlashAttention-4's CuTe DSL kernels (flash-attn-4; SM90 on Hopper)", examples=("fa4",))
-register("flashinfer", _flashinfer.build, doc="FlashInfer's single-request prefill and decode kernels (forward only)",
-         examples=("flashinfer:prefill", "flashinfer:decode"))
+register("flashinfer", _flashinfer.build, doc="FlashInfer's prefill, decode and paged-cache decode kernels (forward only)",
+         examples=("flashinfer:prefill", "flashinfer:decode", "flashinfer:decode_paged"))
 register("flex", _flex.build, doc="FlexAttention compiled with torch.compile (CUDA)", examples=("flex",))
 register("sdpa", _sdpa.build, doc="PyTorch SDPA pinned to one backend",
          examples=tuple(f"sdpa:{b}" for b in _sdpa.BACKENDS))

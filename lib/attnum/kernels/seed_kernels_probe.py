@@ -1,5 +1,6 @@
 """The source documents' own kernels on a CUDA GPU, as data: FlashAttention-4 (``fa4``) and FlashInfer
-(``flashinfer:prefill`` / ``flashinfer:decode``), whichever are installed in this process.
+(``flashinfer:prefill`` / ``flashinfer:decode`` / ``flashinfer:decode_paged``), whichever are installed in
+this process.
 
     python -m attnum.kernels.seed_kernels_probe OUT.json [--kernels fa4,flashinfer:prefill,...] [--quick]
 
@@ -199,7 +200,7 @@ def sentinel(kernel) -> list[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnum.kernels.seed_kernels_probe", description=__doc__.split("\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--kernels", default="fa4,flashinfer:prefill,flashinfer:decode")
+    ap.add_argument("--kernels", default="fa4,flashinfer:prefill,flashinfer:decode,flashinfer:decode_paged")
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

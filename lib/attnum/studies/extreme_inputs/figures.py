@@ -244,15 +244,17 @@ def plot_flashinfer_sentinel(probes: dict, tol: float | None = None):
             continue
         s = sentinel_value(record)
         label = f"{version} (sentinel {record.get('flashinfer_mask_sentinel')})"
-        for ax, kernel in zip(axes[:2], FLASHINFER_KERNELS):
+        for kernel in FLASHINFER_KERNELS:  # the prefill kernel left; both decode kernels (square: paged) middle
             if kernel not in record["kernels"]:
                 continue
+            ax, paged = axes[0 if kernel.endswith("prefill") else 1], kernel.endswith("paged")
             lv = sentinel_levels(record, kernel)
             for case, ls in (("nomask", "-"), ("causal", "--")):
                 if f"{case}_err" in lv:
-                    ax.plot(lv["level"], lv[f"{case}_err"], ls=ls, marker="o", ms=3, color=colours[i % 4],
-                            label=f"{label}, {case}")
-            ax.set_title(kernel, fontsize="small")
+                    ax.plot(lv["level"], lv[f"{case}_err"], ls=ls, marker="s" if paged else "o", ms=3,
+                            color=colours[i % 4], label=f"{label}, {case}" + (", paged" if paged else ""))
+            if not paged:
+                ax.set_title(kernel, fontsize="small")
             ax.set_ylabel("relative L2 error")
             ax.set_yscale("log")
         lv = sentinel_levels(record, FLASHINFER_KERNELS[0]) if FLASHINFER_KERNELS[0] in record["kernels"] else None

@@ -29,7 +29,8 @@ FLASHINFER_PROBES = (("0.6.18.post1", "seed_kernels_fi18.json"), ("0.7.0", "seed
 the first with IEEE infinity (docs/sources.md)."""
 PROBE_DIR = ("kernels", "h200")
 """Where the probe files lie under the outputs root (``paths.outputs_root()``, ``$ATTNUM_OUTPUTS`` when set)."""
-FLASHINFER_KERNELS = ("flashinfer:prefill", "flashinfer:decode")
+FLASHINFER_KERNELS = ("flashinfer:prefill", "flashinfer:decode", "flashinfer:decode_paged")
+"""The kernels a probe file may hold; one a file lacks reads as not measured (``*_measured`` False)."""
 CASES = ("nomask", "causal", "masked")
 ONSET_TOLERANCE = 0.1
 """A level has wrong rows when the output's relative L2 error (or, masked case, the largest weight given to
@@ -204,7 +205,7 @@ def _v(x):
 def flashinfer_values(probes: dict, tol: float = ONSET_TOLERANCE) -> dict:
     """Flat values of ``flashinfer_onset_table`` for the prose (keys without the notebook's prefix; None where
     not measured): ``old`` is the first version of ``FLASHINFER_PROBES``, ``new`` the second; kernels as
-    ``prefill`` / ``decode``. Per (version, kernel, case): ``_onset``, ``_last_right``, ``_err_max``,
+    ``prefill`` / ``decode`` / ``decode_paged``. Per (version, kernel, case): ``_onset``, ``_last_right``, ``_err_max``,
     ``_err_min`` and ``_err_at_old_onset``; per (kernel, case) the emulator's ``emu_*_onset`` and
     ``emu_*_agrees`` for the old sentinel, and whether the old bracket holds the sentinel read in base-2 units
     (S ln 2, ``*_ln2_in_bracket``); the fully masked rows; the versions, sentinels, tolerance, levels and
