@@ -47,7 +47,6 @@ import numpy as np
 import xarray as xr
 
 from .kernels.fixes import FIXES
-from .kernels.triton_fa2 import default_config
 
 PASSES = ("forward", "backward")
 QUANTITIES = {
@@ -241,6 +240,10 @@ def triton_fa2_cost(variant: str, seq_len: int, head_dim: int, *, causal: bool =
     fp32 inputs). Tiles only matter where they cut the causal diagonal (``visited_tiles``)."""
     if variant not in TRITON_VARIANTS:
         raise ValueError(f"unknown Triton variant {variant!r}; allowed: {list(TRITON_VARIANTS)}")
+    # imported here: triton_fa2's kernels are defined at import, in the interpreter only if TRITON_INTERPRET is
+    # already set then (the CPU tests set it before they import the module)
+    from .kernels.triton_fa2 import default_config
+
     gproj, fp32_bwd, fp32_in = TRITON_VARIANTS[variant]
     t = default_config(head_dim, fp32_backward=fp32_bwd or fp32_in, causal=causal, gproj=gproj).tiles()
     t.update(tiles or {})
