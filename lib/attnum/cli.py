@@ -222,7 +222,7 @@ def main(argv=None) -> int:
         elif args.cmd == "readme-findings":
             from .site import README, update_readme
 
-            diff = update_readme(check=args.check)
+            diff = update_readme(README, check=args.check)
             if args.check and diff:
                 print(f"error: the findings block of {README} is stale (run python -m attnum readme-findings):\n"
                       + diff, file=sys.stderr)

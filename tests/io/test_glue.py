@@ -81,8 +81,8 @@ def test_missing_values_lose_their_number_format():
 def test_the_site_refuses_a_page_whose_prose_refers_to_values_not_glued():
     import nbformat
 
-    from attnum import site
+    from attnum.site import pages
 
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("x {glue:text}`absent:.2f`")])
-    with pytest.raises(site.GlueMissing, match="absent"):
-        site._page_notebook({"nb": nb, "study": "length_scaling", "run": "smoke", "dir": Path("/nonexistent")}, "")
+    with pytest.raises(pages.GlueMissing, match="absent"):
+        pages._page_notebook({"nb": nb, "study": "length_scaling", "run": "smoke", "dir": Path("/nonexistent")}, "")

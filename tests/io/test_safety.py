@@ -472,10 +472,10 @@ def test_an_unreadable_run_folder_is_a_named_damaged_run(fake, monkeypatch):
                     "skipped": sorted(json.loads(merged.attrs["skipped_runs"])),
                     "clean": [line for line in runs.clean() if bad.name in line],
                     "site": [bool(damage and "cannot be read" in damage)  # what publish names as damaged
-                             for _, folder, damage in attnum.site._run_folders(outputs) if folder.name == bad.name],
+                             for _, folder, damage in attnum.site.collect._run_folders(outputs) if folder.name == bad.name],
                     "publish": _publish_names(bad.name)}
 
-        monkeypatch.setattr(attnum.site, "_sphinx", _quick_sphinx)  # the page build is not what is tested
+        monkeypatch.setattr(attnum.site.build, "_sphinx", _quick_sphinx)  # the page build is not what is tested
         out = _as_owner_without_rights(probe)
         assert out == {"merged": [32], "skipped": [bad.name], "clean": [], "site": [True],
                        "publish": "PublishError naming it"}, out
@@ -820,7 +820,7 @@ def test_publish_replaces_the_site_in_one_step_so_a_kill_there_leaves_a_site(out
     """Finding 11: at the moment between the old site leaving and the new one arriving, outputs/site exists
     (renameat2 exchange); where the exchange is missing, the kill leaves .site.old-*, which clean removes."""
     runs.run(STUDY, "smoke", progress=False)
-    monkeypatch.setattr(attnum.site, "_sphinx", _quick_sphinx)
+    monkeypatch.setattr(attnum.site.build, "_sphinx", _quick_sphinx)
     attnum.site.publish()
     site = outputs / "site"
     seen = []
@@ -829,19 +829,19 @@ def test_publish_replaces_the_site_in_one_step_so_a_kill_there_leaves_a_site(out
         seen.append((step, (site / "index.html").is_file()))
         raise KeyboardInterrupt(f"killed at {step}")
 
-    monkeypatch.setattr(attnum.site, "_SWAP_HOOK", killed_here)
+    monkeypatch.setattr(attnum.site.build, "_SWAP_HOOK", killed_here)
     with pytest.raises(KeyboardInterrupt):
         attnum.site.publish()
     assert seen == [("exchanged", True)] and (site / "index.html").is_file()
     seen.clear()
-    monkeypatch.setattr(attnum.site, "_exchange", lambda a, b: False)  # a filesystem without renameat2
+    monkeypatch.setattr(attnum.site.build, "_exchange", lambda a, b: False)  # a filesystem without renameat2
     with pytest.raises(KeyboardInterrupt):
         attnum.site.publish()
     assert seen == [("old-moved-away", False)]
     (old,) = outputs.glob(".site.old-*")
     removed = runs.clean()
     assert str(old) in removed and not old.exists()
-    monkeypatch.setattr(attnum.site, "_SWAP_HOOK", None)
+    monkeypatch.setattr(attnum.site.build, "_SWAP_HOOK", None)
     assert attnum.site.publish().is_file()
 
 

@@ -89,15 +89,15 @@ def site(tmp_path_factory):
         (base / "length_scaling").mkdir()
         shutil.copytree(COMMITTED_GPU, base / "length_scaling" / "gpu")
         _failed_run(base)
-        real_kind = attnum.site._kind
+        real_kind = attnum.site.build._kind
 
         def kind(entry):  # the smoke run of study 02 once more as a result, to render a study page
             return "result" if entry["run"] == "as_result" else real_kind(entry)
 
         shutil.copytree(base / STUDY / "smoke", base / STUDY / "as_result", symlinks=False)
-        mp.setattr(attnum.site, "_kind", kind)
+        mp.setattr(attnum.site.build, "_kind", kind)
         _report(base)
-        real_sphinx = attnum.site._sphinx
+        real_sphinx = attnum.site.build._sphinx
 
         def sphinx_while_a_run_finishes(*args):  # a run's files replaced after its snapshot was taken
             gpu = base / "length_scaling" / "gpu"
@@ -105,7 +105,7 @@ def site(tmp_path_factory):
             (gpu / "error_vs_length.png").write_bytes(b"not the run's figure")
             return real_sphinx(*args)
 
-        mp.setattr(attnum.site, "_sphinx", sphinx_while_a_run_finishes)
+        mp.setattr(attnum.site.build, "_sphinx", sphinx_while_a_run_finishes)
         index = attnum.site.publish(base)
     return index
 
@@ -202,10 +202,10 @@ def test_in_a_browser(site):
         assert [f[:2] for f in findings] == ["01", "02"], findings
         for finding, (study, run) in zip(findings, [("length_scaling", "gpu"), (STUDY, "as_result")]):
             executed = nbformat.read(root.parent / study / run / "notebook.ipynb", as_version=4)
-            template = attnum.site._finding_template(nbformat.read(runs.studies()[study], as_version=4))
+            template = attnum.site.story._finding_template(nbformat.read(runs.studies()[study], as_version=4))
             glued = attnum.glue.read_glued(executed)
             expected = [format(glued[k], spec) if spec else str(glued[k])
-                        for k, spec in attnum.site._GLUE_ROLE.findall(template)]
+                        for k, spec in attnum.site.story._GLUE_ROLE.findall(template)]
             assert expected and [e for e in expected if e not in finding] == [], (study, expected, finding)
             assert finding.rstrip().endswith(f"run {run})"), finding  # names the run it comes from
         full_size = page.eval_on_selector_all("article figure a:has(img)", "els => els.map(e => e.href)")
@@ -279,7 +279,7 @@ def test_in_a_browser(site):
 
 
 def test_device_label_names_gathered_gpu_records_and_plain_runs():
-    from attnum.site import _device_label
+    from attnum.site.provenance import _device_label
 
     gathered = {"run": "gpu_training", "provenance": {"device": "cpu AMD EPYC"},
                 "record": {"parameters": {"gpu_records": "outputs/lm/records", "device": "cpu"}}}
@@ -293,7 +293,7 @@ def test_device_label_names_gathered_gpu_records_and_plain_runs():
 def test_versions_name_the_accelerator_of_a_gpu_run_only():
     import json
 
-    from attnum.site import _versions
+    from attnum.site.provenance import _versions
 
     packages = json.dumps({"python": "3.12.3", "torch": "2.11.0", "numpy": "2.5", "xarray": "2026.9"})
     gpu = {"torch": "2.11.0+cu130", "cuda": "13.0", "cudnn": "91900", "triton": "3.6.0", "gpu": "NVIDIA H200",
@@ -354,7 +354,7 @@ def test_tables_of_only_zeros_or_nan_are_folded_and_others_left_alone():
     import numpy as np
     import pandas as pd
 
-    from attnum.site import _fold_empty_table
+    from attnum.site.pages import _fold_empty_table
 
     empty = {"output_type": "display_data",
              "data": {"text/html": pd.DataFrame({"a": [0.0, np.nan], "b": [0, 0]}).style.format("{:.2f}").to_html()}}
@@ -369,7 +369,7 @@ def test_tables_of_only_zeros_or_nan_are_folded_and_others_left_alone():
 def test_a_parameter_differs_from_its_default_by_value_not_by_spelling():
     import nbformat
 
-    from attnum.site import _parameter_table
+    from attnum.site.provenance import _parameter_table
 
     cell = nbformat.v4.new_code_cell("real_causal: list = [False, True]  # masks\nname: str = 'bf16'  # format\n"
                                      "seeds: list = [0, 1, 2]  # seeds")
@@ -388,7 +388,7 @@ def test_a_snapshot_lost_to_a_pointer_swap_is_taken_again_from_the_new_version(t
         for name in ("RUN.json", "results.nc", "fig.png"):
             (folder / name).write_text(f"{text} {name}")
     (study / "smoke").symlink_to(Path(".versions") / "smoke" / "v1")
-    real_copy, calls = attnum.site._copy_plain, []
+    real_copy, calls = attnum.site.collect._copy_plain, []
 
     def copy_while_the_run_finishes(src, dest, name):
         calls.append(src.name)
@@ -398,9 +398,9 @@ def test_a_snapshot_lost_to_a_pointer_swap_is_taken_again_from_the_new_version(t
             shutil.rmtree(src)
         return real_copy(src, dest, name)
 
-    monkeypatch.setattr(attnum.site, "_copy_plain", copy_while_the_run_finishes)
+    monkeypatch.setattr(attnum.site.collect, "_copy_plain", copy_while_the_run_finishes)
     dest = tmp_path / "snapshot" / "length_scaling" / "smoke"
-    source = attnum.site._snapshot("length_scaling", study / "smoke", dest)
+    source = attnum.site.collect._snapshot("length_scaling", study / "smoke", dest)
     assert source.name == "v2" and "v1" in calls
     assert {p.name: p.read_text() for p in dest.iterdir()} == {
         "RUN.json": "new RUN.json", "results.nc": "new results.nc", "fig.png": "new fig.png"}

@@ -9,6 +9,7 @@ import nbformat
 import pytest
 
 import attnum.site as site
+from attnum.site import build, pages
 from attnum.runs import plan
 from attnum.site import short_label
 
@@ -39,7 +40,7 @@ def _table_cells(markdown: str) -> list[str]:
 def test_the_landing_page_shows_a_long_gpu_run_name_by_its_set_and_hash():
     main, long_gpu, named = _entry("default", "result", "cpu"), _entry(LONG, "gpu"), _entry("h200-bf16", "gpu")
     others = [_entry(SWEEP, "sweep", "cpu")]
-    md = site._index_md([STUDY], {STUDY: [main, long_gpu, named]}, {STUDY: main}, {}, [], others)
+    md = pages._index_md([STUDY], {STUDY: [main, long_gpu, named]}, {STUDY: main}, {}, [], others)
     seen = _visible(md)
     assert LONG not in seen and SWEEP not in seen
     assert short_label(LONG) in seen and "h200-bf16" in seen  # the hash tells long names apart; a label is whole
@@ -51,7 +52,7 @@ def test_the_landing_page_shows_a_long_gpu_run_name_by_its_set_and_hash():
 def test_other_runs_and_damaged_runs_show_short_labels():
     others = [_entry(SWEEP, "sweep", "cpu"), _entry(LONG, "smoke")]
     damaged = [{"study": STUDY, "run": LONG, "damaged": "results.nc does not match its sha256"}]
-    md = site._runs_md(others, damaged, {STUDY: "01 · Length scaling"})
+    md = pages._runs_md(others, damaged, {STUDY: "01 · Length scaling"})
     seen = _visible(md)
     assert LONG not in seen and SWEEP not in seen
     assert short_label(LONG, 40) in seen and short_label(SWEEP, 40) in seen
@@ -71,10 +72,10 @@ def test_short_labels_of_the_committed_long_gpu_runs_differ():
 
 
 def test_the_landing_page_and_the_search_page_say_search_needs_a_web_server(tmp_path):
-    md = site._index_md([STUDY], {}, {}, {}, [], [])
+    md = pages._index_md([STUDY], {}, {}, {}, [], [])
     assert f"`{site.SERVE_COMMAND}`" in md
     site_src = tmp_path / "src"
-    site._build_sources(site_src, [], [])
+    build._build_sources(site_src, [], [])
     assert "templates_path" in (site_src / "conf.py").read_text()
     template = (site_src / "_templates" / "search.html").read_text()
     assert template.startswith('{%- extends "!search.html" %}') and "{{ super() }}" in template
