@@ -31,7 +31,8 @@ setup: $(STAMP)
 # nvidia-* libraries. pip itself is left at the venv's version: the lock does not need a newer one.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): requirements-lock.txt requirements.txt pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@# a venv whose creation was interrupted (no pip in it) is made again, not used
+	@$(PY) -m pip --version >/dev/null 2>&1 || $(PYTHON) -m venv --clear $(VENV)
 	@$(PY) -m pip install --quiet -r requirements-lock.txt || { \
 	    echo "retrying with PyTorch's CPU index ($(TORCH_INDEX)) for torch==2.13.0+cpu"; \
 	    $(PY) -m pip install --quiet -r requirements-lock.txt --extra-index-url $(TORCH_INDEX); }
