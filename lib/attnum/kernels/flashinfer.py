@@ -119,7 +119,7 @@ def paged_cache(x: torch.Tensor, page_size: int) -> torch.Tensor:
 
 
 class FlashInferKernel(Kernel):
-    """FlashInfer's single-request prefill or decode kernel."""
+    """FlashInfer's single-request prefill or decode kernel, or its paged-cache batch decode."""
 
     has_backward = False
 
@@ -129,8 +129,8 @@ class FlashInferKernel(Kernel):
         if page_size < 1:
             raise ValueError(f"flashinfer:decode_paged: the page size must be >= 1 token, got {page_size}")
         self.mode, self.page_size = mode, int(page_size)
-        self.name = f"flashinfer:{mode}" + (f":p{page_size}" if mode == "decode_paged" and page_size != DEFAULT_PAGE_SIZE
-                                            else "")
+        own_pages = mode == "decode_paged" and page_size != DEFAULT_PAGE_SIZE
+        self.name = f"flashinfer:{mode}" + (f":p{page_size}" if own_pages else "")
 
     def unavailable_reason(self, device="cpu") -> str | None:
         device = torch.device(device)
@@ -192,7 +192,6 @@ class FlashInferKernel(Kernel):
                 outs.append(o.transpose(0, 1))  # (heads, n, d)
                 lses.append(lse.transpose(0, 1).float() * math.log(2.0))  # base 2 -> natural log
         return torch.stack(outs), torch.stack(lses)
-
 
     def _paged(self, fi, q, k, v, causal, scale):
         """Every query row of every batch element as one request of a single batch decode call."""
