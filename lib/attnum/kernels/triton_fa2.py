@@ -243,8 +243,7 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
 # never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone).
 # Keys (head_dim, causal, gproj); values only LAUNCH_FIELDS.
 # d = 64 non-causal, the sweep above: the GProj dQ kernel at 4 warps / 3 stages (2.612 ms against the
-# GProj-off dQ kernel's 1.64 ms: GProj costs more at d = 64, where the extra P~ K GEMM weighs more
-# against the score GEMMs' fixed cost per tile).
+# GProj-off dQ kernel's 1.64 ms; why GProj costs so much more at d = 64 than at d = 128 was not measured).
 TUNED_GPROJ_LAUNCH: dict[tuple[int, bool, str], dict] = {
     (64, False, "dq"): dict(dq_warps=4, dq_stages=3),
     (64, False, "dq_dk"): dict(dq_warps=4, dq_stages=3),
