@@ -94,6 +94,11 @@ def test_kernels_that_need_a_gpu_are_listed_and_say_why_they_cannot_run_here():
 
 def test_triton_names_parse_and_refuse_what_the_kernel_lacks():
     assert kernels.get("triton:fa2:gproj_dq_dk:fp32_bwd").name == "triton:fa2:gproj_dq_dk:fp32_bwd"
+    x3 = kernels.get("triton:fa2:fp32_bwd:bf16x3")
+    assert (x3.name, x3.gproj, x3.fp32_backward, x3.fp32_dot) == ("triton:fa2:fp32_bwd:bf16x3", "off", True, "bf16x3")
+    assert kernels.get("triton:fa2:fp32_bwd").fp32_dot == "ieee"
+    with pytest.raises(ValueError, match="bf16x3 \\(with fp32_bwd\\)"):
+        kernels.get("triton:fa2:bf16x3")
     with pytest.raises(ValueError, match="one of gproj_dq/gproj_dq_dk"):
         kernels.get("triton:fa2:gproj_dq:gproj_dq_dk")
     q, k, v = _qkv()

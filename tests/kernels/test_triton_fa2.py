@@ -308,12 +308,15 @@ def test_bench_summary_ratios():
     (s,) = summarize([case("triton_fa2", 1.0, 3.0), case("flex_attention_compiled", 1.0, 4.0),
                       case("sdpa_flash_attention", 1.0, 3.0), case("triton_fa2_gproj_dq", 1.0, 3.16),
                       case("triton_fa2_gproj_dq_dk", 1.0, 4.0), case("triton_fa2_fp32_backward", 1.0, 15.0),
-                      case("triton_fa2_fp32_backward_tf32x3", 1.0, 7.0), case("sdpa_cudnn_attention", 0, 0, "refused")])
+                      case("triton_fa2_fp32_backward_tf32x3", 1.0, 7.0), case("sdpa_cudnn_attention", 0, 0, "refused"),
+                      case("triton_fa2_fp32_backward_bf16x3", 1.0, 10.0)])
     assert s["fwd_bwd_vs_flex"] == pytest.approx(0.8) and s["fwd_bwd_vs_sdpa_flash"] == pytest.approx(1.0)
     assert s["gproj_dq_cost_fwd_bwd"] == pytest.approx(0.04) and s["gproj_dq_dk_cost_bwd"] == pytest.approx(1 / 3)
     assert s["fp32_backward_ratio_fwd_bwd"] == pytest.approx(4.0) and s["fwd_bwd_vs_sdpa_cudnn"] is None
     assert s["meets"] == {"fwd_bwd_vs_flex": True, "gproj_dq_cost": True, "gproj_dq_dk_cost": False,
-                          "fp32_backward_ratio": False, "fp32_backward_tf32x3_ratio": True}
+                          "fp32_backward_ratio": False, "fp32_backward_tf32x3_ratio": True,
+                          "fp32_backward_bf16x3_ratio": True}
+    assert s["fp32_backward_bf16x3_ratio_bwd"] == pytest.approx(10 / 3)
 
 
 # tiles (fwd_m, fwd_n, dq_m, dq_n, kv_n, kv_m) with unequal sizes, so the diagonal split meets
@@ -371,7 +374,56 @@ def test_interpreter_launch_fields_fp32_dot_and_single_kernels():
     with pytest.raises(ValueError, match="fp32_dot"):
         tfa.backward(q, k, v, out, lse, do, fp32_backward=True, config=SMALL, fp32_dot="tf32")
     with pytest.raises(ValueError, match="fp32_dot"):
-        tfa.triton_attention(q, k, v, fp32_dot="bf16x3")
+        tfa.triton_attention(q, k, v, fp32_dot="bf16x9")
+
+
+@interp
+def test_interpreter_bf16x3_split_is_exact():
+    """``"bf16x3"``'s split, run by the kernels' own ``_split3``: hi + mid + lo is the fp32 value bit for bit,
+    over values from 2^-103 to 2^121 (below 2^-103 the lower pieces go subnormal; module docstring), both
+    signs, zeros and fp32's largest; hi holds the leading bits
+    (|x - hi| at most one bf16 ulp of x: the interpreter's conversion need not round to nearest as the
+    GPU's does) and each later piece is at most one bf16 ulp of the piece before."""
+    g = torch.Generator().manual_seed(11)
+    m = torch.rand(6000, generator=g) + 1.0  # [1, 2): every fp32 significand
+    x = torch.ldexp(m * torch.randn(6000, generator=g).sign(), torch.randint(-103, 120, (6000,), generator=g))
+    x = torch.cat([x, torch.tensor([0.0, -0.0, 1.0, -1.0, 1 / 3, 2.0 ** -103, -3.0e38, 1.0 - 2 ** -24])])
+    hi, mid, lo = tfa.split3(x)
+    assert all(piece.dtype == torch.bfloat16 and piece.shape == x.shape for piece in (hi, mid, lo))
+    assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())
+    assert torch.equal((hi.float() + mid.float()) + lo.float(), x)
+
+    def ulp(t):  # one bf16 ulp of t: 2^(exponent - 7)
+        return torch.ldexp(torch.ones_like(t, dtype=torch.float64), torch.frexp(t.double()).exponent - 8)
+
+    nz = x != 0
+    assert ((x.double() - hi.double()).abs()[nz] <= ulp(x)[nz]).all()
+    assert ((mid.double().abs() <= ulp(hi.float())) | (mid == 0))[nz].all()
+    assert (hi[x == 0] == 0).all() and (mid[x == 0] == 0).all() and (lo[x == 0] == 0).all()
+    with pytest.raises(ValueError, match="fp32"):
+        tfa.split3(x.double())
+
+
+def test_bf16x3_configuration_and_refusals():
+    """``"bf16x3"`` keeps the bf16 kernel's configuration (its fp32 pieces are register operands); the
+    ieee FP32 backward halves the backward tiles. A non-bf16 input is refused by name before any work."""
+    for d, causal in ((64, False), (64, True), (128, False), (128, True), (96, False)):
+        bf16 = tfa.default_config(d, causal=causal, gproj="dq")
+        assert tfa.default_config(d, True, causal=causal, gproj="dq", fp32_dot="bf16x3") == bf16
+        ieee = tfa.default_config(d, True, causal=causal, gproj="dq")
+        assert ieee.dq_n < bf16.dq_n and ieee.kv_m < bf16.kv_m
+    with pytest.raises(ValueError, match="fp32_dot"):
+        tfa.default_config(64, True, fp32_dot="bf16")
+    if tfa.triton is None:
+        return
+    q = torch.zeros(1, 1, 16, 16, dtype=torch.float16)
+    lse = torch.zeros(1, 1, 16)
+    for call in (lambda: tfa.backward(q, q, q, q, lse, q, fp32_backward=True, fp32_dot="bf16x3"),
+                 lambda: tfa.triton_attention(q, q, q, fp32_backward=True, fp32_dot="bf16x3"),
+                 lambda: tfa.dot_f32_tile(torch.zeros(16, 16), q[0, 0], "bf16x3")):
+        if INTERP_SKIP is None or CUDA:
+            with pytest.raises(ValueError, match="bf16x3.*bf16"):
+                call()
 
 
 # -- GPU tests -----------------------------------------------------------------------------------
@@ -456,6 +508,58 @@ def test_gpu_fp32_dot_tf32x3(dtype):
             assert rel_max(b, a.double()) <= 2 * U[dtype], (name, gproj)
             assert (a != b).float().mean().item() <= 0.02, (name, gproj)
             assert rel_max(b, r, r_dv.abs().max().item()) <= 8 * U[dtype], (name, gproj)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16x3_split_and_dot_are_fp32_exact():
+    """On the GPU: hi is round-to-nearest bf16(x) and the split is exact; one ``_dot_f32`` with
+    ``"bf16x3"`` is ``a @ b`` within fp32 summation error, 2 (K + 2) u_fp32 sum_k |a||b|, which a split
+    that dropped ``lo`` (2^-17 relative per product) would exceed."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    g = torch.Generator().manual_seed(17)
+    m = (torch.rand(100_000, generator=g) + 1.0) * torch.randn(100_000, generator=g).sign()
+    x = torch.ldexp(m, torch.randint(-100, 100, (100_000,), generator=g)).cuda()
+    hi, mid, lo = tfa.split3(x)
+    assert torch.equal(hi, x.bfloat16())
+    assert torch.equal(hi.double() + mid.double() + lo.double(), x.double())
+    for k in (16, 32):
+        a = torch.ldexp(torch.randn(64, k, generator=g), torch.randint(-10, 10, (64, k), generator=g)).cuda()
+        b = torch.randn(k, 64, generator=g).bfloat16().cuda()
+        exact = a.double() @ b.double()
+        bound = 2 * (k + 2) * U[torch.float32] * (a.double().abs() @ b.double().abs())
+        err = (tfa.dot_f32_tile(a, b, "bf16x3").double() - exact).abs()
+        assert (err <= bound).all(), (k, (err / bound).max().item())
+        a_hi, a_mid, _ = tfa.split3(a)
+        dropped = (a_hi.double() + a_mid.double()) @ b.double()  # what hi + mid alone would give, exactly
+        assert ((dropped - exact).abs() > bound).any(), "the bound would not see a dropped lo piece"
+
+
+@pytest.mark.gpu
+def test_gpu_fp32_dot_bf16x3():
+    """The FP32 backward with bf16x3 dots agrees with the ieee one up to a rare last-bit flip of the stored
+    bf16 gradient (both are fp32-exact products summed in fp32, at different tiles), and with fp64."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    dtype = torch.bfloat16
+    for causal, n in ((True, 1000), (False, 512)):
+        q, k, v, do = inputs((2, 3, n, 128), dtype, device="cuda", seed=6)
+        out, lse = tfa.forward(q, k, v, causal=causal)
+        r_dq, r_dk, r_dv = reference(q, k, v, do, causal, 128 ** -0.5)[2:]
+        for gproj in tfa.GPROJ_MODES:
+            ieee = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=True)
+            x3 = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=True,
+                              fp32_dot="bf16x3")
+            for name, a, b, r in zip(("dq", "dk", "dv"), ieee, x3, (r_dq, r_dk, r_dv)):
+                assert rel_max(b, a.double()) <= 2 * U[dtype], (name, gproj, causal)
+                assert (a != b).float().mean().item() <= 0.02, (name, gproj, causal)
+                assert rel_max(b, r, r_dv.abs().max().item()) <= 8 * U[dtype], (name, gproj, causal)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    tfa.triton_attention(*leaves, fp32_backward=True, fp32_dot="bf16x3").backward(do)
+    assert all(torch.equal(t.grad, g) for t, g in zip(leaves, tfa.backward(
+        q, k, v, out, lse, do, fp32_backward=True, fp32_dot="bf16x3")))
 
 
 def test_bench_applies_the_tables_a_sweep_picks(tmp_path):

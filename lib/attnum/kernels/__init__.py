@@ -79,17 +79,22 @@ class TextbookKernel(Kernel):
 
 
 class TritonKernel(Kernel):
-    """``triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd]``: our FlashAttention-2 Triton kernel
-    (``triton_fa2``), GProj and the FP32 backward as compile-time switches. No additive masks."""
+    """``triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd[:bf16x3]]``: our FlashAttention-2 Triton kernel
+    (``triton_fa2``), GProj and the FP32 backward as compile-time switches; ``bf16x3`` runs the FP32
+    backward's dots as three exact bf16 products each (``triton_fa2``'s ``fp32_dot``; bf16 inputs only)
+    instead of fp32 dots off the tensor cores. No additive masks."""
 
-    def __init__(self, gproj: str = "off", fp32_backward: bool = False):
-        self.gproj, self.fp32_backward = gproj, fp32_backward
+    def __init__(self, gproj: str = "off", fp32_backward: bool = False, fp32_dot: str = "ieee"):
+        if fp32_dot != "ieee" and not fp32_backward:
+            raise ValueError("triton:fa2's bf16x3 option sets the FP32 backward's dots: it needs fp32_bwd")
+        self.gproj, self.fp32_backward, self.fp32_dot = gproj, fp32_backward, fp32_dot
         self.name = "triton:fa2" + {"off": "", "dq": ":gproj_dq", "dq_dk": ":gproj_dq_dk"}[gproj] + (
-            ":fp32_bwd" if fp32_backward else "")
+            ":fp32_bwd" if fp32_backward else "") + (f":{fp32_dot}" if fp32_dot != "ieee" else "")
 
     def runs_as(self) -> str:
         return (f"attnum's Triton FlashAttention-2 kernel (attnum.kernels.triton_fa2), GProj {self.gproj}, "
-                f"{'FP32' if self.fp32_backward else 'input-format'} backward; tiles, warps and stages fixed "
+                f"{'FP32' if self.fp32_backward else 'input-format'} backward"
+                f"{' (dots as three exact bf16 products)' if self.fp32_dot == 'bf16x3' else ''}; tiles, warps and stages fixed "
                 "per (head dim, causal, GProj mode) (triton_fa2.default_config's tuned table, no autotuning)")
 
     def unavailable_reason(self, device="cpu"):
@@ -117,7 +122,7 @@ class TritonKernel(Kernel):
         if out is None or lse is None:
             out, lse = triton_fa2.forward(q, k, v, causal=causal, scale=scale)
         return triton_fa2.backward(q, k, v, out, lse, grad_out, causal=causal, scale=scale, gproj=self.gproj,
-                                   fp32_backward=self.fp32_backward)
+                                   fp32_backward=self.fp32_backward, fp32_dot=self.fp32_dot)
 
     def differentiable(self, q, k, v, *, causal=False, attn_bias=None, scale=None):
         from . import triton_fa2
@@ -125,18 +130,19 @@ class TritonKernel(Kernel):
         self._no_bias(attn_bias)
         self.require(q.device)
         return triton_fa2.triton_attention(q, k, v, causal=causal, scale=scale, gproj=self.gproj,
-                                           fp32_backward=self.fp32_backward)
+                                           fp32_backward=self.fp32_backward, fp32_dot=self.fp32_dot)
 
 
 def _build_triton(options, **kw):
     if kw or not options or options[0] != "fa2":
-        raise ValueError("triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd]")
+        raise ValueError("triton:fa2[:gproj_dq|:gproj_dq_dk][:fp32_bwd[:bf16x3]]")
     flags = set(options[1:])
-    unknown = flags - {"gproj_dq", "gproj_dq_dk", "fp32_bwd"}
-    if unknown or {"gproj_dq", "gproj_dq_dk"} <= flags:
-        raise ValueError(f"options of triton:fa2 are one of gproj_dq/gproj_dq_dk and fp32_bwd, got {options[1:]}")
+    unknown = flags - {"gproj_dq", "gproj_dq_dk", "fp32_bwd", "bf16x3"}
+    if unknown or {"gproj_dq", "gproj_dq_dk"} <= flags or ("bf16x3" in flags and "fp32_bwd" not in flags):
+        raise ValueError(f"options of triton:fa2 are one of gproj_dq/gproj_dq_dk, fp32_bwd, and bf16x3 (with "
+                         f"fp32_bwd), got {options[1:]}")
     gproj = "dq_dk" if "gproj_dq_dk" in flags else "dq" if "gproj_dq" in flags else "off"
-    return TritonKernel(gproj, "fp32_bwd" in flags)
+    return TritonKernel(gproj, "fp32_bwd" in flags, "bf16x3" if "bf16x3" in flags else "ieee")
 
 
 def _build_impl(family):

@@ -114,6 +114,22 @@ The sums in the tensor cores run in their own order and rounding, as for every M
 CPU interpreter ``input_precision`` is ignored (every dot is a numpy fp32 matmul), so there the two
 agree exactly; on the GPU ``test_gpu_fp32_dot_tf32x3`` bounds the difference.
 
+``fp32_dot="bf16x3"`` (opt-in, FP32 backward of bf16 inputs only): the same idea with nothing
+dropped. The other operand of every fp32 dot (K, dO, Q) *is* a bf16 tensor, so only the fp32 P or
+dS operand a needs splitting, and bf16 has fp32's exponent range: ``a = hi + mid + lo`` with
+``hi = bf16(a)``, ``mid = bf16(a - hi)``, ``lo = bf16(a - hi - mid)`` holds exactly for
+|a| >= 2^-103 (each difference is exact in fp32 and three 8-bit significands cover fp32's 24;
+``_split3``, checked bit for bit by the interpreter tests). Below that the lower pieces reach
+the subnormals and may lose bits: an element of P or dS under 2^-103 is far below the fp32
+resolution of any sum it enters unless the whole row is that small. Each of the three bf16 x bf16 products is exact in fp32, so
+the dot is ``a @ b`` up to the order and rounding of the fp32 sums alone -- the same latitude as
+the ``"ieee"`` dot, whose products are each rounded to fp32 once -- at the bf16 tensor-core rate:
+three bf16 dots where the bf16 kernel has one, against ieee's dot off the tensor cores. The fp32
+pieces are register operands and K, Q, dO stay bf16 in shared memory, so it keeps the bf16
+kernel's tiles (``default_config``). On the GPU ``test_gpu_fp32_dot_bf16x3`` bounds its difference
+from ``"ieee"``; the interpreter's bf16 ``tl.dot`` is wrong (fp16 and fp32 are right), so the
+CPU tests cover the split and the refusals only.
+
 Block sizes (``BlockConfig``): autotune-free constants for the H200 (Hopper, 228 KiB shared
 memory per SM, 64K registers), per (head dim, causal) in ``TUNED_CONFIGS`` (picked from
 ``triton_fa2_tune``'s sweep, which times the forward, the dQ kernel and the dK/dV kernel each
@@ -254,11 +270,15 @@ TUNED_FP32_BWD: dict[tuple[int, bool], dict] = {}
 
 
 def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = False,
-                   gproj: str = "off") -> BlockConfig:
+                   gproj: str = "off", fp32_dot: str = "ieee") -> BlockConfig:
     """The H200 choice (see the module docstring): no autotuning, so runs are reproducible.
     ``TUNED_CONFIGS[(head_dim, causal)]`` where the table has the head dim, with GProj's own
     warps/stages from ``TUNED_GPROJ_LAUNCH``; otherwise the untuned fallback (128 x 64 tiles, 4
-    warps for d <= 64 and 8 above). The FP32 backward halves the backward tiles of either."""
+    warps for d <= 64 and 8 above). The FP32 backward halves the backward tiles of either, except with
+    ``fp32_dot="bf16x3"``: its dots read the same bf16 K, Q, dO tiles from shared memory as the bf16
+    kernel (the fp32 pieces are register operands), so it keeps the bf16 kernel's configuration."""
+    if fp32_dot not in FP32_DOTS:
+        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
     entry = TUNED_CONFIGS.get((int(head_dim), bool(causal)))
     if entry is None:
         warps = 4 if head_dim <= 64 else 8
@@ -267,10 +287,11 @@ def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = Fa
         fields = {key: value for key, value in entry.items() if key != "source"}
         fields.update(TUNED_GPROJ_LAUNCH.get((int(head_dim), bool(causal), gproj), {}))
         cfg = BlockConfig(**fields)
-    fp32_entry = TUNED_FP32_BWD.get((int(head_dim), bool(causal))) if fp32_backward else None
+    fp32_entry = (TUNED_FP32_BWD.get((int(head_dim), bool(causal)))
+                  if fp32_backward and fp32_dot != "bf16x3" else None)
     if fp32_entry is not None:
         return dataclasses.replace(cfg, **{key: value for key, value in fp32_entry.items() if key != "source"})
-    if fp32_backward:
+    if fp32_backward and fp32_dot != "bf16x3":
         # fp32 operands take twice the shared memory: halve the backward tiles (never below 16),
         # one pipeline stage, the shared warps for both backward kernels
         return dataclasses.replace(cfg, dq_m=max(16, min(cfg.dq_m, 64)), dq_n=max(16, min(cfg.dq_n, 64) // 2),
@@ -353,6 +374,54 @@ if triton is not None:
         else:
             x = tl.load(ptrs)
         return x
+
+    @triton.jit
+    def _split3(a, DTYPE: tl.constexpr):
+        """fp32 ``a`` as ``(hi, mid, lo)`` in ``DTYPE`` (bf16): ``hi = bf16(a)``, ``mid = bf16(a - hi)``,
+        ``lo = bf16(a - hi - mid)``. Both differences are exact in fp32 and the three 8-bit pieces hold
+        all 24 of fp32's significand bits, so ``hi + mid + lo == a`` exactly wherever the pieces stay
+        normal: bf16 has fp32's exponent range, and lo's last bit is a's (2^-23 |a| at most), so for
+        |a| >= 2^-103."""
+        hi = a.to(DTYPE)
+        rest = a - hi.to(tl.float32)
+        mid = rest.to(DTYPE)
+        lo = (rest - mid.to(tl.float32)).to(DTYPE)
+        return hi, mid, lo
+
+    @triton.jit
+    def _dot_f32(a, b, acc, F32_DOT: tl.constexpr):
+        """``acc + a @ b`` for an fp32 ``a`` (P or dS) and an input-format ``b`` (K, Q or dO), the dots of
+        the FP32 backward. ``"ieee"``/``"tf32x3"``: one fp32 dot of ``a`` with ``b`` upcast exactly.
+        ``"bf16x3"`` (b in bf16 only): ``a = hi + mid + lo`` exactly (``_split3``), and each bf16 x bf16
+        product is exact in the tensor core's fp32 accumulator: three bf16 dots, smallest piece first."""
+        if F32_DOT == "bf16x3":
+            hi, mid, lo = _split3(a, b.dtype)
+            acc = tl.dot(lo, b, acc, input_precision="ieee")
+            acc = tl.dot(mid, b, acc, input_precision="ieee")
+            acc = tl.dot(hi, b, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(a, b.to(tl.float32), acc, input_precision=F32_DOT)
+        return acc
+
+    @triton.jit
+    def _split3_kernel(X, HI, MID, LO, n, BLOCK: tl.constexpr):
+        """The split of ``_dot_f32``'s ``"bf16x3"`` alone, for the tests: x -> (hi, mid, lo) in bf16."""
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < n
+        x = tl.load(X + offs, mask=ok, other=0.0)
+        hi, mid, lo = _split3(x, tl.bfloat16)
+        tl.store(HI + offs, hi, mask=ok)
+        tl.store(MID + offs, mid, mask=ok)
+        tl.store(LO + offs, lo, mask=ok)
+
+    @triton.jit
+    def _dot_f32_tile_kernel(A, B, C, M: tl.constexpr, N: tl.constexpr, K: tl.constexpr, F32_DOT: tl.constexpr):
+        """One ``_dot_f32`` alone, for the tests: C (M x N, fp32) = A (M x K, fp32) @ B (K x N, input format)."""
+        rm, rn, rk = tl.arange(0, M), tl.arange(0, N), tl.arange(0, K)
+        a = tl.load(A + rm[:, None] * K + rk[None, :])
+        b = tl.load(B + rk[:, None] * N + rn[None, :])
+        c = _dot_f32(a, b, tl.zeros([M, N], dtype=tl.float32), F32_DOT)
+        tl.store(C + rm[:, None] * N + rn[None, :], c)
 
     @triton.jit
     def _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
@@ -483,8 +552,8 @@ if triton is not None:
             ds = p * (dp - delta[:, None])
 
             if FP32_BWD:
-                # -- FP32 backward: dS stays fp32, K upcast exactly, fp32 dot (F32_DOT: ieee or tf32x3) --
-                dq = tl.dot(ds, k.to(tl.float32), dq, input_precision=F32_DOT)
+                # -- FP32 backward: dS stays fp32 (F32_DOT: ieee, tf32x3 or bf16x3; _dot_f32) --
+                dq = _dot_f32(ds, k, dq, F32_DOT)
             else:
                 # -- dS rounded to the input format: seed 004, cause 2 --
                 ds_lo = ds.to(k.dtype)
@@ -493,7 +562,7 @@ if triton is not None:
                 # -- GProj: r_i += sum_j dS~_ij (of the values the matmul saw), (P~ K)_i += P~ K_j --
                 if FP32_BWD:
                     r += tl.sum(ds, 1)
-                    pk = tl.dot(p, k.to(tl.float32), pk, input_precision=F32_DOT)
+                    pk = _dot_f32(p, k, pk, F32_DOT)
                 else:
                     r += tl.sum(ds_lo.to(tl.float32), 1)
                     pk = tl.dot(p.to(k.dtype), k, pk, input_precision="ieee")
@@ -582,7 +651,7 @@ if triton is not None:
             # -- dV_j += P~^T dO (P rounded to the input format; fp32 under FP32_BWD) --
             if FP32_BWD:
                 p_mm = p_t
-                dv = tl.dot(p_mm, do.to(tl.float32), dv, input_precision=F32_DOT)
+                dv = _dot_f32(p_mm, do, dv, F32_DOT)
             else:
                 p_mm = p_t.to(do.dtype)
                 dv = tl.dot(p_mm, do, dv, input_precision="ieee")
@@ -593,7 +662,7 @@ if triton is not None:
 
             # -- dK_j += dS~^T Q --
             if FP32_BWD:
-                dk = tl.dot(ds_t, q.to(tl.float32), dk, input_precision=F32_DOT)
+                dk = _dot_f32(ds_t, q, dk, F32_DOT)
             else:
                 # -- dS rounded to the input format: seed 004, cause 2 --
                 ds_lo = ds_t.to(q.dtype)
@@ -603,7 +672,7 @@ if triton is not None:
                 #    operand of the fp32 accumulator, so the difference itself is never rounded --
                 r = _load_rowvec(R + row_base + offs_m, row_ok, 0.0, MASK_ROWS)
                 if FP32_BWD:
-                    dk = tl.dot(-(r[None, :] * p_mm), q.to(tl.float32), dk, input_precision=F32_DOT)
+                    dk = _dot_f32(-(r[None, :] * p_mm), q, dk, F32_DOT)
                 else:
                     corr = (r[None, :] * p_mm.to(tl.float32)).to(q.dtype)
                     dk = tl.dot(-corr, q, dk, input_precision="ieee")
@@ -725,7 +794,7 @@ def _block_d(d: int) -> int:
     return max(16, triton.next_power_of_2(d))
 
 
-FP32_DOTS = ("ieee", "tf32x3")
+FP32_DOTS = ("ieee", "tf32x3", "bf16x3")
 
 
 def _even(n: int, *blocks: int) -> bool:
@@ -757,8 +826,10 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
              fp32_dot: str = "ieee", _split: bool = True, _only: str | None = None):
     """FlashAttention-2 backward from the forward's stored ``out`` and ``lse``. Returns
     ``(dq, dk, dv)`` in q's dtype. ``gproj`` in ``GPROJ_MODES``; see the module docstring.
-    ``fp32_dot`` (FP32 backward only): ``"ieee"`` (true fp32 products, default) or ``"tf32x3"``
-    (three TF32 tensor-core products, close to but not bitwise fp32; module docstring).
+    ``fp32_dot`` (FP32 backward only): ``"ieee"`` (true fp32 products, default), ``"tf32x3"``
+    (three TF32 tensor-core products, close to but not bitwise fp32) or ``"bf16x3"`` (bf16 inputs only:
+    the fp32 operand split exactly into three bf16 pieces, three bf16 tensor-core products, each
+    exact; module docstring).
     ``_split=False``: the reference path (tests only), as in ``forward``. ``_only`` (``"dq"`` or
     ``"kv"``; the launch-config sweep): launch that backward kernel alone, the other gradients left
     unwritten (under GProj dq_dk, ``"kv"`` reads r = 0, which costs what the true r costs)."""
@@ -771,7 +842,10 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     if out.shape != q.shape or grad_out.shape != q.shape or lse.shape != (b, h, n):
         raise ValueError(f"out {tuple(out.shape)}, grad_out {tuple(grad_out.shape)} must be {tuple(q.shape)} "
                          f"and lse {tuple(lse.shape)} must be {(b, h, n)}")
-    cfg = config or default_config(d, fp32_backward, causal=causal, gproj=gproj)
+    if fp32_backward and fp32_dot == "bf16x3" and q.dtype != torch.bfloat16:
+        raise ValueError(f"fp32_dot='bf16x3' splits fp32 values into bf16 pieces beside bf16 operands and needs "
+                         f"bf16 q, k, v; got {q.dtype} (use 'ieee' or 'tf32x3')")
+    cfg = config or default_config(d, fp32_backward, causal=causal, gproj=gproj, fp32_dot=fp32_dot)
     q, k, v, out = q.contiguous(), k.contiguous(), v.contiguous(), out.to(q.dtype).contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
     lse = lse.to(torch.float32).contiguous()
@@ -811,6 +885,41 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     return dq, dk, dv
 
 
+def split3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``"bf16x3"`` split of an fp32 tensor as the kernels form it: ``(hi, mid, lo)`` in bf16 with
+    ``hi + mid + lo == x`` (``_split3``). For the tests and for reading the method; not on a hot path."""
+    if x.dtype != torch.float32:
+        raise ValueError(f"split3 takes an fp32 tensor, got {x.dtype}")
+    reason = unavailable_reason(x.device)
+    if reason is not None:
+        raise RuntimeError(f"triton_fa2 cannot run: {reason}")
+    flat = x.contiguous().reshape(-1)
+    pieces = [torch.empty(flat.shape, dtype=torch.bfloat16, device=x.device) for _ in range(3)]
+    if flat.numel():
+        _split3_kernel[(triton.cdiv(flat.numel(), 1024),)](flat, *pieces, flat.numel(), BLOCK=1024)
+    return tuple(piece.reshape(x.shape) for piece in pieces)
+
+
+def dot_f32_tile(a: torch.Tensor, b: torch.Tensor, fp32_dot: str) -> torch.Tensor:
+    """One FP32-backward dot ``a @ b`` (a fp32 M x K, b K x N in the input format, each side a power of two
+    >= 16) through the kernels' own ``_dot_f32``, in fp32: how exact each ``fp32_dot`` is, for the tests."""
+    if fp32_dot not in FP32_DOTS:
+        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
+    if a.dtype != torch.float32 or a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"a must be fp32 (M, K) and b (K, N); got {a.dtype} {tuple(a.shape)}, {tuple(b.shape)}")
+    if fp32_dot == "bf16x3" and b.dtype != torch.bfloat16:
+        raise ValueError(f"fp32_dot='bf16x3' needs a bf16 b, got {b.dtype}")
+    (m, k), n = a.shape, b.shape[1]
+    if any(size < 16 or size & (size - 1) for size in (m, n, k)):
+        raise ValueError(f"M, N, K must be powers of two >= 16, got {(m, n, k)}")
+    reason = unavailable_reason(a.device)
+    if reason is not None:
+        raise RuntimeError(f"triton_fa2 cannot run: {reason}")
+    c = torch.empty((m, n), dtype=torch.float32, device=a.device)
+    _dot_f32_tile_kernel[(1,)](a.contiguous(), b.contiguous(), c, M=m, N=n, K=k, F32_DOT=fp32_dot)
+    return c
+
+
 class TritonFlashAttention(torch.autograd.Function):
     """Autograd wrapper: saves q, k, v, out, lse (no N x N tensor), recomputes P in backward."""
 
@@ -838,4 +947,7 @@ def triton_attention(q, k, v, *, causal: bool = False, scale: float | None = Non
         raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
     if fp32_dot not in FP32_DOTS:
         raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
+    if fp32_backward and fp32_dot == "bf16x3" and q.dtype != torch.bfloat16:
+        # refused before the forward runs, not at the first backward
+        raise ValueError(f"fp32_dot='bf16x3' needs bf16 q, k, v; got {q.dtype} (use 'ieee' or 'tf32x3')")
     return TritonFlashAttention.apply(q, k, v, bool(causal), scale, gproj, bool(fp32_backward), config, fp32_dot)

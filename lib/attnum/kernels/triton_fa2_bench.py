@@ -11,11 +11,11 @@ usual count: forward 4 N^2 d per head (halved when causal), backward 2.5 x forwa
 against 2; the recomputation is not counted), so TFLOP/s compare directly across implementations.
 
 Implementations: ``triton_fa2`` at its default configuration (``triton_fa2.default_config``) with
-gproj off / dq / dq_dk and with fp32_backward (fp32 dots ``"ieee"``, and ``"tf32x3"``);
+gproj off / dq / dq_dk and with fp32_backward (fp32 dots ``"ieee"``, ``"tf32x3"`` and ``"bf16x3"``);
 ``scaled_dot_product_attention`` pinned to exactly one backend each (FLASH_ATTENTION,
 CUDNN_ATTENTION; a backend that raises is recorded as ``refused`` with its error, never skipped
 silently); FlexAttention compiled with ``torch.compile`` (causal through ``create_block_mask``).
-The tf32x3 variant goes to ``extra_cases`` (``EXTRA_IMPLS``), the others to ``cases``.
+The tf32x3 and bf16x3 variants go to ``extra_cases`` (``EXTRA_IMPLS``), the others to ``cases``.
 Each case is wrapped so one failure does not stop the rest, and the JSON is rewritten after every
 case, so a run cut short (``--budget-s``: no new shape starts past it) still leaves its results.
 Every case also records a correctness line: max |difference| of its output and dQ against SDPA's
@@ -26,7 +26,7 @@ the GPU tests at N = 40 and 1000).
 ``summary`` (one entry per shape, rewritten with the JSON): ``triton_fa2``'s forward + backward
 time over compiled FlexAttention's and over ``sdpa:flash``'s (and the same for forward and
 backward alone), GProj dq and dq_dk's cost over GProj off (``fwd_bwd`` and ``bwd`` time ratios
-minus 1), the FP32 backward's time over the bf16 kernel's (``ieee`` and ``tf32x3``), and ``meets``:
+minus 1), the FP32 backward's time over the bf16 kernel's (``ieee``, ``tf32x3``, ``bf16x3``), and ``meets``:
 the issue's targets (fwd+bwd <= Flex; GProj dq <= +5% and dq_dk <= +15% in fwd+bwd; FP32 backward
 fwd+bwd <= 3x).
 
@@ -59,9 +59,10 @@ CHECK_N = 512
 TRITON_VARIANTS = {"triton_fa2": dict(gproj="off"), "triton_fa2_gproj_dq": dict(gproj="dq"),
                    "triton_fa2_gproj_dq_dk": dict(gproj="dq_dk"),
                    "triton_fa2_fp32_backward": dict(gproj="off", fp32_backward=True),
-                   "triton_fa2_fp32_backward_tf32x3": dict(gproj="off", fp32_backward=True, fp32_dot="tf32x3")}
+                   "triton_fa2_fp32_backward_tf32x3": dict(gproj="off", fp32_backward=True, fp32_dot="tf32x3"),
+                   "triton_fa2_fp32_backward_bf16x3": dict(gproj="off", fp32_backward=True, fp32_dot="bf16x3")}
 SDPA_BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION")
-EXTRA_IMPLS = ("triton_fa2_fp32_backward_tf32x3",)
+EXTRA_IMPLS = ("triton_fa2_fp32_backward_tf32x3", "triton_fa2_fp32_backward_bf16x3")
 """Implementations written to ``extra_cases`` instead of ``cases``: labels that the readers of this file
 (``attnum.studies.gproj_fix.readings_costs.BENCH_NAMES``) do not map to a registry kernel."""
 TARGETS = {"fwd_bwd_vs_flex": 1.0, "gproj_dq_cost": 0.05, "gproj_dq_dk_cost": 0.15, "fp32_backward_ratio": 3.0}
@@ -213,7 +214,8 @@ def summarize(cases) -> list[dict]:
                 r = ratio(get(impl), base, f"{key}_ms")
                 rec[f"{name}_cost_{key}"] = None if r is None else r - 1.0
         for impl, name in (("triton_fa2_fp32_backward", "fp32_backward"),
-                           ("triton_fa2_fp32_backward_tf32x3", "fp32_backward_tf32x3")):
+                           ("triton_fa2_fp32_backward_tf32x3", "fp32_backward_tf32x3"),
+                           ("triton_fa2_fp32_backward_bf16x3", "fp32_backward_bf16x3")):
             for key in ("fwd_bwd", "bwd"):
                 rec[f"{name}_ratio_{key}"] = ratio(get(impl), base, f"{key}_ms")
         checks = {"fwd_bwd_vs_flex": (rec["fwd_bwd_vs_flex"], TARGETS["fwd_bwd_vs_flex"]),
@@ -221,6 +223,8 @@ def summarize(cases) -> list[dict]:
                   "gproj_dq_dk_cost": (rec["gproj_dq_dk_cost_fwd_bwd"], TARGETS["gproj_dq_dk_cost"]),
                   "fp32_backward_ratio": (rec["fp32_backward_ratio_fwd_bwd"], TARGETS["fp32_backward_ratio"]),
                   "fp32_backward_tf32x3_ratio": (rec["fp32_backward_tf32x3_ratio_fwd_bwd"],
+                                                 TARGETS["fp32_backward_ratio"]),
+                  "fp32_backward_bf16x3_ratio": (rec["fp32_backward_bf16x3_ratio_fwd_bwd"],
                                                  TARGETS["fp32_backward_ratio"])}
         rec["meets"] = {key: (None if value is None else bool(value <= target)) for key, (value, target) in
                         checks.items()}
@@ -294,7 +298,8 @@ def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float
                     print(f"   summary N={n} d={d} causal={causal}: fwd+bwd vs flex {fmt(s['fwd_bwd_vs_flex'])}, "
                           f"vs sdpa flash {fmt(s['fwd_bwd_vs_sdpa_flash'])}; gproj dq {fmt(s['gproj_dq_cost_fwd_bwd'])}, "
                           f"dq_dk {fmt(s['gproj_dq_dk_cost_fwd_bwd'])}; fp32 bwd x{fmt(s['fp32_backward_ratio_fwd_bwd'])}"
-                          f" (tf32x3 x{fmt(s['fp32_backward_tf32x3_ratio_fwd_bwd'])})", flush=True)
+                          f" (tf32x3 x{fmt(s['fp32_backward_tf32x3_ratio_fwd_bwd'])},"
+                          f" bf16x3 x{fmt(s['fp32_backward_bf16x3_ratio_fwd_bwd'])})", flush=True)
     save()
     return result
 

@@ -42,8 +42,9 @@ Command line (``PYTHONPATH=lib``; every ``TrainConfig`` field but the task runs'
 
 Attention choices: ``sdpa:flash`` (bf16, PyTorch's FlashAttention-2), ``sdpa:math`` (fp32 by
 default: the baseline, attention computed in fp32 from the bf16-computed projections, TF32 off),
-``triton:fa2``, ``triton:fa2:gproj_dq``, ``triton:fa2:gproj_dq_dk``, ``triton:fa2:fp32_bwd`` (our
-Triton kernel; on a CPU it is reported unavailable, not run), any other registry name, with
+``triton:fa2``, ``triton:fa2:gproj_dq``, ``triton:fa2:gproj_dq_dk``, ``triton:fa2:fp32_bwd``,
+``triton:fa2:fp32_bwd:bf16x3`` (the FP32 backward on the bf16 tensor cores; our Triton kernel; on a
+CPU it is reported unavailable, not run), any other registry name, with
 ``@bf16``/``@fp16``/``@fp32`` to force the operands' dtype.
 
 Choice of scale for one H200 in one command (9.5 minutes, start-up included). All numbers in this

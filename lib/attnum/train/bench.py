@@ -36,7 +36,7 @@ from ..model import GPT, AttentionChoice, GPTConfig
 # fa4 (FlashAttention-4, where flash-attn-4 is installed; recorded "unavailable: ..." where it is not) is the
 # fastest kernel on an H200, so its training throughput says how many tokens a device minute buys
 DEFAULT_KERNELS = ("sdpa:flash", "sdpa:cudnn", "sdpa:math", "fa4", "triton:fa2", "triton:fa2:gproj_dq",
-                   "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd")
+                   "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd", "triton:fa2:fp32_bwd:bf16x3")
 BASES = ("sdpa:flash@bf16", "triton:fa2@bf16")
 
 
