@@ -169,7 +169,8 @@ register("reference", _build_impl("reference"), doc="unblocked attention under a
 register("golden", _build_golden, doc="fp64 attention and its exact gradients", examples=("golden",))
 register("textbook", _build_textbook, doc="the unguarded textbook formula", examples=("textbook:fp32",))
 register("triton", _build_triton, doc="our FlashAttention-2 Triton kernel, GProj as a switch",
-         examples=("triton:fa2", "triton:fa2:gproj_dq", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd"))
+         examples=("triton:fa2", "triton:fa2:gproj_dq", "triton:fa2:gproj_dq_dk", "triton:fa2:fp32_bwd",
+                   "triton:fa2:fp32_bwd:bf16x3"))
 register("fa4", _fa4.build, doc="FlashAttention-4's CuTe DSL kernels (flash-attn-4; SM90 on Hopper)", examples=("fa4",))
 register("flashinfer", _flashinfer.build, doc="FlashInfer's prefill, decode and paged-cache decode kernels (forward only)",
          examples=("flashinfer:prefill", "flashinfer:decode", "flashinfer:decode_paged"))
