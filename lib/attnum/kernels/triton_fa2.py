@@ -146,10 +146,10 @@ different kernel at the fp32 level -- every bf16/fp16 rounding rule above is the
 emulator matches it at its own tiles (``block_q``/``block_k``) -- and its outputs can differ from
 the old default's in the last bit of the input format where an fp32 value sits on a rounding
 boundary. ``triton_fa2_tune --same-numerics`` measures exactly that.
-Measured speed lives in ``outputs/kernels/h200/triton_fa2_bench.json`` (``triton_fa2_bench``: against
-SDPA's backends, compiled FlexAttention and FA4 where installed, with a ``summary`` against the speed
-targets) and the sweeps in ``triton_fa2_tune*.json``; this docstring states no timings, since they
-change with every table.
+Measured speed lives in ``outputs/kernels/h200/triton_fa2_bench*.json`` (``triton_fa2_bench``: against
+SDPA's backends, compiled FlexAttention and FA4 where installed; the dated files carry a ``summary``
+against the speed targets, with the ``bf16x3`` FP32 backward among ``extra_cases``) and the sweeps in
+``triton_fa2_tune*.json``; this docstring states no timings, since they change with every table.
 """
 from __future__ import annotations
 
