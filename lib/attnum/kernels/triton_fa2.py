@@ -121,8 +121,9 @@ dS operand a needs splitting, and bf16 has fp32's exponent range: ``a = hi + mid
 |a| >= 2^-103 (each difference is exact in fp32 and three 8-bit significands cover fp32's 24;
 ``_split3``, checked bit for bit by the interpreter tests). Below that the lower pieces reach
 the subnormals and may lose bits: an element of P or dS under 2^-103 is far below the fp32
-resolution of any sum it enters unless the whole row is that small. Each of the three bf16 x bf16 products is exact in fp32, so
-the dot is ``a @ b`` up to the order and rounding of the fp32 sums alone -- the same latitude as
+resolution of any sum it enters unless the whole row is that small. Each of the three bf16 x bf16
+products is exact in fp32, so the dot is ``a @ b`` up to the order and rounding of the fp32 sums
+alone -- the same latitude as
 the ``"ieee"`` dot, whose products are each rounded to fp32 once -- at the bf16 tensor-core rate:
 three bf16 dots where the bf16 kernel has one, against ieee's dot off the tensor cores. The fp32
 pieces are register operands and K, Q, dO stay bf16 in shared memory, so it keeps the bf16
