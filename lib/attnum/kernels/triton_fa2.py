@@ -278,8 +278,7 @@ def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = Fa
     warps for d <= 64 and 8 above). The FP32 backward halves the backward tiles of either, except with
     ``fp32_dot="bf16x3"``: its dots read the same bf16 K, Q, dO tiles from shared memory as the bf16
     kernel (the fp32 pieces are register operands), so it keeps the bf16 kernel's configuration."""
-    if fp32_dot not in FP32_DOTS:
-        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
+    _check_fp32_dot(fp32_dot)
     entry = TUNED_CONFIGS.get((int(head_dim), bool(causal)))
     if entry is None:
         warps = 4 if head_dim <= 64 else 8
@@ -798,6 +797,16 @@ def _block_d(d: int) -> int:
 FP32_DOTS = ("ieee", "tf32x3", "bf16x3")
 
 
+def _check_fp32_dot(fp32_dot: str, dtype: torch.dtype | None = None) -> None:
+    """``fp32_dot`` is one of ``FP32_DOTS``; with ``dtype`` (the bf16-side operands' dtype, where the FP32
+    backward's dots will run), ``"bf16x3"`` needs bf16 there (its pieces sit beside bf16 operands)."""
+    if fp32_dot not in FP32_DOTS:
+        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
+    if dtype is not None and fp32_dot == "bf16x3" and dtype != torch.bfloat16:
+        raise ValueError(f"fp32_dot='bf16x3' splits fp32 values into bf16 pieces beside bf16 operands and needs "
+                         f"bf16 inputs; got {dtype} (use 'ieee' or 'tf32x3')")
+
+
 def _even(n: int, *blocks: int) -> bool:
     return all(n % block == 0 for block in blocks)
 
@@ -837,15 +846,11 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     scale = _check(q, k, v, causal, scale)
     if gproj not in GPROJ_MODES:
         raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
-    if fp32_dot not in FP32_DOTS:
-        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
+    _check_fp32_dot(fp32_dot, q.dtype if fp32_backward else None)
     b, h, n, d = q.shape
     if out.shape != q.shape or grad_out.shape != q.shape or lse.shape != (b, h, n):
         raise ValueError(f"out {tuple(out.shape)}, grad_out {tuple(grad_out.shape)} must be {tuple(q.shape)} "
                          f"and lse {tuple(lse.shape)} must be {(b, h, n)}")
-    if fp32_backward and fp32_dot == "bf16x3" and q.dtype != torch.bfloat16:
-        raise ValueError(f"fp32_dot='bf16x3' splits fp32 values into bf16 pieces beside bf16 operands and needs "
-                         f"bf16 q, k, v; got {q.dtype} (use 'ieee' or 'tf32x3')")
     cfg = config or default_config(d, fp32_backward, causal=causal, gproj=gproj, fp32_dot=fp32_dot)
     q, k, v, out = q.contiguous(), k.contiguous(), v.contiguous(), out.to(q.dtype).contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
@@ -904,12 +909,9 @@ def split3(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def dot_f32_tile(a: torch.Tensor, b: torch.Tensor, fp32_dot: str) -> torch.Tensor:
     """One FP32-backward dot ``a @ b`` (a fp32 M x K, b K x N in the input format, each side a power of two
     >= 16) through the kernels' own ``_dot_f32``, in fp32: how exact each ``fp32_dot`` is, for the tests."""
-    if fp32_dot not in FP32_DOTS:
-        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
+    _check_fp32_dot(fp32_dot, b.dtype)
     if a.dtype != torch.float32 or a.dim() != 2 or b.dim() != 2 or a.shape[1] != b.shape[0]:
         raise ValueError(f"a must be fp32 (M, K) and b (K, N); got {a.dtype} {tuple(a.shape)}, {tuple(b.shape)}")
-    if fp32_dot == "bf16x3" and b.dtype != torch.bfloat16:
-        raise ValueError(f"fp32_dot='bf16x3' needs a bf16 b, got {b.dtype}")
     (m, k), n = a.shape, b.shape[1]
     if any(size < 16 or size & (size - 1) for size in (m, n, k)):
         raise ValueError(f"M, N, K must be powers of two >= 16, got {(m, n, k)}")
@@ -946,9 +948,5 @@ def triton_attention(q, k, v, *, causal: bool = False, scale: float | None = Non
     with n_q == n_k and no mask or dropout."""
     if gproj not in GPROJ_MODES:
         raise ValueError(f"gproj must be one of {GPROJ_MODES}, got {gproj!r}")
-    if fp32_dot not in FP32_DOTS:
-        raise ValueError(f"fp32_dot must be one of {FP32_DOTS}, got {fp32_dot!r}")
-    if fp32_backward and fp32_dot == "bf16x3" and q.dtype != torch.bfloat16:
-        # refused before the forward runs, not at the first backward
-        raise ValueError(f"fp32_dot='bf16x3' needs bf16 q, k, v; got {q.dtype} (use 'ieee' or 'tf32x3')")
+    _check_fp32_dot(fp32_dot, q.dtype if fp32_backward else None)  # before the forward, not at the backward
     return TritonFlashAttention.apply(q, k, v, bool(causal), scale, gproj, bool(fp32_backward), config, fp32_dot)
