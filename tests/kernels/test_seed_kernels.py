@@ -182,3 +182,40 @@ def test_cuda_fa4_backward_against_golden():
     gold = kernels.get("golden").backward(q, k, v, do, causal=True)
     for g, ref in zip(grads, gold):
         assert float((g.double() - ref).norm() / ref.norm()) < 2e-2
+
+
+def _record(names, device="NVIDIA H200", version="0.7.0"):
+    return {"what": "probe", "device": device, "capability": [9, 0], "torch": "2.11", "cuda": "13.0",
+            "fa4_version": None, "flashinfer_version": version, "flashinfer_mask_sentinel": "inf",
+            "kernels": {n: {"runs_as": n, "unavailable": None, "accuracy": [{"n": i}]} for i, n in enumerate(names)}}
+
+
+def test_probe_parts_merge_in_the_order_asked_and_refuse_mixed_machines():
+    from attnum.kernels.seed_kernels_probe import merge_records
+    names = ["flashinfer:prefill", "flashinfer:decode", "flashinfer:decode_paged"]
+    parts = [_record([names[2]]), _record([names[0]]), _record([names[1]])]
+    merged = merge_records(parts, names)
+    assert list(merged["kernels"]) == names
+    assert merged["kernels"]["flashinfer:decode_paged"] == parts[0]["kernels"]["flashinfer:decode_paged"]
+    assert {k: v for k, v in merged.items() if k != "kernels"} == {k: v for k, v in parts[0].items() if k != "kernels"}
+    with pytest.raises(ValueError, match="flashinfer_version"):
+        merge_records([_record([names[0]]), _record([names[1]], version="0.6.18.post1")], names[:2])
+    with pytest.raises(ValueError, match="device"):
+        merge_records([_record([names[0]]), _record([names[1]], device="NVIDIA A100")], names[:2])
+    with pytest.raises(ValueError, match="more than one part"):
+        merge_records([_record([names[0]]), _record([names[0]])], names[:1])
+    with pytest.raises(ValueError, match="no part probed flashinfer:decode_paged"):
+        merge_records(parts[1:], names)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--jobs", "0"], "--jobs must be >= 1"),
+    (["--kernels", "fa4,fa4"], "each kernel once"),
+    (["--kernels", "flashinfer:bogus"], "flashinfer:<mode>"),
+])
+def test_probe_refuses_bad_arguments_before_any_work(tmp_path, capsys, argv, message):
+    from attnum.kernels.seed_kernels_probe import main
+    out = tmp_path / "probe.json"
+    assert main([str(out), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

@@ -75,12 +75,23 @@ def test_onsets_are_those_of_the_committed_probe_files():
 
 
 def test_the_paged_decode_is_read_where_a_probe_file_has_it():
-    """The committed files predate the paged decode kernel (not measured); a file with its rows reads them."""
+    """Measured exactly where a committed file has the paged decode's sentinel rows; a file given its rows (here
+    the single-request decode's, scaled) reads them, and the readings and the same-bracket flag follow."""
     records = _committed()
     vals = rf.flashinfer_values(rf.load_flashinfer_probes())
-    assert all(vals[f"{tag}_decode_paged_{case}_measured"] is False for tag in ("old", "new")
-               for case in ("nomask", "causal", "masked"))
-    with_paged = copy.deepcopy(records)
+    for version, tag in (("0.6.18.post1", "old"), ("0.7.0", "new")):
+        entry = records[version]["kernels"].get("flashinfer:decode_paged")
+        has = entry is not None and not entry.get("unavailable") and bool(entry.get("sentinel"))
+        for case in ("nomask", "causal"):
+            assert vals[f"{tag}_decode_paged_{case}_measured"] is has
+        assert vals[f"{tag}_decode_paged_masked_measured"] is False  # a decode step takes no mask
+    without = copy.deepcopy(records)
+    for record in without.values():
+        record["kernels"].pop("flashinfer:decode_paged", None)
+    vals = rf.flashinfer_values(without)
+    assert vals["old_decode_paged_nomask_reading"] == "not measured"
+    assert vals["decode_paged_nomask_same_bracket"] is None
+    with_paged = copy.deepcopy(without)
     for record in with_paged.values():  # the single-request decode's rows, scaled, as if the paged kernel gave them
         rows = copy.deepcopy(record["kernels"]["flashinfer:decode"])
         for r in rows["sentinel"]:
@@ -95,6 +106,21 @@ def test_the_paged_decode_is_read_where_a_probe_file_has_it():
         assert vals[f"{tag}_decode_paged_nomask_measured"] is True
         assert vals[f"{tag}_decode_paged_nomask_onset"] == hand[1]
         assert vals[f"{tag}_decode_paged_nomask_err_max"] == pytest.approx(vals[f"{tag}_decode_nomask_err_max"] * 0.5)
+    # causal rows are the decode's own: the same bracket, so the flag holds for them
+    assert vals["decode_paged_causal_same_bracket"] is True
+    last_right, first = _onset_by_hand(with_paged["0.6.18.post1"], "flashinfer:decode_paged", "causal")
+    assert vals["old_decode_paged_causal_reading"] == f"right at L = {last_right:.0f}, wrong from L = {first:.0f}"
+
+
+def test_an_onset_reading_names_the_bracket_or_its_absence():
+    base = {"levels_hi": 1e6}
+    assert rf.onset_reading({**base, "k_measured": False}, "k") == "not measured"
+    assert rf.onset_reading({**base, "k_measured": True, "k_onset": 34048.0, "k_last_right": 33792.0},
+                            "k") == "right at L = 33792, wrong from L = 34048"
+    assert rf.onset_reading({**base, "k_measured": True, "k_onset": None, "k_last_right": 1e6, "k_err_max": 0.0123},
+                            "k") == "no wrong row up to L = 1000000 (largest error 0.012)"
+    assert rf.onset_reading({**base, "k_measured": True, "k_onset": 100.0, "k_last_right": None},
+                            "k") == "wrong from the lowest level, L = 100"
 
 
 def test_the_emulators_onset_is_the_p_underflow_of_the_same_sentinel_and_the_agreement_its_bracket():

@@ -2,7 +2,7 @@
 (``flashinfer:prefill`` / ``flashinfer:decode`` / ``flashinfer:decode_paged``), whichever are installed in
 this process.
 
-    python -m attnum.kernels.seed_kernels_probe OUT.json [--kernels fa4,flashinfer:prefill,...] [--quick]
+    python -m attnum.kernels.seed_kernels_probe OUT.json [--kernels fa4,flashinfer:prefill,...] [--quick] [--jobs N]
 
 Per kernel:
 * ``accepts``: what it takes (dtype x head dim x mask: none, causal, boolean, additive), forward and,
@@ -21,12 +21,20 @@ Per kernel:
   fully masked row (what comes back: NaN, zeros or a value).
 The file records the package versions, the masked-score sentinel read from FlashInfer's own header, the
 GPU and torch. Written for one H200; every case is timed by nothing (no timings here).
+
+``--jobs N`` probes up to N kernels at once, each in its own process (``OUT.json.<kernel>.part``, merged
+into OUT.json in the order of ``--kernels`` and then removed). Most of a probe's time is JIT compilation
+on the host (every new dtype and head dim is a new FlashInfer module, 10-40 s each), so kernels probed in
+parallel overlap their compilations; the GPU work is small and its results do not depend on what else
+runs (nothing is timed). A part whose process fails is kept beside OUT.json and named in the error.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
+import subprocess
 import sys
 import time
 
@@ -197,21 +205,98 @@ def sentinel(kernel) -> list[dict]:
     return rows
 
 
+HEADER_KEYS = ("device", "capability", "torch", "cuda", "fa4_version", "flashinfer_version", "flashinfer_mask_sentinel")
+
+
+def merge_records(parts: list[dict], names: list[str]) -> dict:
+    """One probe record from per-kernel records of one machine: the header of the first, the kernels in the
+    order of ``names``. Parts that disagree on a header field (another GPU or package version) are refused,
+    as is a name no part probed or a kernel in two parts."""
+    if not parts:
+        raise ValueError("merge_records: no records to merge")
+    for key in HEADER_KEYS:
+        seen = {json.dumps(p.get(key)) for p in parts}
+        if len(seen) > 1:
+            raise ValueError(f"merge_records: the parts disagree on {key!r}: {sorted(seen)}")
+    found: dict[str, dict] = {}
+    for p in parts:
+        for name, entry in p["kernels"].items():
+            if name in found:
+                raise ValueError(f"merge_records: kernel {name!r} is in more than one part")
+            found[name] = entry
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(f"merge_records: no part probed {', '.join(missing)}")
+    merged = {k: v for k, v in parts[0].items() if k != "kernels"}
+    merged["kernels"] = {n: found[n] for n in names}
+    return merged
+
+
+def part_path(out: str, name: str) -> str:
+    """Where ``--jobs`` puts one kernel's record: beside OUT, named by the kernel (':' -> '_')."""
+    return f"{out}.{name.replace(':', '_')}.part"
+
+
+def _parallel(out: str, names: list[str], jobs: int, quick: bool) -> int:
+    """Each kernel in its own process, at most ``jobs`` at once, then one merged file."""
+    pending, running, failed = list(names), [], []
+    while pending or running:
+        while pending and len(running) < jobs:
+            name = pending.pop(0)
+            cmd = [sys.executable, "-m", "attnum.kernels.seed_kernels_probe", part_path(out, name), "--kernels", name]
+            running.append((name, subprocess.Popen(cmd + (["--quick"] if quick else []))))
+        time.sleep(1.0)
+        for item in [r for r in running if r[1].poll() is not None]:
+            running.remove(item)
+            if item[1].returncode != 0:
+                failed.append(f"{item[0]} (exit status {item[1].returncode})")
+    if failed:
+        print(f"error: {', '.join(failed)} failed; the parts are kept beside {out}", file=sys.stderr)
+        return 1
+    parts = []
+    for name in names:
+        with open(part_path(out, name)) as fh:
+            parts.append(json.load(fh))
+    record = merge_records(parts, names)
+    record["jobs"] = jobs
+    with open(out, "w") as fh:
+        json.dump(record, fh, indent=1)
+    for name in names:
+        os.remove(part_path(out, name))
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m attnum.kernels.seed_kernels_probe", description=__doc__.split("\n")[0])
     ap.add_argument("out")
     ap.add_argument("--kernels", default="fa4,flashinfer:prefill,flashinfer:decode,flashinfer:decode_paged")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--jobs", type=int, default=1, help="kernels probed at once, each in its own process")
     args = ap.parse_args(argv)
+    names = [s for s in args.kernels.split(",") if s]
+    if args.jobs < 1:
+        print(f"error: --jobs must be >= 1, got {args.jobs}", file=sys.stderr)
+        return 2
+    if not names or len(set(names)) != len(names):
+        print(f"error: --kernels must name each kernel once, got {args.kernels!r}", file=sys.stderr)
+        return 2
+    for name in names:
+        try:
+            get(name)
+        except (KeyError, ValueError) as exc:
+            print(f"error: --kernels: {exc}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.jobs > 1 and len(names) > 1:
+        return _parallel(args.out, names, args.jobs, args.quick)
     record = {"what": "the source documents' own kernels (attnum.kernels.seed_kernels_probe)",
               "device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability()),
               "torch": torch.__version__, "cuda": torch.version.cuda,
               "fa4_version": _fa4.version(), "flashinfer_version": _flashinfer.version(),
               "flashinfer_mask_sentinel": _flashinfer.mask_sentinel(), "kernels": {}}
-    for name in [s for s in args.kernels.split(",") if s]:
+    for name in names:
         kernel = get(name)
         reason = kernel.unavailable_reason("cuda")
         entry = record["kernels"][name] = {"runs_as": kernel.runs_as(), "unavailable": reason}

@@ -254,4 +254,34 @@ def flashinfer_values(probes: dict, tol: float = ONSET_TOLERANCE) -> dict:
                 values[f"{key}_ln2_in_bracket"] = None
             else:
                 values[f"{key}_ln2_in_bracket"] = bool(old["last right"] < values["old_sentinel_ln2"] <= old["onset"])
+    for tag, version in (("old", old_v), ("new", new_v)):
+        record = probes.get(version)
+        entry = None if record is None else record["kernels"].get("flashinfer:decode_paged")
+        values[f"{tag}_decode_paged_runs_as"] = None if entry is None else str(entry.get("runs_as"))
+        for kernel in FLASHINFER_KERNELS:
+            short = kernel.split(":")[1]
+            for case in CASES:
+                values[f"{tag}_{short}_{case}_reading"] = onset_reading(values, f"{tag}_{short}_{case}")
+    for case in ("nomask", "causal"):
+        same = [None if not (values[f"{tag}_decode_{case}_measured"] and values[f"{tag}_decode_paged_{case}_measured"])
+                else (values[f"{tag}_decode_{case}_onset"] == values[f"{tag}_decode_paged_{case}_onset"]
+                      and values[f"{tag}_decode_{case}_last_right"] == values[f"{tag}_decode_paged_{case}_last_right"])
+                for tag in ("old", "new")]
+        values[f"decode_paged_{case}_same_bracket"] = None if None in same else all(same)
     return values
+
+
+def onset_reading(values: dict, key: str) -> str:
+    """One kernel and case of ``flashinfer_values`` as a phrase of its numbers: where its rows go wrong (the
+    bracket (last right, onset]), or that none did up to the highest level scanned, or that it was not
+    measured. Only the probe's numbers go in; the words are fixed by which of the three it is."""
+    if not values.get(f"{key}_measured"):
+        return "not measured"
+    onset, last_right = values.get(f"{key}_onset"), values.get(f"{key}_last_right")
+    if onset is None:
+        err = values.get(f"{key}_err_max")
+        tail = "" if err is None else f" (largest error {err:.2g})"
+        return f"no wrong row up to L = {values['levels_hi']:.0f}{tail}"
+    if last_right is None:
+        return f"wrong from the lowest level, L = {onset:.0f}"
+    return f"right at L = {last_right:.0f}, wrong from L = {onset:.0f}"
