@@ -315,8 +315,22 @@ def test_bench_summary_ratios():
     assert s["fp32_backward_ratio_fwd_bwd"] == pytest.approx(4.0) and s["fwd_bwd_vs_sdpa_cudnn"] is None
     assert s["meets"] == {"fwd_bwd_vs_flex": True, "gproj_dq_cost": True, "gproj_dq_dk_cost": False,
                           "fp32_backward_ratio": False, "fp32_backward_tf32x3_ratio": True,
-                          "fp32_backward_bf16x3_ratio": True}
+                          "fp32_backward_bf16x3_ratio": True, "fwd_bwd_vs_fa4": None}
     assert s["fp32_backward_bf16x3_ratio_bwd"] == pytest.approx(10 / 3)
+    # FA4 where it was timed: the stretch target is 1.25x its forward + backward time
+    (s,) = summarize([case("triton_fa2", 1.0, 3.0), case("fa4", 0.5, 2.0)])
+    assert s["fwd_bwd_vs_fa4"] == pytest.approx(1.6) and s["fwd_vs_fa4"] == pytest.approx(2.0)
+    assert s["meets"]["fwd_bwd_vs_fa4"] is False and s["meets"]["fwd_bwd_vs_flex"] is None
+    (s,) = summarize([case("triton_fa2", 1.0, 3.0), case("fa4", 1.0, 2.5)])
+    assert s["meets"]["fwd_bwd_vs_fa4"] is True
+
+
+def test_bench_names_fa4_as_unavailable_on_a_machine_without_it():
+    from attnum.kernels.triton_fa2_bench import EXTRA_IMPLS, fa4_unavailable
+
+    reason = fa4_unavailable()
+    assert isinstance(reason, str) and reason  # CPU-only here: no CUDA, or the package is absent
+    assert "fa4" in EXTRA_IMPLS  # study 05's bench reader maps only the labels of ``cases``
 
 
 # tiles (fwd_m, fwd_n, dq_m, dq_n, kv_n, kv_m) with unequal sizes, so the diagonal split meets

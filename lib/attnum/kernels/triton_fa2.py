@@ -244,26 +244,34 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
                       bwd_stages=2, source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied)"),
     # d = 64, non-causal: triton_fa2_tune --dims=64 --parts=fwd,dq,kv,dq_gproj,kv_gproj on the H200
     # (2026-12-02, each kernel timed alone): forward 128 x 64 / 8 warps / 3 stages 1.594 ms, dQ kernel
-    # 64 x 64 / 4 warps / 2 stages 1.64 ms, dK/dV kernel 64 x 64 / 4 warps / 3 stages 2.661 ms. That
-    # sweep's JSON did not reach the repository (the session that ran it ended first): these are the
-    # picks as read from it. Stages never change the arithmetic, so the numerics are those of the
-    # entry it replaced (same tiles).
+    # 64 x 64 / 4 warps / 2 stages 1.64 ms, dK/dV kernel 64 x 64 / 4 warps / 3 stages 2.661 ms (that
+    # sweep's JSON was lost). The sweep of outputs/kernels/h200/triton_fa2_tune_d64_2026-12-03.json
+    # repeats it: the same forward (1.614 ms) and dK/dV (2.664 ms) picks; its fastest dQ kernel is
+    # 128 x 64 / 8 warps / 3 stages (1.646 ms against 1.745 ms here), but GProj's dQ kernel, which
+    # runs at these tiles, took 2.825 ms there against the earlier sweep's 2.612 ms at 64 x 64, so the
+    # 64 x 64 dQ tiles stay (and with them this entry's numerics).
     (64, False): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
                       fwd_stages=3, bwd_stages=2, kv_stages=3,
-                      source="h200 tune 2026-12-02 (--dims=64, each kernel alone; JSON not committed)"),
-    # d = 64, causal: the same sweep timed it (forward 0.966, dQ 1.05, dK/dV 1.531 ms) but its picks were
-    # not read out before the JSON was lost; this stays d = 64 non-causal's earlier forward with 64-tiles
-    (64, True): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
-                     fwd_stages=2, bwd_stages=2, source="unmeasured guess (d = 64 non-causal's earlier forward)"),
+                      source="h200 tune 2026-12-02 (--dims=64, each kernel alone); repeated 2026-12-03"),
+    # d = 64, causal: outputs/kernels/h200/triton_fa2_tune_d64_2026-12-03.json (N = 8192, each kernel
+    # alone): forward 64 x 64 / 4 warps / 3 stages 0.910 ms (the entry it replaces, 128 x 64 / 8 warps /
+    # 2 stages, 0.995 ms), dQ kernel 64 x 128 / 4 warps / 2 stages 1.041 ms (64 x 64: 1.180 ms at 2
+    # stages, 1.063 ms at 3), dK/dV kernel 64 x 64 / 4 warps / 2 stages 1.524 ms (unchanged).
+    (64, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=128, kv_n=64, kv_m=64, num_warps=4, fwd_warps=4,
+                     fwd_stages=3, dq_warps=4, dq_stages=2, kv_warps=4, kv_stages=2, bwd_stages=2,
+                     source="h200 tune 2026-12-03 (--dims=64 --causal=1, each kernel alone)"),
 }
 # Warps and stages of the backward kernels per GProj mode, over TUNED_CONFIGS' (same tiles: GProj
 # never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone).
 # Keys (head_dim, causal, gproj); values only LAUNCH_FIELDS.
 # d = 64 non-causal, the sweep above: the GProj dQ kernel at 4 warps / 3 stages (2.612 ms against the
 # GProj-off dQ kernel's 1.64 ms; why GProj costs so much more at d = 64 than at d = 128 was not measured).
+# d = 64 causal, the 2026-12-03 sweep: GProj's dQ kernel fastest at the GProj-off launch (1.512 ms against
+# 1.041 ms), GProj's dK/dV kernel (under "dq_dk") at 4 warps / 3 stages (2.061 ms against 1.524 ms).
 TUNED_GPROJ_LAUNCH: dict[tuple[int, bool, str], dict] = {
     (64, False, "dq"): dict(dq_warps=4, dq_stages=3),
     (64, False, "dq_dk"): dict(dq_warps=4, dq_stages=3),
+    (64, True, "dq_dk"): dict(kv_warps=4, kv_stages=3),
 }
 # The FP32 backward's own backward tiles/warps/stages per (head_dim, causal) (BlockConfig fields of
 # the dQ and dK/dV kernels); where absent, TUNED_CONFIGS' backward tiles halved (see default_config).
