@@ -525,3 +525,85 @@ def test_real_kernel_values_when_every_kernel_gave_output(monkeypatch):
         assert values["sdpa_efficient_no_output"] == table.loc["sdpa:efficient", "no output"]
         assert values["sdpa_efficient_no_output"].startswith("refused")
         assert values["sdpa_flash_no_output"] is None  # not measured at all
+
+
+def _contrast_run(fused_minus_unfused):
+    """A real-kernel dataset of one kernel whose fused-minus-unfused bitwise share is given per case (4 cases: two
+    N x two key blocks), the unfused share 0.9."""
+    diff = np.asarray(fused_minus_unfused, dtype=float).reshape(2, 2)  # (key block, N)
+    configs = ["bk64", "bk64:fused", "bk128", "bk128:fused"]
+    bits = np.empty((1, 4, 1, 1, 1, 2, 1))
+    for b in range(2):
+        bits[0, 2 * b, 0, 0, 0, :, 0] = 0.9
+        bits[0, 2 * b + 1, 0, 0, 0, :, 0] = 0.9 + diff[b]
+    dims = ("real_kernel", "fidelity_config", "real_dtype", "real_head_dim", "real_causal", "real_seq_len", "real_seed")
+    coords = dict(real_kernel=["k"], fidelity_config=configs, real_dtype=["bf16"], real_head_dim=[64],
+                  real_causal=[False], real_seq_len=[256, 1024], real_seed=[0])
+    return xr.Dataset({"real_bitwise_equal": (dims, bits), "real_error_corr": (dims, bits)}, coords=coords)
+
+
+def test_fused_contrast_counts_cases_and_tests_the_split():
+    from scipy.stats import binomtest
+
+    run = _contrast_run([-0.01, -0.002, -0.003, 0.001])
+    row = real_kernels.fused_contrast(run).loc["k"]
+    assert (row["cases"], row["fused better"], row["unfused better"]) == (4, 1, 3)
+    assert row["mean"] == pytest.approx(-0.0035) and (row["min"], row["max"]) == pytest.approx((-0.01, 0.001))
+    assert row["best bitwise"] == pytest.approx(0.9)  # every case's unfused share
+    for wins, losses in ((1, 3), (7, 57), (0, 10), (5, 5)):
+        assert real_kernels._sign_test_p(wins, losses) == pytest.approx(binomtest(wins, wins + losses).pvalue)
+    assert np.isnan(real_kernels._sign_test_p(0, 0))
+    assert real_kernels.fused_verdict(real_kernels.fused_contrast(run), "k") == "the map does not tell the two orders apart"
+    assert real_kernels.fused_verdict(real_kernels.fused_contrast(run), "other") is None
+    # a tie counts for neither order; enough one-sided cases decide
+    tied = real_kernels.fused_contrast(_contrast_run([0.0, 0.0, 0.0, 0.002])).loc["k"]
+    assert (tied["fused better"], tied["unfused better"]) == (1, 0)
+    many = xr.concat([_contrast_run([0.001] * 4).assign_coords(real_head_dim=[d]) for d in (16, 32, 64, 128)],
+                     dim="real_head_dim")
+    contrast = real_kernels.fused_contrast(many)
+    assert contrast.loc["k", "fused better"] == 16 and contrast.loc["k", "sign p"] < real_kernels.FUSED_DECIDED_P
+    assert real_kernels.fused_verdict(contrast, "k") == "the map favours the fused order"
+    phrase = real_kernels.fused_reading(contrast, "k")
+    assert phrase.startswith("the fused configuration matches more outputs in 16 and the unfused one in 0 of 16 cases")
+    assert phrase.endswith(real_kernels.fused_verdict(contrast, "k"))
+
+
+def test_reproduction_thresholds():
+    high, low = real_kernels.REPRODUCED_BITS
+    assert real_kernels.reproduction(high).startswith("reproduced nearly bit for bit")
+    assert real_kernels.reproduction(low).startswith("not reproduced")
+    assert real_kernels.reproduction((high + low) / 2).startswith("reproduced in part")
+    assert real_kernels.reproduction(None) is None and real_kernels.reproduction(float("nan")) is None
+
+
+def test_overlap_of_two_runs_and_the_longest_run(monkeypatch, tmp_path):
+    real = real_kernels.real_kernel_sweep(["sdpa:math"], [64, 128], ["bf16"], [16], [False], [0], block_ks=(32,),
+                                          progress=False, batch=1, heads=1, device="cpu", golden_chunk=1024,
+                                          reference_chunk=4096)
+    real.attrs["parameters"] = json.dumps({"batch": 1, "heads": 1})
+    other = real.sel(real_seq_len=[128]).copy(deep=True)
+    same = real_kernels.overlap_values(real, other)
+    assert (same["cases"], same["equal"], same["max_rel_diff"], same["n"]) == (1, 1, 0.0, "128")
+    assert same["text"].startswith("at N = 128, of the 1 cases") and "1 gave the identical error" in same["text"]
+    other["real_rel_l2_err"] = other["real_rel_l2_err"] * 1.5
+    moved = real_kernels.overlap_values(real, other)
+    assert moved["equal"] == 0 and moved["max_rel_diff"] == pytest.approx(0.5)
+    other.attrs["parameters"] = json.dumps({"batch": 1, "heads": 2})  # other inputs: not compared
+    assert real_kernels.overlap_values(real, other)["cases"] is None
+    assert real_kernels.overlap_values(real, None)["text"].startswith("not compared")
+    # the longest run: this run when it is a gpu_long run on CUDA, else the committed one (none here)
+    monkeypatch.setenv("ATTNUM_OUTPUTS", str(tmp_path))
+    run = real.copy()
+    run.attrs.update(device="cuda:0 NVIDIA H200", parameters=json.dumps({"output_dir": "length_scaling/gpu_long"}))
+    assert real_kernels.longest_real_run(run) is run
+    run.attrs["parameters"] = json.dumps({"output_dir": "length_scaling/gpu"})
+    assert real_kernels.longest_real_run(run) is None
+    run.attrs.update(device="cpu", parameters=json.dumps({"output_dir": "length_scaling/gpu_long"}))
+    assert real_kernels.longest_real_run(run) is None
+    longest = real_kernels.real_error_at_longest(real)
+    e = real["real_rel_l2_err"].sel(real_kernel="sdpa:math", real_dtype="bf16", real_seq_len=128).median("real_seed")
+    assert longest.loc[("sdpa:math", "bf16"), "N"] == 128
+    assert longest.loc[("sdpa:math", "bf16"), "err max"] == pytest.approx(float(e.max()))
+    values = real_kernels.real_kernel_values(real)
+    assert values["sdpa_math_err_bf16_n_long"] == 128 and values["fa4_err_bf16_n_long"] is None
+    assert values["sdpa_math_reproduction"] == real_kernels.reproduction(values["sdpa_math_bits_bf16_short"])

@@ -50,6 +50,68 @@ def committed_real_kernel_runs() -> list[xr.Dataset]:
     return sorted(runs, key=lambda ds: int(ds["real_seq_len"].min()))
 
 
+LONGEST_RUN = "gpu_long"
+"""The parameter set (and committed run folder) that measures the real kernels at the study's longest length."""
+
+
+def _cuda_real(ds: xr.Dataset | None) -> bool:
+    return (ds is not None and "real_rel_l2_err" in ds and "cuda" in ds.attrs.get("device", "")
+            and bool(ds["real_rel_l2_err"].notnull().any()))
+
+
+def longest_real_run(ds: xr.Dataset | None) -> xr.Dataset | None:
+    """The run whose real kernels reach the longest length: ``ds`` itself when it is a ``gpu_long`` run that
+    measured them on a GPU (its parameter set, or an override of it), else the committed
+    ``<outputs>/length_scaling/gpu_long`` when it did; None without either."""
+    import json
+
+    from ...ncio import committed_run
+
+    if _cuda_real(ds) and json.loads(ds.attrs.get("parameters", "{}")).get("output_dir", "").startswith(
+            f"length_scaling/{LONGEST_RUN}"):
+        ds.attrs.setdefault("run", "this run")
+        return boolean_coordinates(ds)
+    run = boolean_coordinates(committed_run("length_scaling", LONGEST_RUN))
+    return run if _cuda_real(run) else None
+
+
+def overlap_values(a: xr.Dataset | None, b: xr.Dataset | None) -> dict:
+    """Two runs' real-kernel errors where both measured the same kernel, dtype, head dim, mask, N and seed (the
+    same inputs: ``_inputs`` depends on those and on ``batch`` and ``heads``, which must agree): ``cases``, how
+    many; ``equal``, how many gave the identical error; ``max_rel_diff``, the largest |a - b| / a; ``n``, the
+    lengths they share (a comma list); ``text``, a fixed phrase with these numbers, or saying why there are none.
+    Every number None when a run is missing, or the runs share no case or differ in batch or heads."""
+    import json
+
+    out = {"cases": None, "equal": None, "max_rel_diff": None, "n": None,
+           "text": "not compared: no second run with real kernels was at hand"}
+    if a is None or b is None or "real_rel_l2_err" not in a or "real_rel_l2_err" not in b:
+        return out
+    out["text"] = "not compared: the two runs share no case measured on the same inputs"
+    pa, pb = (json.loads(x.attrs.get("parameters", "{}")) for x in (a, b))
+    if (pa.get("batch"), pa.get("heads")) != (pb.get("batch"), pb.get("heads")):
+        return out
+    common = {}
+    for dim in ("real_kernel", "real_dtype", "real_head_dim", "real_causal", "real_seq_len", "real_seed"):
+        shared = [x for x in a[dim].values.tolist() if x in set(b[dim].values.tolist())]
+        if not shared:
+            return out
+        common[dim] = shared
+    # by position: a list of booleans given to sel would be read as a mask, not as labels of real_causal
+    ea, eb = (x["real_rel_l2_err"].isel({dim: [x[dim].values.tolist().index(v) for v in shared]
+                                         for dim, shared in common.items()}).values.ravel() for x in (a, b))
+    ok = np.isfinite(ea) & np.isfinite(eb)
+    if not ok.any():
+        return out
+    ea, eb = ea[ok], eb[ok]
+    out.update(cases=int(ok.sum()), equal=int((ea == eb).sum()), max_rel_diff=float(np.max(np.abs(ea - eb) / ea)),
+               n=", ".join(str(int(n)) for n in common["real_seq_len"]))
+    out["text"] = (f"at N = {out['n']}, of the {out['cases']} cases (kernel, dtype, head dim, mask, N, seed) both "
+                   f"measured, {out['equal']} gave the identical error; the largest relative difference is "
+                   f"{out['max_rel_diff']:.2g}")
+    return out
+
+
 REAL_ERRORS = ("rel_l2", "max_abs")
 
 
@@ -232,7 +294,8 @@ def fidelity_by_length(run: xr.Dataset) -> "pd.DataFrame":
 
 # -- readings of a run's real kernels (tables and values the notebook states) --------------------------
 
-REAL_KERNELS_STATED = ("sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "sdpa:math", "triton:fa2", "flex")
+REAL_KERNELS_STATED = ("sdpa:flash", "sdpa:efficient", "sdpa:cudnn", "sdpa:math", "triton:fa2", "flex", "fa4",
+                       "flashinfer:prefill")
 """The registry kernels the notebook's prose names (keys ``<kernel with : as _>_*``); others are in the tables."""
 
 
@@ -308,6 +371,111 @@ def real_growth_table(run: xr.Dataset) -> "pd.DataFrame":
     return pd.DataFrame(rows).set_index(["kernel", "mask", "dtype"]) if rows else pd.DataFrame()
 
 
+def real_error_at_longest(run: xr.Dataset) -> "pd.DataFrame":
+    """Per real kernel and dtype: the longest N where it gave an output for every head dim and mask, and the range
+    of its median relative L2 error there over head dims and masks (``err min``, ``err max``)."""
+    import pandas as pd
+
+    err = run["real_rel_l2_err"].median("real_seed")
+    rows = []
+    for kernel in run["real_kernel"].values:
+        for fmt in run["real_dtype"].values:
+            e = err.sel(real_kernel=kernel, real_dtype=fmt)
+            ok = [n for n in run["real_seq_len"].values if np.isfinite(e.sel(real_seq_len=n).values).all()]
+            if ok:
+                at = e.sel(real_seq_len=ok[-1]).values
+                rows.append({"kernel": kernel, "dtype": fmt, "N": int(ok[-1]), "err min": float(np.min(at)),
+                             "err max": float(np.max(at))})
+    return pd.DataFrame(rows).set_index(["kernel", "dtype"]) if rows else pd.DataFrame()
+
+
+def _sign_test_p(wins: int, losses: int) -> float:
+    """Two-sided exact sign test: the probability, under a fair coin, of a split at least as uneven as
+    ``wins``:``losses`` (ties left out before the call)."""
+    from math import comb
+
+    n = wins + losses
+    if n == 0:
+        return float("nan")
+    k = min(wins, losses)
+    return min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def fused_contrast(run: xr.Dataset) -> "pd.DataFrame":
+    """Does a kernel compute the scores' scale and max subtraction as one fused step (FlashAttention-3's forward,
+    seed 004) or as two (subtract, then scale)? Per real kernel, over every case (dtype, head dim, mask, N, seed)
+    and key block of the run: the bitwise-equal share of the fused emulator configuration minus that of the
+    unfused one at the same key block. ``fused better`` / ``unfused better``: the cases where the difference is
+    positive / negative (ties, usually where the kernel matches neither, left out); ``sign p``: the two-sided
+    sign test of that split; ``mean``, ``min``, ``max``: of the differences; ``best bitwise``: the kernel's best
+    configuration's share (``best_fidelity``), which says how near the emulator the kernel is at all."""
+    import pandas as pd
+
+    best = best_fidelity(run)
+    labels = [str(c) for c in run["fidelity_config"].values]
+    pairs = [(c, c + ":fused") for c in labels if not c.endswith(":fused") and c + ":fused" in labels]
+    rows = []
+    for kernel in run["real_kernel"].values:
+        bits = run["real_bitwise_equal"].sel(real_kernel=kernel)
+        diffs = np.concatenate([(bits.sel(fidelity_config=f) - bits.sel(fidelity_config=u)).values.ravel()
+                                for u, f in pairs]) if pairs else np.array([])
+        diffs = diffs[np.isfinite(diffs)]
+        if not diffs.size:
+            continue
+        wins, losses = int((diffs > 0).sum()), int((diffs < 0).sum())
+        b = best[best["kernel"] == kernel]["bitwise equal"]
+        rows.append({"kernel": kernel, "cases": int(diffs.size), "fused better": wins, "unfused better": losses,
+                     "sign p": _sign_test_p(wins, losses), "mean": float(diffs.mean()), "min": float(diffs.min()),
+                     "max": float(diffs.max()), "best bitwise": float(b.max()) if len(b) else np.nan})
+    return pd.DataFrame(rows).set_index("kernel") if rows else pd.DataFrame()
+
+
+FUSED_DECIDED_P = 0.01
+"""The sign test's p below which ``fused_reading`` says the fidelity map tells the two orders apart."""
+
+
+def fused_reading(contrast: "pd.DataFrame", kernel: str) -> str | None:
+    """A fixed phrase filled with ``fused_contrast``'s numbers for ``kernel`` (None when the run lacks it): which
+    order matches more of its outputs and whether the split is beyond chance (sign test p < ``FUSED_DECIDED_P``)."""
+    if contrast is None or not len(contrast) or kernel not in contrast.index:
+        return None
+    row = contrast.loc[kernel]
+    split = (f"the fused configuration matches more outputs in {int(row['fused better'])} and the unfused one in "
+             f"{int(row['unfused better'])} of {int(row['cases'])} cases (sign test p = {row['sign p']:.2g}; mean "
+             f"difference {row['mean']:+.2g} of the outputs, range {row['min']:+.2g} to {row['max']:+.2g})")
+    return f"{split}: {fused_verdict(contrast, kernel)}"
+
+
+REPRODUCED_BITS = (0.95, 0.80)
+"""Bitwise-equal shares (best configuration, bf16, shortest N) from which ``reproduction`` says a kernel is
+reproduced nearly bit for bit (at or above the first), in part (between), or not (at or below the second)."""
+
+
+def reproduction(bits_short: float | None) -> str | None:
+    """A fixed phrase for how closely the emulator reproduces a kernel, from its best configuration's bitwise-equal
+    share at the shortest N (bf16; None: not measured)."""
+    if bits_short is None or not np.isfinite(bits_short):
+        return None
+    high, low = REPRODUCED_BITS
+    if bits_short >= high:
+        return "reproduced nearly bit for bit by its best emulator configuration"
+    if bits_short <= low:
+        return "not reproduced bit for bit by any emulator configuration tried"
+    return "reproduced in part by its best emulator configuration"
+
+
+def fused_verdict(contrast: "pd.DataFrame", kernel: str) -> str | None:
+    """The verdict of ``fused_reading`` alone: which order the fidelity map favours for ``kernel``, or that it
+    does not tell them apart (None when the run lacks the kernel)."""
+    if contrast is None or not len(contrast) or kernel not in contrast.index:
+        return None
+    row = contrast.loc[kernel]
+    if row["sign p"] < FUSED_DECIDED_P:
+        order = "fused" if row["fused better"] > row["unfused better"] else "unfused (subtract, then scale)"
+        return f"the map favours the {order} order"
+    return "the map does not tell the two orders apart"
+
+
 def math_backend_values(run: xr.Dataset | None, kernel: str = "sdpa:math") -> dict:
     """Is the math backend the fp32-inside reference? The range (``ratio_min``, ``ratio_max``) over ``cases``
     of its median error (no mask) over the emulated fp32-inside reference's at the same N, dtype and head dim
@@ -355,9 +523,16 @@ def real_kernel_values(run: xr.Dataset | None, min_len: int = LONG_SEQUENCE_MIN)
     did not measure a kernel): per kernel of ``REAL_KERNELS_STATED`` (``k`` = ``kernel_key``): ``k_best`` (its
     best configurations), ``k_bits_min``/``_max``, ``k_bits_<dtype>_short``/``_long`` and
     ``k_corr_<dtype>_short``/``_long`` (best configuration at the shortest and longest N),
-    ``k_growth_<dtype>_nomask_max`` (error growth without a mask), ``k_no_output`` (why none, or ``"none"``);
+    ``k_growth_<dtype>_nomask_max`` (error growth without a mask), ``k_err_<dtype>_n_long`` and
+    ``k_err_<dtype>_long_min``/``_max`` (the longest N with an output and the error range there,
+    ``real_error_at_longest``), ``k_fused`` and ``k_fused_verdict`` (``fused_reading``, ``fused_verdict``), ``k_reproduction``
+    (``reproduction`` of ``k_bits_bf16_short``),
+    ``k_runs_as`` (what ran under the name: the run's ``real_kernel_backends``), ``k_no_output`` (why none, or
+    ``"none"``);
     the emulator's growth range without a mask (``emulator_growth_<dtype>_nomask_max``); and each rule's
     false-alarm rate at N >= ``min_len`` over all kernels per dtype (``alarms_<rule>_<dtype>``)."""
+    import json
+
     out = {"commit": None, "device": None, "n_min": None, "n_max": None}
     dtypes, rules = ("bf16", "fp16"), {"fixed_0.1pct": "fixed", "dynamic_threshold": "dynamic",
                                        "reference_relative": "refrel"}
@@ -365,6 +540,9 @@ def real_kernel_values(run: xr.Dataset | None, min_len: int = LONG_SEQUENCE_MIN)
     by_n = fidelity_length_table(run) if run is not None else None
     growth = real_growth_table(run) if run is not None else None
     alarms = real_false_alarms_by_dtype(run, min_len) if run is not None else None
+    longest = real_error_at_longest(run) if run is not None else None
+    contrast = fused_contrast(run) if run is not None else None
+    runs_as = json.loads(run.attrs.get("real_kernel_backends", "{}")) if run is not None else {}
     if run is not None:
         out.update(commit=str(run.attrs.get("git_commit", ""))[:7] or None, device=run.attrs.get("device"),
                    n_min=int(run["real_seq_len"].min()), n_max=int(run["real_seq_len"].max()))
@@ -389,6 +567,14 @@ def real_kernel_values(run: xr.Dataset | None, min_len: int = LONG_SEQUENCE_MIN)
                 out[f"{k}_bits_{fmt}_{end}"] = cell(by_n, (kernel, fmt), f"bitwise {end}")
                 out[f"{k}_corr_{fmt}_{end}"] = cell(by_n, (kernel, fmt), f"corr {end}")
             out[f"{k}_growth_{fmt}_nomask_max"] = cell(growth, (kernel, "none", fmt), "growth max")
+            n_long = cell(longest, (kernel, fmt), "N")
+            out[f"{k}_err_{fmt}_n_long"] = None if n_long is None else int(n_long)
+            out[f"{k}_err_{fmt}_long_min"] = cell(longest, (kernel, fmt), "err min")
+            out[f"{k}_err_{fmt}_long_max"] = cell(longest, (kernel, fmt), "err max")
+        out[f"{k}_fused"] = fused_reading(contrast, kernel)
+        out[f"{k}_reproduction"] = reproduction(out[f"{k}_bits_bf16_short"])
+        out[f"{k}_fused_verdict"] = fused_verdict(contrast, kernel)
+        out[f"{k}_runs_as"] = runs_as.get(kernel) if measured else None
     for fmt in dtypes:
         try:
             emu = growth.xs(("none", fmt), level=("mask", "dtype"))
