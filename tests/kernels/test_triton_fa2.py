@@ -440,6 +440,107 @@ def test_bf16x3_configuration_and_refusals():
                 call()
 
 
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_interpreter_tma_bitwise(dtype, causal, monkeypatch):
+    """``BlockConfig.tma``: the inner loops' unmasked tiles through tensor descriptors give bit for bit the
+    pointer loads' output, lse and gradients (N a multiple of the tiles and not, unequal tiles), and the
+    descriptors are really read (the interpreter's descriptor loads are counted), at the rows of the
+    [B*H*N, d] view a tile starts at; the reference path (every load masked) reads none."""
+    from triton.runtime import interpreter
+
+    rows = []
+    original = interpreter.InterpreterBuilder.create_descriptor_load
+
+    def counted(self, desc, indices, *args, **kwargs):
+        rows.append((tuple(desc.block_shape), int(indices[0].data.reshape(-1)[0])))
+        return original(self, desc, indices, *args, **kwargs)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_descriptor_load", counted)
+    base = tfa.BlockConfig(**dict(zip(tfa.TILE_FIELDS, SPLIT_TILES[1])))  # fwd 32 x 16, dq 16 x 32, kv 32 x 16
+    on = dataclasses.replace(base, tma=True)
+    for n in (64, 45):
+        q, k, v, do = inputs((1, 2, n, 16), dtype, seed=n + 3)
+        rows.clear()
+        out, lse = tfa.forward(q, k, v, causal=causal, config=base)
+        assert not rows
+        got = tfa.forward(q, k, v, causal=causal, config=on)
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse), n
+        assert rows and {shape for shape, _ in rows} == {(base.fwd_n, 16)}
+        assert all(row % n % base.fwd_n == 0 and row % n + base.fwd_n <= n for _, row in rows), rows
+        for gproj, fp32_backward in VARIANTS + [("dq_dk", True)]:
+            if fp32_backward and dtype == torch.float32:
+                continue
+            ref = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=base)
+            rows.clear()
+            got = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=on)
+            for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+                assert torch.equal(g, r), (n, name, gproj, fp32_backward)
+            # both kernels read descriptors when N is a multiple of the tiles; at N = 45 the dK/dV kernel's
+            # causal query blocks may all be diagonal or in the tail, hence masked
+            shapes, expected = {shape for shape, _ in rows}, {(base.dq_n, 16), (base.kv_m, 16)}
+            assert rows and shapes <= expected and (n != 64 or shapes == expected), rows
+        rows.clear()
+        ref_out, _ = tfa.forward(q, k, v, causal=causal, config=on, _split=False)
+        assert torch.equal(ref_out, out) and not rows
+
+
+def test_tma_configuration_and_refusals():
+    """``tma`` is an opt-in bool in no tuned entry; ``--same-numerics`` parses it; a head dim that is not a
+    power of two >= 16 or a misaligned tensor is refused by name before any launch (on the CPU
+    interpreter, which runs descriptors, and on CUDA)."""
+    from attnum.kernels import triton_fa2_tune as tune
+
+    assert tfa.BlockConfig().tma is False
+    assert all("tma" not in entry for entry in tfa.TUNED_CONFIGS.values())
+    assert all(not tfa.default_config(d, causal=c).tma for d in (64, 128, 96) for c in (False, True))
+    with pytest.raises(ValueError, match="tma"):
+        tfa.BlockConfig(tma=1)
+    assert tune.parse_change("tma=1,dq_warps=None,fwd_m=64") == dict(tma=True, dq_warps=None, fwd_m=64)
+    assert tune.parse_change("tma=false") == dict(tma=False) and tune.parse_change("") == {}
+    for bad in ("tma=2", "tma", "no_such_field=1"):
+        with pytest.raises(SystemExit):
+            tune.parse_change(bad)
+    if tfa.triton is None or (INTERP_SKIP is not None and not CUDA):
+        return
+    device = "cuda" if CUDA else "cpu"
+    cfg = dataclasses.replace(SMALL, tma=True)
+    q = torch.zeros(1, 1, 16, 24, dtype=torch.float16, device=device)
+    lse = torch.zeros(1, 1, 16, device=device)
+    for call in (lambda: tfa.forward(q, q, q, config=cfg), lambda: tfa.backward(q, q, q, q, lse, q, config=cfg),
+                 lambda: tfa.triton_attention(q, q, q, config=cfg)):
+        with pytest.raises(ValueError, match="tma=True needs a head dim that is a power of two >= 16"):
+            call()
+    if CUDA and torch.cuda.get_device_capability()[0] < 9:
+        return  # the capability refusal comes first there (test_gpu_tma_bitwise)
+    flat = torch.zeros(16 * 16 + 1, dtype=torch.float16, device=device)
+    shifted = flat[1:].view(1, 1, 16, 16)  # contiguous, 2 bytes past an aligned address
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        tfa.forward(shifted, shifted, shifted, config=cfg)
+
+
+def test_tune_records_tma_part_without_picking_it():
+    """``pick_configs`` reports the ``tma`` part's on/off times per kernel but never puts tma into a table."""
+    from attnum.kernels import triton_fa2_tune as tune
+
+    base = dict(vars(tfa.BlockConfig()))
+    assert "tma" in tune.PARTS and "tma" not in tune.DEFAULT_PARTS
+    cases = [{"d": 64, "causal": True, "part": part, "fp32_dot": "ieee", "status": "ok", "correct": True, "ms": ms,
+              "config": {**base, **change}}
+             for part, change, ms in (("fwd", {}, 2.0), ("dq", {}, 3.0), ("kv", {}, 4.0),
+                                      ("fwd_tma", {}, 2.0), ("fwd_tma", {"tma": True}, 1.5),
+                                      ("dq_tma", {}, 3.0), ("dq_tma", {"tma": True}, 3.5))]
+    cases.append({**cases[-1], "part": "kv_tma", "status": "error", "ms": None})
+    picked = tune.pick_configs({"environment": {"time_utc": "t"}, "n": 8192, "cases": cases})
+    assert picked["tma"] == {(64, True): {"fwd": {"off": 2.0, "on": 1.5}, "dq": {"off": 3.0, "on": 3.5}}}
+    assert "tma" not in picked["configs"][64, True]
+    assert picked["configs"][64, True]["fwd_m"] == base["fwd_m"]
+    assert any("fwd at the default tiles, tma off 2.0 ms, on 1.5 ms" in note for note in picked["notes"])
+
+
 # -- GPU tests -----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -574,6 +675,37 @@ def test_gpu_fp32_dot_bf16x3():
     tfa.triton_attention(*leaves, fp32_backward=True, fp32_dot="bf16x3").backward(do)
     assert all(torch.equal(t.grad, g) for t, g in zip(leaves, tfa.backward(
         q, k, v, out, lse, do, fp32_backward=True, fp32_dot="bf16x3")))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_tma_bitwise(d, causal):
+    """Compiled, ``tma=True`` (descriptor loads of the inner loops' unmasked tiles) gives the pointer loads'
+    out, lse, dq, dk, dv bit for bit in bf16 at the default configuration, every GProj mode and the FP32
+    backward, N a multiple of the tiles and not. Below compute capability 9.0 it must be refused."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    if torch.cuda.get_device_capability()[0] < 9:
+        q = torch.zeros(1, 1, 64, d, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(ValueError, match="compute capability >= 9.0"):
+            tfa.forward(q, q, q, config=dataclasses.replace(tfa.default_config(d), tma=True))
+        pytest.skip("tma needs compute capability >= 9.0 (refusal checked)")
+    for n in (1000, 1024):
+        q, k, v, do = inputs((2, 3, n, d), torch.bfloat16, device="cuda", seed=n + d + 1)
+        fwd_cfg = tfa.default_config(d, causal=causal)
+        out, lse = tfa.forward(q, k, v, causal=causal, config=fwd_cfg)
+        got_out, got_lse = tfa.forward(q, k, v, causal=causal, config=dataclasses.replace(fwd_cfg, tma=True))
+        assert torch.equal(got_out, out) and torch.equal(got_lse, lse), n
+        for gproj, fp32_backward in VARIANTS:
+            cfg = tfa.default_config(d, fp32_backward, causal=causal, gproj=gproj)
+            ref = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=cfg)
+            got = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=dataclasses.replace(cfg, tma=True))
+            for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+                assert torch.equal(g, r), (n, name, gproj, fp32_backward)
 
 
 def test_bench_applies_the_tables_a_sweep_picks(tmp_path):

@@ -51,6 +51,22 @@ split loops as separate code and could in principle contract an expression diffe
 fp32-level latitude above). In a causal run about 1/(number of key blocks per row) of the tiles
 are diagonal, so nearly all of the masking work goes.
 
+TMA loads (``BlockConfig.tma``, opt-in, off by default and in no ``TUNED_CONFIGS`` entry until a GPU
+sweep has measured it: ``triton_fa2_tune --parts=tma``). A launch option like warps and stages: it
+changes how tiles reach shared memory, never the arithmetic. With it, every inner-loop tile whose
+load needs no mask -- K and V in the forward and the dQ kernel, Q and dO in the dK/dV kernel: the
+split's unmasked blocks, and the diagonal blocks when ``EVEN_N`` -- is loaded through a host-side
+Triton tensor descriptor over the [B*H*N, d] view (row ``bh * N + start``; Hopper's tensor memory
+accelerator on the GPU); masked loads (the bounds tail, and everything on the ``_split=False``
+reference path) and each program's own tiles keep the pointer loads, since a descriptor's rows past a
+head's N are the next head's, not zeros. The same values are loaded either way, so the outputs are
+meant to be bit for bit those without it (the interpreter tests check this with ``torch.equal``; on
+the GPU ``test_gpu_tma_bitwise`` and ``triton_fa2_tune --same-numerics=D:tma=1`` do). It needs a
+power-of-two head dim >= 16 (``EVEN_D``), 16-byte aligned tensors, B*H*N < 2^31 and, on CUDA,
+compute capability >= 9.0; otherwise ``forward``/``backward`` raise ValueError before any launch
+(never a silent fall-back to the pointer loads). Triton 3.6's CPU interpreter runs tensor
+descriptors (as masked pointer loads), so there it is accepted and tested.
+
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
 1. ``_bwd_dq_kernel``: query-block outer, loop over key blocks; recomputes S, P, dP, dS and
@@ -182,7 +198,11 @@ class BlockConfig:
 
     ``num_warps`` and ``bwd_stages`` are the shared defaults; ``fwd_warps``, ``dq_warps``,
     ``kv_warps`` and ``dq_stages``, ``kv_stages`` (None: the shared value) set one kernel's own.
-    Warps and stages change only the schedule, never the arithmetic; tiles change the fp32
+    ``tma`` (opt-in, all three kernels): the inner loops' unmasked tiles (K, V in the forward and the
+    dQ kernel, Q, dO in the dK/dV kernel) are loaded through tensor descriptors (TMA on Hopper)
+    instead of pointer loads; needs a power-of-two head dim >= 16 and, on CUDA, compute capability
+    >= 9.0 (module docstring, "TMA loads").
+    Warps, stages and ``tma`` change only the schedule, never the arithmetic; tiles change the fp32
     summation order (see the module docstring, "Block sizes")."""
     fwd_m: int = 128
     fwd_n: int = 64
@@ -198,8 +218,11 @@ class BlockConfig:
     kv_warps: int | None = None
     dq_stages: int | None = None
     kv_stages: int | None = None
+    tma: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.tma, bool):
+            raise ValueError(f"tma must be a bool, got {self.tma!r}")
         for name in ("fwd_m", "fwd_n", "dq_m", "dq_n", "kv_n", "kv_m"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
@@ -363,6 +386,24 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _load_inner(ptrs, desc, row, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr,
+                    TMA: tl.constexpr):
+        """An inner-loop tile (rows ``row ..`` of the [B*H*N, d] view): through the tensor descriptor
+        ``desc`` when ``TMA`` and the load needs no mask, else ``_load_tile``'s pointer load. Both read the
+        same values; a masked load never goes through the descriptor, whose rows past this head's N would
+        be the next head's, not zeros."""
+        if TMA:
+            if MASK_ROWS:
+                x = _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS, MASK_D)
+            elif MASK_D:
+                x = _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS, MASK_D)
+            else:
+                x = desc.load([row, 0])
+        else:
+            x = _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS, MASK_D)
+        return x
+
+    @triton.jit
     def _store_tile(ptrs, x, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr):
         if MASK_ROWS:
             if MASK_D:
@@ -432,16 +473,19 @@ if triton is not None:
         tl.store(C + rm[:, None] * N + rn[None, :], c)
 
     @triton.jit
-    def _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
+    def _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
                     MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
+                    BLOCK_N: tl.constexpr, TMA: tl.constexpr):
         """Key blocks [lo, hi) of one query block, in increasing order (Alg. 1's inner loop).
-        MASK_CAUSAL / MASK_COLS: apply the causal mask / the bounds mask (keys >= N) to S."""
+        MASK_CAUSAL / MASK_COLS: apply the causal mask / the bounds mask (keys >= N) to S.
+        TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD (``_load_inner``)."""
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
-            k = _load_tile(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
-            v = _load_tile(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
+            k = _load_inner(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], KD, tma_row + start_n, col_ok, d_ok,
+                            MASK_COLS, MASK_D, TMA)
+            v = _load_inner(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], VD, tma_row + start_n, col_ok, d_ok,
+                            MASK_COLS, MASK_D, TMA)
 
             # -- compute qk: raw scores, fp32 accumulation --
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -467,13 +511,15 @@ if triton is not None:
         return acc, l_i, m_i
 
     @triton.jit
-    def _fwd_kernel(Q, K, V, O, LSE, N, D_HEAD, scale,
+    def _fwd_kernel(Q, K, V, KD, VD, O, LSE, N, D_HEAD, scale,
                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                    SPLIT: tl.constexpr):
+                    SPLIT: tl.constexpr, TMA: tl.constexpr):
+        # KD, VD: tensor descriptors of K, V over their [B*H*N, d] view when TMA, else None (unused)
         start_m = tl.program_id(0) * BLOCK_M
         bh = tl.program_id(1)
         base = bh.to(tl.int64) * N * D_HEAD
+        tma_row = bh * N  # this head's first row in the descriptors' view (B*H*N < 2^31, checked on the host)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         row_ok = offs_m < N
@@ -496,18 +542,18 @@ if triton is not None:
                 mid = (start_m // BLOCK_N) * BLOCK_N
             else:
                 mid = (N // BLOCK_N) * BLOCK_N
-            acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
-                                        0, mid, False, False, not EVEN_D, BLOCK_N)
+            acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD,
+                                        scale, 0, mid, False, False, not EVEN_D, BLOCK_N, TMA)
             if CAUSAL:
-                acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
-                                            mid, hi, True, not EVEN_N, not EVEN_D, BLOCK_N)
+                acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
+                                            D_HEAD, scale, mid, hi, True, not EVEN_N, not EVEN_D, BLOCK_N, TMA)
             elif not EVEN_N:
-                acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
-                                            mid, hi, False, True, not EVEN_D, BLOCK_N)
+                acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
+                                            D_HEAD, scale, mid, hi, False, True, not EVEN_D, BLOCK_N, TMA)
         else:
             # reference path: every block masked (the test of SPLIT / EVEN_N compares against it)
-            acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
-                                        0, hi, CAUSAL, True, True, BLOCK_N)
+            acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD,
+                                        scale, 0, hi, CAUSAL, True, True, BLOCK_N, TMA)
 
         # -- epilogue: normalise once, round the output once, store the natural-log LSE in fp32 --
         out = acc / l_i[:, None]
@@ -534,15 +580,19 @@ if triton is not None:
         tl.store(DELTA + bh.to(tl.int64) * N + offs_m, delta, mask=offs_m < N)
 
     @triton.jit
-    def _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
-                   MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
-                   GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_N: tl.constexpr):
-        """Key blocks [lo, hi) of the dQ kernel's query block, in increasing order (Alg. 2 for dQ)."""
+    def _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
+                   lo, hi, MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
+                   GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
+                   TMA: tl.constexpr):
+        """Key blocks [lo, hi) of the dQ kernel's query block, in increasing order (Alg. 2 for dQ).
+        TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD, as in ``_fwd_blocks``."""
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
-            k = _load_tile(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
-            v = _load_tile(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, MASK_COLS, MASK_D)
+            k = _load_inner(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], KD, tma_row + start_n, col_ok, d_ok,
+                            MASK_COLS, MASK_D, TMA)
+            v = _load_inner(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], VD, tma_row + start_n, col_ok, d_ok,
+                            MASK_COLS, MASK_D, TMA)
 
             # -- recompute S and P from the stored log-sum-exp --
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -577,15 +627,17 @@ if triton is not None:
         return dq, r, pk
 
     @triton.jit
-    def _bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, R, N, D_HEAD, scale,
+    def _bwd_dq_kernel(Q, K, V, KD, VD, DO, LSE, DELTA, DQ, R, N, D_HEAD, scale,
                        CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
-                       F32_DOT: tl.constexpr):
+                       F32_DOT: tl.constexpr, TMA: tl.constexpr):
+        # KD, VD: as in the forward (descriptors of K, V when TMA, else None)
         start_m = tl.program_id(0) * BLOCK_M
         bh = tl.program_id(1)
         base = bh.to(tl.int64) * N * D_HEAD
         row_base = bh.to(tl.int64) * N
+        tma_row = bh * N
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs_d = tl.arange(0, BLOCK_D)
         row_ok = offs_m < N
@@ -611,18 +663,20 @@ if triton is not None:
                 mid = (start_m // BLOCK_N) * BLOCK_N
             else:
                 mid = (N // BLOCK_N) * BLOCK_N
-            dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
-                                   0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N)
+            dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
+                                   D_HEAD, scale, 0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N,
+                                   TMA)
             if CAUSAL:
-                dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD,
-                                       scale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                       BLOCK_N)
+                dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
+                                       N, D_HEAD, scale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD,
+                                       F32_DOT, BLOCK_N, TMA)
             elif not EVEN_N:
-                dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD,
-                                       scale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N)
+                dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
+                                       N, D_HEAD, scale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
+                                       BLOCK_N, TMA)
         else:
-            dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
-                                   0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N)
+            dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
+                                   D_HEAD, scale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA)
 
         if GPROJ != 0:
             # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --
@@ -638,15 +692,19 @@ if triton is not None:
                     d_ok, not EVEN_N, not EVEN_D)
 
     @triton.jit
-    def _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N, D_HEAD, scale,
-                   lo, hi, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr,
-                   GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_M: tl.constexpr):
-        """Query blocks [lo, hi) of the dK/dV kernel's key block, in increasing order (Alg. 2 for dK, dV)."""
+    def _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
+                   D_HEAD, scale, lo, hi, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr,
+                   GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
+                   TMA: tl.constexpr):
+        """Query blocks [lo, hi) of the dK/dV kernel's key block, in increasing order (Alg. 2 for dK, dV).
+        TMA: the Q, dO tiles whose loads need no mask through the descriptors QD, DOD (``_load_inner``)."""
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             row_ok = offs_m < N
-            q = _load_tile(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], row_ok, d_ok, MASK_ROWS, MASK_D)
-            do = _load_tile(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], row_ok, d_ok, MASK_ROWS, MASK_D)
+            q = _load_inner(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], QD, tma_row + start_m, row_ok, d_ok,
+                            MASK_ROWS, MASK_D, TMA)
+            do = _load_inner(DO + base + offs_m[:, None] * D_HEAD + offs_d[None, :], DOD, tma_row + start_m, row_ok,
+                             d_ok, MASK_ROWS, MASK_D, TMA)
             lse = _load_rowvec(LSE + row_base + offs_m, row_ok, float("inf"), MASK_ROWS)
             delta = _load_rowvec(DELTA + row_base + offs_m, row_ok, 0.0, MASK_ROWS)
 
@@ -687,17 +745,19 @@ if triton is not None:
         return dk, dv
 
     @triton.jit
-    def _bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, R, DK, DV, N, D_HEAD, scale,
+    def _bwd_dkdv_kernel(Q, K, V, QD, DOD, DO, LSE, DELTA, R, DK, DV, N, D_HEAD, scale,
                          CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
-                         F32_DOT: tl.constexpr):
+                         F32_DOT: tl.constexpr, TMA: tl.constexpr):
         # key-block outer: this program owns keys [start_n, start_n + BLOCK_N); tiles are transposed
         # (keys x query rows) so that dK and dV accumulate as plain row-major products.
+        # QD, DOD: tensor descriptors of Q, dO over their [B*H*N, d] view when TMA, else None (unused)
         start_n = tl.program_id(0) * BLOCK_N
         bh = tl.program_id(1)
         base = bh.to(tl.int64) * N * D_HEAD
         row_base = bh.to(tl.int64) * N
+        tma_row = bh * N
         offs_n = start_n + tl.arange(0, BLOCK_N)
         offs_d = tl.arange(0, BLOCK_D)
         col_ok = offs_n < N
@@ -718,23 +778,24 @@ if triton is not None:
             mid = lo
             if CAUSAL:
                 mid = tl.minimum(N, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
-                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
-                                    D_HEAD, scale, lo, mid, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                    BLOCK_M)
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
+                                    offs_d, d_ok, N, D_HEAD, scale, lo, mid, True, not EVEN_N, not EVEN_D, GPROJ,
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA)
             if EVEN_N:
-                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
-                                    D_HEAD, scale, mid, N, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                    BLOCK_M)
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
+                                    offs_d, d_ok, N, D_HEAD, scale, mid, N, False, False, not EVEN_D, GPROJ, FP32_BWD,
+                                    F32_DOT, BLOCK_M, TMA)
             else:
-                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
-                                    D_HEAD, scale, mid, full, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                    BLOCK_M)
-                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
-                                    D_HEAD, scale, tl.maximum(mid, full), N, False, True, not EVEN_D, GPROJ,
-                                    FP32_BWD, F32_DOT, BLOCK_M)
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
+                                    offs_d, d_ok, N, D_HEAD, scale, mid, full, False, False, not EVEN_D, GPROJ,
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA)
+                dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
+                                    offs_d, d_ok, N, D_HEAD, scale, tl.maximum(mid, full), N, False, True, not EVEN_D,
+                                    GPROJ, FP32_BWD, F32_DOT, BLOCK_M, TMA)
         else:
-            dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N, D_HEAD,
-                                scale, lo, N, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_M)
+            dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d,
+                                d_ok, N, D_HEAD, scale, lo, N, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_M,
+                                TMA)
 
         dk = dk * scale
         _store_tile(DK + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dk.to(DK.dtype.element_ty), col_ok, d_ok,
@@ -819,23 +880,64 @@ def _even(n: int, *blocks: int) -> bool:
     return all(n % block == 0 for block in blocks)
 
 
+def _check_tma(cfg: BlockConfig, *tensors: torch.Tensor) -> None:
+    """Refuse ``cfg.tma`` where the descriptor loads cannot run, before any launch: the kernels never
+    fall back to the pointer loads silently. ``tensors``: the contiguous (B, H, N, d) tensors that will
+    be read through descriptors. Triton's CPU interpreter runs tensor descriptors (as masked pointer
+    loads), so ``tma`` is accepted there and the interpreter tests compare it bit for bit."""
+    if not cfg.tma:
+        return
+    b, h, n, d = tensors[0].shape
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"tma=True needs a head dim that is a power of two >= 16 (the descriptor tile is the "
+                         f"whole, unmasked head dim); got d={d}")
+    device = tensors[0].device
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        if major < 9:
+            raise ValueError(f"tma=True needs compute capability >= 9.0 (Hopper's tensor memory accelerator); "
+                             f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
+    if b * h * n >= 2 ** 31:
+        raise ValueError(f"tma=True addresses rows of the [B*H*N, d] view with 32-bit coordinates; "
+                         f"B*H*N = {b * h * n} >= 2^31")
+    for t in tensors:
+        if t.data_ptr() % 16:
+            raise ValueError("tma=True needs 16-byte aligned tensors (a tensor descriptor's base); got one at "
+                             f"address {t.data_ptr():#x} (a view at an offset?)")
+
+
+def _descriptors(cfg: BlockConfig, block_rows: int, *tensors: torch.Tensor) -> tuple:
+    """Host-side tensor descriptors of contiguous (B, H, N, d) ``tensors`` over their [B*H*N, d] view, one
+    tile ``block_rows`` x d, when ``cfg.tma`` (after ``_check_tma``); else Nones, which the kernels
+    never read (TMA=False)."""
+    if not cfg.tma:
+        return (None,) * len(tensors)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(TensorDescriptor.from_tensor(t.view(-1, t.shape[-1]), [block_rows, t.shape[-1]]) for t in tensors)
+
+
 def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config: BlockConfig | None = None,
             _split: bool = True):
     """FlashAttention-2 forward. Returns ``(out, lse)``: out (batch, heads, N, d) in q's dtype,
     lse (batch, heads, N) fp32, the natural-log log-sum-exp of the scaled scores. ``_split=False``
-    (tests only) runs the reference path: every key block masked, as before the split."""
+    (tests only) runs the reference path: every key block masked, as before the split (with
+    ``config.tma`` no load there is unmasked, so none goes through a descriptor)."""
     scale = _check(q, k, v, causal, scale)
     b, h, n, d = q.shape
     cfg = config or default_config(d, causal=causal)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    _check_tma(cfg, k, v)
+    k_desc, v_desc = _descriptors(cfg, cfg.fwd_n, k, v)
     out = torch.empty_like(q)
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
     block_d = _block_d(d)
     warps, stages = cfg.launch("fwd")
     grid = (triton.cdiv(n, cfg.fwd_m), b * h)
-    _fwd_kernel[grid](q, k, v, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
+    _fwd_kernel[grid](q, k, v, k_desc, v_desc, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
                       BLOCK_N=cfg.fwd_n, BLOCK_D=block_d, EVEN_N=_split and _even(n, cfg.fwd_m, cfg.fwd_n),
-                      EVEN_D=_split and block_d == d, SPLIT=bool(_split), num_warps=warps, num_stages=stages)
+                      EVEN_D=_split and block_d == d, SPLIT=bool(_split), TMA=cfg.tma, num_warps=warps,
+                      num_stages=stages)
     return out, lse
 
 
@@ -863,6 +965,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     q, k, v, out = q.contiguous(), k.contiguous(), v.contiguous(), out.to(q.dtype).contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
     lse = lse.to(torch.float32).contiguous()
+    _check_tma(cfg, q, k, v, grad_out)
     block_d = _block_d(d)
     code = _GPROJ_CODE[gproj]
     # the fp32 dots' precision only matters (and only compiles a variant) under the FP32 backward
@@ -883,19 +986,21 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     # -- dQ first (query-block outer): its r is what dK needs under GProj dq_dk --
     warps, stages = cfg.launch("dq")
     if _only != "kv":
+        k_desc, v_desc = _descriptors(cfg, cfg.dq_n, k, v)
         _bwd_dq_kernel[(triton.cdiv(n, cfg.dq_m), b * h)](
-            q, k, v, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
+            q, k, v, k_desc, v_desc, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            num_warps=warps, num_stages=stages)
+            TMA=cfg.tma, num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":
+        q_desc, do_desc = _descriptors(cfg, cfg.kv_m, q, grad_out)
         _bwd_dkdv_kernel[(triton.cdiv(n, cfg.kv_n), b * h)](
-            q, k, v, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
+            q, k, v, q_desc, do_desc, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.kv_n, cfg.kv_m), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            num_warps=warps, num_stages=stages)
+            TMA=cfg.tma, num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 

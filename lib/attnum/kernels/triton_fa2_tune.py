@@ -3,6 +3,7 @@
 
     python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]
                                              [--causal=0,1] [--parts=fwd,dq,kv,dq_gproj,kv_gproj,dq_fp32,kv_fp32]
+    python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma [--dims=128,64] [--causal=0,1]
     python -m attnum.kernels.triton_fa2_tune OUT.json --same-numerics=D:KEY=VALUE,...
     python -m attnum.kernels.triton_fa2_tune OUT.json --split-check=D
     python -m attnum.kernels.triton_fa2_tune pick TUNE.json [TUNE2.json ...]
@@ -27,7 +28,17 @@ configuration Triton cannot compile or launch (shared memory, registers) is reco
 error; nothing is skipped silently. The JSON is rewritten after every case, and the sweep stops
 cleanly when ``--budget-s`` is spent (``stopped_by_budget``), so a run cut short keeps what it
 measured. The order is per (d, causal): fwd, dq, kv, dq_gproj, kv_gproj; the FP32 parts come after
-every shape's others. On a fresh H200 one case costs about one Triton compilation (~1-3 s), so
+every shape's others.
+
+``tma`` (not among the default parts; ``--parts=tma``): each of the three kernels (GProj off) at the
+default configuration of the shape, timed with ``BlockConfig.tma`` off and on, two cases per kernel
+recorded as parts ``fwd_tma``, ``dq_tma``, ``kv_tma`` (``change`` ``{}`` and ``{"tma": true}``),
+each with the small-shape check. On a GPU below compute capability 9.0 the tma-on cases are recorded
+with the kernel's refusal as their error. ``pick`` does not put ``tma`` into the tables (one switch for
+all three kernels, measured at the default tiles, not at the tiles it picks): it reports the
+on/off times per kernel in ``notes`` and ``"tma"``, for a person to decide.
+
+On a fresh H200 one case costs about one Triton compilation (~1-3 s), so
 a full sweep of both head dims is ~2x the 240 s budget: run it as two calls (``--dims=128`` and
 ``--dims=64``) and give both JSONs to ``pick``.
 
@@ -35,9 +46,10 @@ a full sweep of both head dims is ~2x the 240 s budget: run it as two calls (``-
 tables ``TUNED_CONFIGS``, ``TUNED_GPROJ_LAUNCH`` and ``TUNED_FP32_BWD`` of ``triton_fa2`` (paste
 them there), with the measured times as comments. ``pick_configs`` is the pure function behind it.
 
-``--same-numerics``: does a configuration (the default's fields, changed by KEY=VALUE) give bit for
-bit the default's output, log-sum-exp and gradients (every GProj mode, causal and not, N a multiple
-of no tile) on head dim D: ``torch.equal`` per tensor, written to OUT.json. ``--split-check``: the
+``--same-numerics``: does a configuration (the default's fields, changed by KEY=VALUE: integers,
+``None`` for the per-kernel fields, 0/1 or false/true for ``tma``) give bit for bit the default's
+output, log-sum-exp and gradients (every GProj mode, causal and not, N a multiple of no tile and of
+every tile) on head dim D: ``torch.equal`` per tensor, written to OUT.json. ``--split-check``: the
 same comparison between the kernel as it runs (unmasked blocks split from the masked ones, masks
 dropped when N is a multiple of the tiles) and its reference path (every block masked,
 ``_split=False``), at the default config, N a multiple of the tiles and not.
@@ -48,6 +60,7 @@ stages change only the schedule, never the arithmetic.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import sys
@@ -63,7 +76,8 @@ TOKENS = 2 ** 18
 HEADS = 16
 CHECK_N = 512
 CHECK_REL = 2.0 ** -4
-PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32")
+PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma")
+DEFAULT_PARTS = PARTS[:-1]  # tma only when asked for
 # (tile 1, tile 2, warps, stages): fwd (fwd_m, fwd_n), dq (dq_m, dq_n), kv (kv_n, kv_m), per head dim
 CANDIDATES = {
     "fwd": {128: ((64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2),
@@ -100,7 +114,9 @@ def _part_options(part: str) -> dict:
     """(gproj, fp32_backward, fp32_dot list) a part is timed under."""
     return {"fwd": ("off", False, ("ieee",)), "dq": ("off", False, ("ieee",)), "kv": ("off", False, ("ieee",)),
             "dq_gproj": ("dq", False, ("ieee",)), "kv_gproj": ("dq_dk", False, ("ieee",)),
-            "dq_fp32": ("off", True, ("ieee", "tf32x3")), "kv_fp32": ("off", True, ("ieee", "tf32x3"))}[part]
+            "dq_fp32": ("off", True, ("ieee", "tf32x3")), "kv_fp32": ("off", True, ("ieee", "tf32x3")),
+            "fwd_tma": ("off", False, ("ieee",)), "dq_tma": ("off", False, ("ieee",)),
+            "kv_tma": ("off", False, ("ieee",))}[part]
 
 
 def _check_small(tfa, config, d: int, causal: bool, gproj: str, fp32_backward: bool, fp32_dot: str) -> dict:
@@ -156,7 +172,7 @@ def _best(cases, d: int, causal: bool, part: str, fp32_dot: str = "ieee", tiles:
 
 
 def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps: int = 7,
-         dims=(128, 64), causals=(False, True), parts=PARTS) -> dict:
+         dims=(128, 64), causals=(False, True), parts=DEFAULT_PARTS) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("triton_fa2_tune needs a CUDA GPU")
     from . import triton_fa2 as tfa
@@ -251,6 +267,11 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                 change = {**tiles, **dict(zip(LAUNCH_KEYS[kernel], (warps, stages)))}
                 if not run(d, causal, part, change):
                     return result
+        if "tma" in parts:
+            for kernel in ("fwd", "dq", "kv"):
+                for change in ({}, {"tma": True}):
+                    if not run(d, causal, f"{kernel}_tma", change):
+                        return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
             if part not in parts:
@@ -270,14 +291,16 @@ def pick_configs(results) -> dict:
     {(d, causal, gproj): fields}, "fp32_bwd": {(d, causal): fields}, "notes": [...]}``. ``configs``
     needs all three of fwd, dq, kv for a shape (else the shape is left out, with a note); GProj's
     warps/stages are kept only at the chosen GProj-off tiles and only where they differ from GProj
-    off's; the FP32 backward's tiles from the ``"ieee"`` cases (tf32x3's best goes to ``notes``)."""
+    off's; the FP32 backward's tiles from the ``"ieee"`` cases (tf32x3's best goes to ``notes``). The
+    ``tma`` part's on/off times go to ``"tma"`` (``{(d, causal): {kernel: {"off": ms, "on": ms}}}``) and
+    ``notes`` only, never into the tables."""
     if isinstance(results, dict):
         results = [results]
     cases = [c for res in results for c in res.get("cases", [])]
     stamps = sorted({res.get("environment", {}).get("time_utc", "?") for res in results})
     source = f"h200 tune {', '.join(stamps)}, N={results[0].get('n', '?') if results else '?'}"
     shapes = sorted({(c["d"], c["causal"]) for c in cases if "d" in c and "causal" in c})
-    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "notes": []}
+    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "tma": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
@@ -322,6 +345,23 @@ def pick_configs(results) -> dict:
                                        f"{dict(zip(LAUNCH_KEYS[kernel], _launch_of(cfg, kernel)))}")
         if all(key in fp32 for key in TILE_KEYS["dq"] + TILE_KEYS["kv"]):
             picked["fp32_bwd"][d, causal] = {**fp32, "source": source}
+    for d, causal in shapes:
+        tma = {}
+        for kernel in ("fwd", "dq", "kv"):
+            times = {}
+            for label, on in (("off", False), ("on", True)):
+                good = [c for c in cases if c.get("d") == d and c.get("causal") == causal
+                        and c.get("part") == f"{kernel}_tma" and c.get("status") == "ok" and c.get("correct", False)
+                        and isinstance(c.get("ms"), (int, float)) and bool(c["config"].get("tma", False)) == on]
+                if good:
+                    times[label] = round(min(c["ms"] for c in good), 3)
+            if times:
+                tma[kernel] = times
+                picked["notes"].append(f"d={d} causal={causal}: {kernel} at the default tiles, tma off "
+                                       f"{times.get('off', 'not measured')} ms, on {times.get('on', 'not measured')} "
+                                       f"ms (not put into the tables)")
+        if tma:
+            picked["tma"][d, causal] = tma
     return picked
 
 
@@ -394,6 +434,30 @@ def _compare(tfa, head_dim: int, variants, ns) -> dict:
             "all_equal": all(all(v for key, v in c.items() if key.startswith("equal_")) for c in cases)}
 
 
+def parse_change(pairs: str) -> dict:
+    """``KEY=VALUE,...`` of ``--same-numerics`` as BlockConfig fields: integers; ``None`` for the fields
+    that may be None; ``tma`` (the one bool field) from 0/1 or false/true. Unknown keys are refused."""
+    from . import triton_fa2 as tfa
+
+    fields = {f.name: f for f in dataclasses.fields(tfa.BlockConfig)}
+    change = {}
+    for pair in (p for p in pairs.split(",") if p):
+        key, sep, value = pair.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or key not in fields:
+            raise SystemExit(f"--same-numerics: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
+                             f"({', '.join(fields)})")
+        if isinstance(fields[key].default, bool):
+            if value.lower() not in ("0", "1", "false", "true"):
+                raise SystemExit(f"--same-numerics: {key} takes 0/1 or false/true, got {value!r}")
+            change[key] = value.lower() in ("1", "true")
+        elif value == "None" and fields[key].default is None:
+            change[key] = None
+        else:
+            change[key] = int(value)
+    return change
+
+
 USAGE = ("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]"
          " [--causal=0,1] [--parts=...] | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D"
          " | pick TUNE.json [TUNE2.json ...]")
@@ -410,12 +474,11 @@ if __name__ == "__main__":
         raise SystemExit(USAGE)
     elif "--same-numerics" in opts:
         dim, _, pairs = opts["--same-numerics"].partition(":")
-        same_numerics(args[0], int(dim), {key: int(value) for key, value in
-                                          (pair.split("=", 1) for pair in pairs.split(",") if pair)})
+        same_numerics(args[0], int(dim), parse_change(pairs))
     elif "--split-check" in opts:
         split_check(args[0], int(opts["--split-check"]))
     else:
         main(args[0], budget_s=float(opts.get("--budget-s", 240)), n=int(opts.get("--n", 8192)),
              dims=tuple(int(x) for x in opts.get("--dims", "128,64").split(",")),
              causals=tuple(bool(int(x)) for x in opts.get("--causal", "0,1").split(",")),
-             parts=tuple(opts.get("--parts", ",".join(PARTS)).split(",")))
+             parts=tuple(opts.get("--parts", ",".join(DEFAULT_PARTS)).split(",")))
