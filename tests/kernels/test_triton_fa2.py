@@ -495,11 +495,20 @@ def test_tma_configuration_and_refusals():
     from attnum.kernels import triton_fa2_tune as tune
 
     assert tfa.BlockConfig().tma is False
-    assert all("tma" not in entry for entry in tfa.TUNED_CONFIGS.values())
-    assert all(not tfa.default_config(d, causal=c).tma for d in (64, 128, 96) for c in (False, True))
+    assert not any(tfa.BlockConfig().uses_tma(kernel) for kernel in ("fwd", "dq", "kv"))
+    mixed = tfa.BlockConfig(tma=True, kv_tma=False)  # a kernel's own switch over the shared one
+    assert (mixed.uses_tma("fwd"), mixed.uses_tma("dq"), mixed.uses_tma("kv")) == (True, True, False)
+    assert tfa.BlockConfig(dq_tma=True).uses_tma("dq") and not tfa.BlockConfig(dq_tma=True).uses_tma("fwd")
+    with pytest.raises(ValueError, match="kernel must be"):
+        mixed.uses_tma("bwd")
+    untuned = [tfa.default_config(96, causal=c) for c in (False, True)]  # no table entry: no TMA
+    assert not any(cfg.uses_tma(kernel) for cfg in untuned for kernel in ("fwd", "dq", "kv"))
     with pytest.raises(ValueError, match="tma"):
         tfa.BlockConfig(tma=1)
+    with pytest.raises(ValueError, match="fwd_tma"):
+        tfa.BlockConfig(fwd_tma=1)
     assert tune.parse_change("tma=1,dq_warps=None,fwd_m=64") == dict(tma=True, dq_warps=None, fwd_m=64)
+    assert tune.parse_change("kv_tma=true,fwd_tma=None") == dict(kv_tma=True, fwd_tma=None)
     assert tune.parse_change("tma=false") == dict(tma=False) and tune.parse_change("") == {}
     for bad in ("tma=2", "tma", "no_such_field=1"):
         with pytest.raises(SystemExit):
@@ -522,8 +531,12 @@ def test_tma_configuration_and_refusals():
         tfa.forward(shifted, shifted, shifted, config=cfg)
 
 
-def test_tune_records_tma_part_without_picking_it():
-    """``pick_configs`` reports the ``tma`` part's on/off times per kernel but never puts tma into a table."""
+def test_tune_records_tma_part_and_picks_each_kernels_switch(tmp_path):
+    """``pick_configs`` reports the ``tma`` part's on/off times per kernel and turns a kernel's own switch on only
+    where TMA loads saved at least 1 - ``TMA_GAIN``; the bench's ``apply_tables`` merges the switches into the
+    existing entries."""
+    import json
+
     from attnum.kernels import triton_fa2_tune as tune
 
     base = dict(vars(tfa.BlockConfig()))
@@ -536,9 +549,30 @@ def test_tune_records_tma_part_without_picking_it():
     cases.append({**cases[-1], "part": "kv_tma", "status": "error", "ms": None})
     picked = tune.pick_configs({"environment": {"time_utc": "t"}, "n": 8192, "cases": cases})
     assert picked["tma"] == {(64, True): {"fwd": {"off": 2.0, "on": 1.5}, "dq": {"off": 3.0, "on": 3.5}}}
-    assert "tma" not in picked["configs"][64, True]
+    assert "tma" not in picked["configs"][64, True] and "fwd_tma" not in picked["configs"][64, True]
+    assert picked["tma_flags"] == {(64, True): {"fwd_tma": True, "dq_tma": False}}  # kv: no "on" measurement
     assert picked["configs"][64, True]["fwd_m"] == base["fwd_m"]
     assert any("fwd at the default tiles, tma off 2.0 ms, on 1.5 ms" in note for note in picked["notes"])
+    assert "(64, True)" in tune.format_tables(picked).splitlines()[-1]
+    # a saving under 1 - TMA_GAIN leaves the switch off
+    near = [dict(c, ms=2.0 * (tune.TMA_GAIN + 0.005)) if c["part"] == "fwd_tma" and c["config"].get("tma") else c
+            for c in cases]
+    assert tune.pick_configs({"environment": {"time_utc": "t"}, "n": 8192, "cases": near})["tma_flags"][64, True][
+        "fwd_tma"] is False
+    from attnum.kernels import triton_fa2_bench as bench
+
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"environment": {"time_utc": "t"}, "n": 8192, "cases": cases}))
+    saved = (dict(tfa.TUNED_CONFIGS), dict(tfa.TUNED_GPROJ_LAUNCH), dict(tfa.TUNED_FP32_BWD))
+    try:
+        tfa.TUNED_CONFIGS[64, True] = dict(tfa.TUNED_CONFIGS[64, True])
+        bench.apply_tables(tfa, [path])
+        cfg = tfa.default_config(64, causal=True)
+        assert cfg.uses_tma("fwd") and not cfg.uses_tma("dq") and not cfg.uses_tma("kv")
+    finally:
+        for table, old in zip((tfa.TUNED_CONFIGS, tfa.TUNED_GPROJ_LAUNCH, tfa.TUNED_FP32_BWD), saved):
+            table.clear()
+            table.update(old)
 
 
 # -- GPU tests -----------------------------------------------------------------------------------

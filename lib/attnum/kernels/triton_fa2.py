@@ -198,10 +198,10 @@ class BlockConfig:
 
     ``num_warps`` and ``bwd_stages`` are the shared defaults; ``fwd_warps``, ``dq_warps``,
     ``kv_warps`` and ``dq_stages``, ``kv_stages`` (None: the shared value) set one kernel's own.
-    ``tma`` (opt-in, all three kernels): the inner loops' unmasked tiles (K, V in the forward and the
-    dQ kernel, Q, dO in the dK/dV kernel) are loaded through tensor descriptors (TMA on Hopper)
-    instead of pointer loads; needs a power-of-two head dim >= 16 and, on CUDA, compute capability
-    >= 9.0 (module docstring, "TMA loads").
+    ``tma`` (opt-in): the inner loops' unmasked tiles (K, V in the forward and the dQ kernel, Q, dO in
+    the dK/dV kernel) are loaded through tensor descriptors (TMA on Hopper) instead of pointer loads;
+    needs a power-of-two head dim >= 16 and, on CUDA, compute capability >= 9.0 (module docstring,
+    "TMA loads"). ``fwd_tma``, ``dq_tma``, ``kv_tma`` (None: the shared ``tma``) set one kernel's own.
     Warps, stages and ``tma`` change only the schedule, never the arithmetic; tiles change the fp32
     summation order (see the module docstring, "Block sizes")."""
     fwd_m: int = 128
@@ -219,10 +219,17 @@ class BlockConfig:
     dq_stages: int | None = None
     kv_stages: int | None = None
     tma: bool = False
+    fwd_tma: bool | None = None
+    dq_tma: bool | None = None
+    kv_tma: bool | None = None
 
     def __post_init__(self):
         if not isinstance(self.tma, bool):
             raise ValueError(f"tma must be a bool, got {self.tma!r}")
+        for name in ("fwd_tma", "dq_tma", "kv_tma"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be a bool or None, got {value!r}")
         for name in ("fwd_m", "fwd_n", "dq_m", "dq_n", "kv_n", "kv_m"):
             value = getattr(self, name)
             if value < 16 or value & (value - 1):
@@ -245,6 +252,13 @@ class BlockConfig:
         if kernel == "kv":
             return self.kv_warps or self.num_warps, self.kv_stages or self.bwd_stages
         raise ValueError(f"kernel must be 'fwd', 'dq' or 'kv', got {kernel!r}")
+
+    def uses_tma(self, kernel: str) -> bool:
+        """Whether ``kernel`` in {"fwd", "dq", "kv"} loads its inner-loop tiles through tensor descriptors."""
+        if kernel not in ("fwd", "dq", "kv"):
+            raise ValueError(f"kernel must be 'fwd', 'dq' or 'kv', got {kernel!r}")
+        own = getattr(self, f"{kernel}_tma")
+        return self.tma if own is None else own
 
     def tiles(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in TILE_FIELDS}
@@ -880,12 +894,13 @@ def _even(n: int, *blocks: int) -> bool:
     return all(n % block == 0 for block in blocks)
 
 
-def _check_tma(cfg: BlockConfig, *tensors: torch.Tensor) -> None:
-    """Refuse ``cfg.tma`` where the descriptor loads cannot run, before any launch: the kernels never
-    fall back to the pointer loads silently. ``tensors``: the contiguous (B, H, N, d) tensors that will
-    be read through descriptors. Triton's CPU interpreter runs tensor descriptors (as masked pointer
-    loads), so ``tma`` is accepted there and the interpreter tests compare it bit for bit."""
-    if not cfg.tma:
+def _check_tma(cfg: BlockConfig, kernels, *tensors: torch.Tensor) -> None:
+    """Refuse TMA loads (``cfg.uses_tma`` of any of ``kernels``) where the descriptor loads cannot run,
+    before any launch: the kernels never fall back to the pointer loads silently. ``tensors``: the
+    contiguous (B, H, N, d) tensors that will be read through descriptors. Triton's CPU interpreter runs
+    tensor descriptors (as masked pointer loads), so ``tma`` is accepted there and the interpreter tests
+    compare it bit for bit."""
+    if not any(cfg.uses_tma(kernel) for kernel in kernels):
         return
     b, h, n, d = tensors[0].shape
     if d < 16 or d & (d - 1):
@@ -906,11 +921,11 @@ def _check_tma(cfg: BlockConfig, *tensors: torch.Tensor) -> None:
                              f"address {t.data_ptr():#x} (a view at an offset?)")
 
 
-def _descriptors(cfg: BlockConfig, block_rows: int, *tensors: torch.Tensor) -> tuple:
+def _descriptors(cfg: BlockConfig, kernel: str, block_rows: int, *tensors: torch.Tensor) -> tuple:
     """Host-side tensor descriptors of contiguous (B, H, N, d) ``tensors`` over their [B*H*N, d] view, one
-    tile ``block_rows`` x d, when ``cfg.tma`` (after ``_check_tma``); else Nones, which the kernels
-    never read (TMA=False)."""
-    if not cfg.tma:
+    tile ``block_rows`` x d, when ``cfg.uses_tma(kernel)`` (after ``_check_tma``); else Nones, which the
+    kernel never reads (TMA=False)."""
+    if not cfg.uses_tma(kernel):
         return (None,) * len(tensors)
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -927,8 +942,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config
     b, h, n, d = q.shape
     cfg = config or default_config(d, causal=causal)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    _check_tma(cfg, k, v)
-    k_desc, v_desc = _descriptors(cfg, cfg.fwd_n, k, v)
+    _check_tma(cfg, ("fwd",), k, v)
+    k_desc, v_desc = _descriptors(cfg, "fwd", cfg.fwd_n, k, v)
     out = torch.empty_like(q)
     lse = torch.empty((b, h, n), dtype=torch.float32, device=q.device)
     block_d = _block_d(d)
@@ -936,8 +951,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config
     grid = (triton.cdiv(n, cfg.fwd_m), b * h)
     _fwd_kernel[grid](q, k, v, k_desc, v_desc, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
                       BLOCK_N=cfg.fwd_n, BLOCK_D=block_d, EVEN_N=_split and _even(n, cfg.fwd_m, cfg.fwd_n),
-                      EVEN_D=_split and block_d == d, SPLIT=bool(_split), TMA=cfg.tma, num_warps=warps,
-                      num_stages=stages)
+                      EVEN_D=_split and block_d == d, SPLIT=bool(_split), TMA=cfg.uses_tma("fwd"),
+                      num_warps=warps, num_stages=stages)
     return out, lse
 
 
@@ -965,7 +980,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     q, k, v, out = q.contiguous(), k.contiguous(), v.contiguous(), out.to(q.dtype).contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
     lse = lse.to(torch.float32).contiguous()
-    _check_tma(cfg, q, k, v, grad_out)
+    _check_tma(cfg, [kernel for kernel in ("dq", "kv") if _only in (None, kernel)], q, k, v, grad_out)
     block_d = _block_d(d)
     code = _GPROJ_CODE[gproj]
     # the fp32 dots' precision only matters (and only compiles a variant) under the FP32 backward
@@ -986,21 +1001,21 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     # -- dQ first (query-block outer): its r is what dK needs under GProj dq_dk --
     warps, stages = cfg.launch("dq")
     if _only != "kv":
-        k_desc, v_desc = _descriptors(cfg, cfg.dq_n, k, v)
+        k_desc, v_desc = _descriptors(cfg, "dq", cfg.dq_n, k, v)
         _bwd_dq_kernel[(triton.cdiv(n, cfg.dq_m), b * h)](
             q, k, v, k_desc, v_desc, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.tma, num_warps=warps, num_stages=stages)
+            TMA=cfg.uses_tma("dq"), num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":
-        q_desc, do_desc = _descriptors(cfg, cfg.kv_m, q, grad_out)
+        q_desc, do_desc = _descriptors(cfg, "kv", cfg.kv_m, q, grad_out)
         _bwd_dkdv_kernel[(triton.cdiv(n, cfg.kv_n), b * h)](
             q, k, v, q_desc, do_desc, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.kv_n, cfg.kv_m), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.tma, num_warps=warps, num_stages=stages)
+            TMA=cfg.uses_tma("kv"), num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 

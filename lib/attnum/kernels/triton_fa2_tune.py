@@ -34,9 +34,11 @@ every shape's others.
 default configuration of the shape, timed with ``BlockConfig.tma`` off and on, two cases per kernel
 recorded as parts ``fwd_tma``, ``dq_tma``, ``kv_tma`` (``change`` ``{}`` and ``{"tma": true}``),
 each with the small-shape check. On a GPU below compute capability 9.0 the tma-on cases are recorded
-with the kernel's refusal as their error. ``pick`` does not put ``tma`` into the tables (one switch for
-all three kernels, measured at the default tiles, not at the tiles it picks): it reports the
-on/off times per kernel in ``notes`` and ``"tma"``, for a person to decide.
+with the kernel's refusal as their error. ``pick`` reports the on/off times per kernel in ``notes`` and
+``"tma"``, and in ``"tma_flags"`` each kernel's own switch (``fwd_tma``, ``dq_tma``, ``kv_tma``): on where
+its time with TMA loads is at most ``TMA_GAIN`` of its time without. The switches are measured at the
+default tiles, so they belong to those tiles: ``triton_fa2_bench --tables-from`` merges them into the
+existing ``TUNED_CONFIGS`` entries, and ``format_tables`` prints them as comments beside the tables.
 
 On a fresh H200 one case costs about one Triton compilation (~1-3 s), so
 a full sweep of both head dims is ~2x the 240 s budget: run it as two calls (``--dims=128`` and
@@ -223,7 +225,7 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
         try:
             q, k, v, do, out, lse = inputs(d, causal)
             rec.update(_check_small(tfa, cfg, d, causal, gproj, fp32_backward, fp32_dot))
-            if part == "fwd":
+            if _kernel_of(part) == "fwd":  # "fwd" and "fwd_tma": the forward kernel alone
                 def call():
                     tfa.forward(q, k, v, causal=causal, config=cfg)
             else:
@@ -300,7 +302,7 @@ def pick_configs(results) -> dict:
     stamps = sorted({res.get("environment", {}).get("time_utc", "?") for res in results})
     source = f"h200 tune {', '.join(stamps)}, N={results[0].get('n', '?') if results else '?'}"
     shapes = sorted({(c["d"], c["causal"]) for c in cases if "d" in c and "causal" in c})
-    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "tma": {}, "notes": []}
+    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "tma": {}, "tma_flags": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
@@ -359,10 +361,20 @@ def pick_configs(results) -> dict:
                 tma[kernel] = times
                 picked["notes"].append(f"d={d} causal={causal}: {kernel} at the default tiles, tma off "
                                        f"{times.get('off', 'not measured')} ms, on {times.get('on', 'not measured')} "
-                                       f"ms (not put into the tables)")
+                                       f"ms")
         if tma:
             picked["tma"][d, causal] = tma
+            # a kernel's own switch where both were measured: on when it saves at least 1 - TMA_GAIN
+            flags = {f"{kernel}_tma": bool(times["on"] <= TMA_GAIN * times["off"])
+                     for kernel, times in tma.items() if "on" in times and "off" in times}
+            if flags:
+                picked["tma_flags"][d, causal] = flags
     return picked
+
+
+TMA_GAIN = 0.99
+"""``pick_configs`` turns a kernel's TMA loads on when its time with them is at most this fraction of its time
+without (the same kernel, tiles and launch; the loads change no arithmetic, ``--same-numerics=D:tma=1``)."""
 
 
 def _launch_of(cfg: dict, kernel: str) -> tuple[int, int]:
@@ -383,6 +395,8 @@ def format_tables(picked: dict) -> str:
         for shape, fields in sorted(table.items()):
             lines.append(f"    {shape!r}: {fields!r},")
         lines.append("}")
+    for shape, flags in sorted(picked.get("tma_flags", {}).items()):
+        lines.append(f"# TMA loads for {shape!r} (merged into its TUNED_CONFIGS entry): {flags!r}")
     return "\n".join(lines)
 
 
@@ -436,7 +450,8 @@ def _compare(tfa, head_dim: int, variants, ns) -> dict:
 
 def parse_change(pairs: str) -> dict:
     """``KEY=VALUE,...`` of ``--same-numerics`` as BlockConfig fields: integers; ``None`` for the fields
-    that may be None; ``tma`` (the one bool field) from 0/1 or false/true. Unknown keys are refused."""
+    that may be None; ``tma`` and the per-kernel ``*_tma`` switches from 0/1 or false/true. Unknown keys are
+    refused."""
     from . import triton_fa2 as tfa
 
     fields = {f.name: f for f in dataclasses.fields(tfa.BlockConfig)}
@@ -447,7 +462,10 @@ def parse_change(pairs: str) -> dict:
         if not sep or key not in fields:
             raise SystemExit(f"--same-numerics: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
                              f"({', '.join(fields)})")
-        if isinstance(fields[key].default, bool):
+        if isinstance(fields[key].default, bool) or key.endswith("_tma"):
+            if value == "None" and fields[key].default is None:
+                change[key] = None
+                continue
             if value.lower() not in ("0", "1", "false", "true"):
                 raise SystemExit(f"--same-numerics: {key} takes 0/1 or false/true, got {value!r}")
             change[key] = value.lower() in ("1", "true")
