@@ -755,32 +755,47 @@ def test_smoke_run_glues_every_key_its_markdown_refers_to(smoke_run):
     assert glue.referenced_keys(executed) and glue.missing_keys(executed) == set()
 
 
+def _legacy_form(ds: xr.Dataset) -> xr.Dataset:
+    """A run in today's form written back as runs before it were: timing_causal as 0/1, the step without
+    attention as "none (output = v)", the FP32-attention training run as "fp32"."""
+    baseline = readings.baseline_run(ds)
+    return ds.assign_coords(
+        timing_causal=ds["timing_causal"].values.astype(np.int64),
+        step_kernel=[gproj_fix.LEGACY_STEP_NO_ATTENTION if str(k) == gproj_fix.STEP_NO_ATTENTION else str(k)
+                     for k in ds["step_kernel"].values],
+        run=[gproj_fix.LEGACY_TRAIN_BASELINE if str(r) == baseline else str(r) for r in ds["run"].values])
+
+
 def test_the_committed_gpu_run_reads_in_todays_names_and_booleans():
-    """outputs/gproj_fix/gpu/ was written with timing_causal as 0/1, the step without attention as
-    "none (output = v)" and the FP32-attention training run as "fp32": ``current_form`` reads it as runs
-    are written today, value for value."""
-    raw = ncio.committed_run(STUDY, "gpu")
-    if raw is None:
+    """Runs of outputs/gproj_fix/gpu/ before 723531c were written with timing_causal as 0/1, the step without
+    attention as "none (output = v)" and the FP32-attention training run as "fp32"; the committed run is in
+    whichever form its commit wrote. ``current_form`` reads both as runs are written today, value for value."""
+    committed = ncio.committed_run(STUDY, "gpu")
+    if committed is None:
         pytest.skip("no committed GPU run in this checkout")
-    ds = readings.current_form(raw)
-    assert ds["timing_causal"].dtype == bool
-    assert ds["timing_causal"].values.tolist() == [bool(x) for x in raw["timing_causal"].values]
-    assert gproj_fix.STEP_NO_ATTENTION in ds["step_kernel"].values
-    assert gproj_fix.LEGACY_STEP_NO_ATTENTION not in ds["step_kernel"].values
+    today = readings.current_form(committed)
+    legacy = _legacy_form(today)
+    assert gproj_fix.LEGACY_STEP_NO_ATTENTION in legacy["step_kernel"].values
+    for raw in (committed, legacy):
+        ds = readings.current_form(raw)
+        assert ds["timing_causal"].dtype == bool
+        assert ds["timing_causal"].values.tolist() == [bool(x) for x in raw["timing_causal"].values]
+        assert gproj_fix.STEP_NO_ATTENTION in ds["step_kernel"].values
+        assert gproj_fix.LEGACY_STEP_NO_ATTENTION not in ds["step_kernel"].values
+        assert "fp32" not in ds["run"].values
+        assert readings.baseline_run(ds) == readings.baseline_run(today)
+        for name in ("step_ms", "train_loss", "timing_fwd_bwd_ms"):
+            np.testing.assert_array_equal(ds[name].values, today[name].values)
+        # the readings run on it as on a run written today
+        first = bool(ds["timing_causal"][0])
+        assert readings_costs.call_extras(ds)["call_causal"] is first
+        assert readings.training_gap_max(ds) >= 0
+        assert readings.current_form(ds).identical(ds)  # already in today's form: unchanged
     old_at = dict(step_kernel=gproj_fix.LEGACY_STEP_NO_ATTENTION, step_dtype="bf16")
-    assert float(ds["step_ms"].sel(step_kernel=gproj_fix.STEP_NO_ATTENTION, step_dtype="bf16")) == float(
-        raw["step_ms"].sel(old_at))
-    baseline = str(raw["run_attention"].sel(run=gproj_fix.LEGACY_TRAIN_BASELINE).item())
-    assert readings.baseline_run(ds) == baseline and "fp32" not in ds["run"].values
-    np.testing.assert_array_equal(ds["train_loss"].sel(run=baseline).values,
-                                  raw["train_loss"].sel(run=gproj_fix.LEGACY_TRAIN_BASELINE).values)
-    first = bool(ds["timing_causal"][0])
-    np.testing.assert_array_equal(ds["timing_fwd_bwd_ms"].sel(timing_causal=first).values,
-                                  raw["timing_fwd_bwd_ms"].isel(timing_causal=0).values)
-    # the readings run on it as on a run written today
-    assert readings_costs.call_extras(ds)["call_causal"] is first
-    assert readings.training_gap_max(ds) >= 0
-    assert readings.current_form(ds).identical(ds)  # already in today's form: unchanged
+    assert float(today["step_ms"].sel(step_kernel=gproj_fix.STEP_NO_ATTENTION, step_dtype="bf16")) == float(
+        legacy["step_ms"].sel(old_at))
+    baseline = str(legacy["run_attention"].sel(run=gproj_fix.LEGACY_TRAIN_BASELINE).item())
+    assert readings.baseline_run(today) == baseline
 
 
 def test_current_form_turns_integer_yes_no_coordinates_into_booleans_and_refuses_other_integers():
