@@ -51,8 +51,10 @@ split loops as separate code and could in principle contract an expression diffe
 fp32-level latitude above). In a causal run about 1/(number of key blocks per row) of the tiles
 are diagonal, so nearly all of the masking work goes.
 
-TMA loads (``BlockConfig.tma``, opt-in, off by default and in no ``TUNED_CONFIGS`` entry until a GPU
-sweep has measured it: ``triton_fa2_tune --parts=tma``). A launch option like warps and stages: it
+TMA loads (``BlockConfig.tma``, or one kernel's own ``fwd_tma`` / ``dq_tma`` / ``kv_tma``; opt-in, off by
+default and in no ``TUNED_CONFIGS`` entry: ``triton_fa2_tune --parts=tma`` times them, and
+``outputs/kernels/h200/README.md`` says what has been measured and what is still missing before they
+become a default). A launch option like warps and stages: it
 changes how tiles reach shared memory, never the arithmetic. With it, every inner-loop tile whose
 load needs no mask -- K and V in the forward and the dQ kernel, Q and dO in the dK/dV kernel: the
 split's unmasked blocks, and the diagonal blocks when ``EVEN_N`` -- is loaded through a host-side
