@@ -408,13 +408,8 @@ if triton is not None:
         ``desc`` when ``TMA`` and the load needs no mask, else ``_load_tile``'s pointer load. Both read the
         same values; a masked load never goes through the descriptor, whose rows past this head's N would
         be the next head's, not zeros."""
-        if TMA:
-            if MASK_ROWS:
-                x = _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS, MASK_D)
-            elif MASK_D:
-                x = _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS, MASK_D)
-            else:
-                x = desc.load([row, 0])
+        if TMA and not MASK_ROWS and not MASK_D:
+            x = desc.load([row, 0])
         else:
             x = _load_tile(ptrs, rows_ok, d_ok, MASK_ROWS, MASK_D)
         return x
