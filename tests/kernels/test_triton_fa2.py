@@ -554,6 +554,11 @@ def test_tune_records_tma_part_and_picks_each_kernels_switch(tmp_path):
     assert picked["configs"][64, True]["fwd_m"] == base["fwd_m"]
     assert any("fwd at the default tiles, tma off 2.0 ms, on 1.5 ms" in note for note in picked["notes"])
     assert "(64, True)" in tune.format_tables(picked).splitlines()[-1]
+    # a kernel's own switch decides over the shared one (an entry may already carry switches)
+    own = [dict(c, config={**c["config"], "tma": True, "dq_tma": c["config"].get("tma", False) is True})
+           if c["part"] == "dq_tma" else c for c in cases]
+    assert tune.pick_configs({"environment": {"time_utc": "t"}, "n": 8192, "cases": own})["tma"][64, True]["dq"] == {
+        "off": 3.0, "on": 3.5}
     # a saving under 1 - TMA_GAIN leaves the switch off
     near = [dict(c, ms=2.0 * (tune.TMA_GAIN + 0.005)) if c["part"] == "fwd_tma" and c["config"].get("tma") else c
             for c in cases]

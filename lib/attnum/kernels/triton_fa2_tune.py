@@ -31,8 +31,9 @@ measured. The order is per (d, causal): fwd, dq, kv, dq_gproj, kv_gproj; the FP3
 every shape's others.
 
 ``tma`` (not among the default parts; ``--parts=tma``): each of the three kernels (GProj off) at the
-default configuration of the shape, timed with ``BlockConfig.tma`` off and on, two cases per kernel
-recorded as parts ``fwd_tma``, ``dq_tma``, ``kv_tma`` (``change`` ``{}`` and ``{"tma": true}``),
+default configuration of the shape, timed with its own TMA switch off and on, two cases per kernel
+recorded as parts ``fwd_tma``, ``dq_tma``, ``kv_tma`` (``change`` ``{"fwd_tma": false}`` and
+``{"fwd_tma": true}``, and so on),
 each with the small-shape check. On a GPU below compute capability 9.0 the tma-on cases are recorded
 with the kernel's refusal as their error. ``pick`` reports the on/off times per kernel in ``notes`` and
 ``"tma"``, and in ``"tma_flags"`` each kernel's own switch (``fwd_tma``, ``dq_tma``, ``kv_tma``): on where
@@ -271,7 +272,8 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                     return result
         if "tma" in parts:
             for kernel in ("fwd", "dq", "kv"):
-                for change in ({}, {"tma": True}):
+                # the kernel's own switch, so that a table entry's switches never decide "off"
+                for change in ({f"{kernel}_tma": False}, {f"{kernel}_tma": True}):
                     if not run(d, causal, f"{kernel}_tma", change):
                         return result
     for d, causal in shapes:
@@ -295,7 +297,8 @@ def pick_configs(results) -> dict:
     warps/stages are kept only at the chosen GProj-off tiles and only where they differ from GProj
     off's; the FP32 backward's tiles from the ``"ieee"`` cases (tf32x3's best goes to ``notes``). The
     ``tma`` part's on/off times go to ``"tma"`` (``{(d, causal): {kernel: {"off": ms, "on": ms}}}``) and
-    ``notes`` only, never into the tables."""
+    ``notes``, and each kernel's switch to ``"tma_flags"`` (``{(d, causal): {"fwd_tma": bool, ...}}``, on
+    where TMA loads took at most ``TMA_GAIN`` of the time without), never into ``configs``."""
     if isinstance(results, dict):
         results = [results]
     cases = [c for res in results for c in res.get("cases", [])]
@@ -354,7 +357,7 @@ def pick_configs(results) -> dict:
             for label, on in (("off", False), ("on", True)):
                 good = [c for c in cases if c.get("d") == d and c.get("causal") == causal
                         and c.get("part") == f"{kernel}_tma" and c.get("status") == "ok" and c.get("correct", False)
-                        and isinstance(c.get("ms"), (int, float)) and bool(c["config"].get("tma", False)) == on]
+                        and isinstance(c.get("ms"), (int, float)) and _tma_on(c["config"], kernel) == on]
                 if good:
                     times[label] = round(min(c["ms"] for c in good), 3)
             if times:
@@ -370,6 +373,13 @@ def pick_configs(results) -> dict:
             if flags:
                 picked["tma_flags"][d, causal] = flags
     return picked
+
+
+def _tma_on(cfg: dict, kernel: str) -> bool:
+    """Whether a recorded config loads ``kernel``'s tiles through TMA: its own switch, else the shared one
+    (the first sweep of 2026-12-03 recorded only the shared ``tma``)."""
+    own = cfg.get(f"{kernel}_tma")
+    return bool(cfg.get("tma", False) if own is None else own)
 
 
 TMA_GAIN = 0.99
