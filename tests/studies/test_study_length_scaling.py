@@ -595,7 +595,11 @@ def test_overlap_of_two_runs_and_the_longest_run(monkeypatch, tmp_path):
     monkeypatch.setenv("ATTNUM_OUTPUTS", str(tmp_path))
     run = real.copy()
     run.attrs.update(device="cuda:0 NVIDIA H200", parameters=json.dumps({"output_dir": "length_scaling/gpu_long"}))
-    assert real_kernels.longest_real_run(run) is run
+    assert real_kernels.longest_real_run(run) is run and real_kernels.measured_on_cuda(run)
+    assert not real_kernels.measured_on_cuda(real) and not real_kernels.measured_on_cuda(None)  # a CPU run
+    empty = run.copy()
+    empty["real_rel_l2_err"] = empty["real_rel_l2_err"] * np.nan
+    assert not real_kernels.measured_on_cuda(empty)  # no kernel gave an output
     run.attrs["parameters"] = json.dumps({"output_dir": "length_scaling/gpu"})
     assert real_kernels.longest_real_run(run) is None
     run.attrs.update(device="cpu", parameters=json.dumps({"output_dir": "length_scaling/gpu_long"}))

@@ -35,6 +35,12 @@ def boolean_coordinates(ds: xr.Dataset | None) -> xr.Dataset | None:
     return as_booleans(ds, BOOLEAN_COORDINATES)
 
 
+def measured_on_cuda(ds: xr.Dataset | None) -> bool:
+    """Whether ``ds`` is a run that measured real kernels on a CUDA device (at least one output)."""
+    return (ds is not None and "real_rel_l2_err" in ds and "cuda" in ds.attrs.get("device", "")
+            and bool(ds["real_rel_l2_err"].notnull().any()))
+
+
 def committed_real_kernel_runs() -> list[xr.Dataset]:
     """The committed CUDA runs (``<outputs>/length_scaling/gpu*``, read by ``ncio.committed_run``) that
     measured real kernels, shortest lengths first: what a CPU run shows of the kernels it cannot run."""
@@ -44,7 +50,7 @@ def committed_real_kernel_runs() -> list[xr.Dataset]:
     runs = []
     for folder in sorted((outputs_root() / "length_scaling").glob("gpu*")):
         ds = boolean_coordinates(committed_run("length_scaling", folder.name)) if folder.is_dir() else None
-        if ds is not None and "real_rel_l2_err" in ds and "cuda" in ds.attrs.get("device", ""):
+        if measured_on_cuda(ds):
             ds.attrs["run"] = folder.name
             runs.append(ds)
     return sorted(runs, key=lambda ds: int(ds["real_seq_len"].min()))
@@ -52,11 +58,6 @@ def committed_real_kernel_runs() -> list[xr.Dataset]:
 
 LONGEST_RUN = "gpu_long"
 """The parameter set (and committed run folder) that measures the real kernels at the study's longest length."""
-
-
-def _cuda_real(ds: xr.Dataset | None) -> bool:
-    return (ds is not None and "real_rel_l2_err" in ds and "cuda" in ds.attrs.get("device", "")
-            and bool(ds["real_rel_l2_err"].notnull().any()))
 
 
 def longest_real_run(ds: xr.Dataset | None) -> xr.Dataset | None:
@@ -67,12 +68,12 @@ def longest_real_run(ds: xr.Dataset | None) -> xr.Dataset | None:
 
     from ...ncio import committed_run
 
-    if _cuda_real(ds) and json.loads(ds.attrs.get("parameters", "{}")).get("output_dir", "").startswith(
+    if measured_on_cuda(ds) and json.loads(ds.attrs.get("parameters", "{}")).get("output_dir", "").startswith(
             f"length_scaling/{LONGEST_RUN}"):
         ds.attrs.setdefault("run", "this run")
         return boolean_coordinates(ds)
     run = boolean_coordinates(committed_run("length_scaling", LONGEST_RUN))
-    return run if _cuda_real(run) else None
+    return run if measured_on_cuda(run) else None
 
 
 def overlap_values(a: xr.Dataset | None, b: xr.Dataset | None) -> dict:
