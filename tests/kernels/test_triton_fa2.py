@@ -580,6 +580,85 @@ def test_tune_records_tma_part_and_picks_each_kernels_switch(tmp_path):
             table.update(old)
 
 
+@interp
+def test_interpreter_heavy_first_reverses_the_query_blocks_and_keeps_the_bits():
+    """``BlockConfig.heavy_first``: a query-outer program owns block ``n_blocks - 1 - pid`` (each block exactly
+    once), and the causal forward and backward give bit for bit the grid-order outputs (N a multiple of the
+    tiles and not, every GProj mode and the FP32 backward); it is refused as a non-bool and leaves
+    non-causal launches alone."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def owner(OUT, HEAVY_FIRST: tl.constexpr):
+        tl.store(OUT + tl.program_id(0), tfa._query_block(HEAVY_FIRST))
+
+    for heavy_first, expected in ((False, list(range(7))), (True, list(range(6, -1, -1)))):
+        got = torch.full((7,), -1, dtype=torch.int32)
+        owner[(7,)](got, HEAVY_FIRST=heavy_first)
+        assert got.tolist() == expected
+    base = tfa.BlockConfig(**dict(zip(tfa.TILE_FIELDS, SPLIT_TILES[1])))  # fwd 32 x 16, dq 16 x 32, kv 32 x 16
+    on = dataclasses.replace(base, heavy_first=True)
+    for n, causal in ((64, True), (45, True), (45, False)):
+        q, k, v, do = inputs((1, 2, n, 16), torch.float16, seed=n + 11)
+        out, lse = tfa.forward(q, k, v, causal=causal, config=base)
+        got = tfa.forward(q, k, v, causal=causal, config=on)
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse), n
+        for gproj, fp32_backward in VARIANTS:
+            ref = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=base)
+            got = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=on)
+            for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+                assert torch.equal(g, r), (n, causal, name, gproj, fp32_backward)
+    with pytest.raises(ValueError, match="heavy_first"):
+        tfa.BlockConfig(heavy_first=1)
+    assert tfa.BlockConfig().heavy_first is False
+
+
+def test_tune_order_part_and_its_pick(tmp_path):
+    """``--parts=order`` is opt-in; ``pick_configs`` reports the forward's and dQ kernel's times with
+    ``heavy_first`` off and on and turns the one switch on only where their sum fell by at least
+    1 - ``ORDER_GAIN``; ``apply_tables`` merges it into the existing entry; ``--base`` parses like
+    ``--same-numerics``."""
+    import json
+
+    from attnum.kernels import triton_fa2_tune as tune
+
+    assert "order" in tune.PARTS and "order" not in tune.DEFAULT_PARTS
+    base = dict(vars(tfa.BlockConfig()))
+
+    def cases(times):
+        return [{"d": 128, "causal": True, "part": part, "fp32_dot": "ieee", "status": "ok", "correct": True,
+                 "ms": ms, "config": {**base, "heavy_first": on}}
+                for (part, on), ms in times.items()]
+
+    faster = {("fwd_order", False): 2.0, ("fwd_order", True): 1.8, ("dq_order", False): 3.0,
+              ("dq_order", True): 3.05}
+    picked = tune.pick_configs({"environment": {"time_utc": "t"}, "n": 8192, "cases": cases(faster)})
+    assert picked["order"] == {(128, True): {"fwd": {"off": 2.0, "on": 1.8}, "dq": {"off": 3.0, "on": 3.05}}}
+    assert picked["order_flags"] == {(128, True): {"heavy_first": True}}  # 4.85 <= 0.99 * 5.0
+    near = {**faster, ("fwd_order", True): 1.97}  # 5.02 > 4.95
+    assert tune.pick_configs({"cases": cases(near)})["order_flags"] == {(128, True): {"heavy_first": False}}
+    half = {key: ms for key, ms in faster.items() if key[0] == "fwd_order"}
+    assert tune.pick_configs({"cases": cases(half)})["order_flags"] == {}  # the dQ kernel not measured
+    assert "launch order for (128, True)" in tune.format_tables(picked)
+    assert tune.parse_change("heavy_first=1,dq_tma=1") == dict(heavy_first=True, dq_tma=True)
+    from attnum.kernels import triton_fa2_bench as bench
+
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"environment": {"time_utc": "t"}, "n": 8192, "cases": cases(faster)}))
+    saved = dict(tfa.TUNED_CONFIGS)
+    try:
+        tfa.TUNED_CONFIGS[128, True] = {**tfa.TUNED_CONFIGS[128, True], "heavy_first": False}
+        bench.apply_tables(tfa, [path])
+        assert tfa.default_config(128, causal=True).heavy_first is True
+        assert tfa.default_config(128, causal=False).heavy_first == saved[128, False].get("heavy_first", False)
+    finally:
+        tfa.TUNED_CONFIGS.clear()
+        tfa.TUNED_CONFIGS.update(saved)
+
+
 # -- GPU tests -----------------------------------------------------------------------------------
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
@@ -714,6 +793,30 @@ def test_gpu_fp32_dot_bf16x3():
     tfa.triton_attention(*leaves, fp32_backward=True, fp32_dot="bf16x3").backward(do)
     assert all(torch.equal(t.grad, g) for t, g in zip(leaves, tfa.backward(
         q, k, v, out, lse, do, fp32_backward=True, fp32_dot="bf16x3")))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_heavy_first_bitwise(d):
+    """Compiled, ``heavy_first`` (causal query blocks last block first) gives the grid order's out, lse, dq, dk,
+    dv bit for bit in bf16 at the default tiles, every GProj mode, N a multiple of the tiles and not."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    for n in (1000, 1024):
+        q, k, v, do = inputs((2, 3, n, d), torch.bfloat16, device="cuda", seed=n + d + 5)
+        for flag in (False, True):
+            cfgs = {gproj: dataclasses.replace(tfa.default_config(d, causal=True, gproj=gproj), heavy_first=flag)
+                    for gproj in tfa.GPROJ_MODES}
+            out, lse = tfa.forward(q, k, v, causal=True, config=cfgs["off"])
+            grads = {gproj: tfa.backward(q, k, v, out, lse, do, causal=True, gproj=gproj, config=cfg)
+                     for gproj, cfg in cfgs.items()}
+            if not flag:
+                ref = (out, lse, grads)
+        assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), n
+        for gproj in tfa.GPROJ_MODES:
+            for name, g, r in zip(("dq", "dk", "dv"), grads[gproj], ref[2][gproj]):
+                assert torch.equal(g, r), (n, name, gproj)
 
 
 @pytest.mark.gpu

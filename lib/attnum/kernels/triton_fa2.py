@@ -69,6 +69,18 @@ compute capability >= 9.0; otherwise ``forward``/``backward`` raise ValueError b
 (never a silent fall-back to the pointer loads). Triton 3.6's CPU interpreter runs tensor
 descriptors (as masked pointer loads), so there it is accepted and tested.
 
+Launch order (``BlockConfig.heavy_first``; opt-in, causal only). Under the causal mask the query block at
+``start_m`` visits ``start_m / BLOCK_N + 1`` key blocks, so in the forward and the dQ kernel (query-block
+outer) the programs grow heavier with their grid index, and the GPU, which starts programs in grid order
+(head after head, block after block within a head), leaves the heaviest blocks of the last head for the last
+wave: its tail runs a full row of key blocks while most SMs idle. With ``heavy_first`` program ``i`` of a head
+owns query block ``n_blocks - 1 - i``, so each head's heaviest blocks start first and the lightest fill the
+last wave (the longest-processing-time-first rule of list scheduling, Graham, "Bounds on multiprocessing
+timing anomalies", SIAM J. Appl. Math. 1969). Neighbouring programs still share one head's K
+and V in L2. Each program computes exactly what it computed before, so the outputs are bit for bit the
+same (the interpreter tests compare with ``torch.equal``). The dK/dV kernel (key-block outer) needs no
+switch: its first key blocks already see the most query blocks.
+
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
 1. ``_bwd_dq_kernel``: query-block outer, loop over key blocks; recomputes S, P, dP, dS and
@@ -204,8 +216,10 @@ class BlockConfig:
     the dK/dV kernel) are loaded through tensor descriptors (TMA on Hopper) instead of pointer loads;
     needs a power-of-two head dim >= 16 and, on CUDA, compute capability >= 9.0 (module docstring,
     "TMA loads"). ``fwd_tma``, ``dq_tma``, ``kv_tma`` (None: the shared ``tma``) set one kernel's own.
-    Warps, stages and ``tma`` change only the schedule, never the arithmetic; tiles change the fp32
-    summation order (see the module docstring, "Block sizes")."""
+    ``heavy_first`` (causal runs only): the forward and dQ kernels take their query blocks last block first
+    (module docstring, "Launch order").
+    Warps, stages, ``tma`` and ``heavy_first`` change only the schedule, never the arithmetic; tiles change the
+    fp32 summation order (see the module docstring, "Block sizes")."""
     fwd_m: int = 128
     fwd_n: int = 64
     dq_m: int = 128
@@ -224,10 +238,12 @@ class BlockConfig:
     fwd_tma: bool | None = None
     dq_tma: bool | None = None
     kv_tma: bool | None = None
+    heavy_first: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.tma, bool):
-            raise ValueError(f"tma must be a bool, got {self.tma!r}")
+        for name in ("tma", "heavy_first"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("fwd_tma", "dq_tma", "kv_tma"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -415,6 +431,15 @@ if triton is not None:
         return x
 
     @triton.jit
+    def _query_block(HEAVY_FIRST: tl.constexpr):
+        """The query block a query-outer program owns: its grid index, or counted from the last block when
+        ``HEAVY_FIRST`` (causal: the last blocks see the most keys, so they start first)."""
+        pid = tl.program_id(0)
+        if HEAVY_FIRST:
+            pid = tl.num_programs(0) - 1 - pid
+        return pid
+
+    @triton.jit
     def _store_tile(ptrs, x, rows_ok, d_ok, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr):
         if MASK_ROWS:
             if MASK_D:
@@ -525,9 +550,9 @@ if triton is not None:
     def _fwd_kernel(Q, K, V, KD, VD, O, LSE, N, D_HEAD, scale,
                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                    SPLIT: tl.constexpr, TMA: tl.constexpr):
+                    SPLIT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr):
         # KD, VD: tensor descriptors of K, V over their [B*H*N, d] view when TMA, else None (unused)
-        start_m = tl.program_id(0) * BLOCK_M
+        start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
         base = bh.to(tl.int64) * N * D_HEAD
         tma_row = bh * N  # this head's first row in the descriptors' view (B*H*N < 2^31, checked on the host)
@@ -642,9 +667,9 @@ if triton is not None:
                        CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
-                       F32_DOT: tl.constexpr, TMA: tl.constexpr):
+                       F32_DOT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr):
         # KD, VD: as in the forward (descriptors of K, V when TMA, else None)
-        start_m = tl.program_id(0) * BLOCK_M
+        start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
         base = bh.to(tl.int64) * N * D_HEAD
         row_base = bh.to(tl.int64) * N
@@ -949,7 +974,7 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config
     _fwd_kernel[grid](q, k, v, k_desc, v_desc, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
                       BLOCK_N=cfg.fwd_n, BLOCK_D=block_d, EVEN_N=_split and _even(n, cfg.fwd_m, cfg.fwd_n),
                       EVEN_D=_split and block_d == d, SPLIT=bool(_split), TMA=cfg.uses_tma("fwd"),
-                      num_warps=warps, num_stages=stages)
+                      HEAVY_FIRST=bool(causal and cfg.heavy_first), num_warps=warps, num_stages=stages)
     return out, lse
 
 
@@ -1003,7 +1028,8 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             q, k, v, k_desc, v_desc, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.uses_tma("dq"), num_warps=warps, num_stages=stages)
+            TMA=cfg.uses_tma("dq"), HEAVY_FIRST=bool(causal and cfg.heavy_first), num_warps=warps,
+            num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":

@@ -265,9 +265,10 @@ def apply_tables(tfa, tune_paths) -> dict:
     tfa.TUNED_CONFIGS.update(picked["configs"])
     tfa.TUNED_GPROJ_LAUNCH.update(picked["gproj_launch"])
     tfa.TUNED_FP32_BWD.update(picked["fp32_bwd"])
-    for shape, flags in picked.get("tma_flags", {}).items():  # per-kernel TMA switches over an existing entry
-        if shape in tfa.TUNED_CONFIGS:
-            tfa.TUNED_CONFIGS[shape] = {**tfa.TUNED_CONFIGS[shape], **flags}
+    for switches in ("tma_flags", "order_flags"):  # TMA loads and launch order over an existing entry
+        for shape, flags in picked.get(switches, {}).items():
+            if shape in tfa.TUNED_CONFIGS:
+                tfa.TUNED_CONFIGS[shape] = {**tfa.TUNED_CONFIGS[shape], **flags}
     return {name: {",".join(str(x) for x in key): value for key, value in table.items()} if isinstance(table, dict)
             else table for name, table in picked.items()}
 

@@ -3,7 +3,8 @@
 
     python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]
                                              [--causal=0,1] [--parts=fwd,dq,kv,dq_gproj,kv_gproj,dq_fp32,kv_fp32]
-    python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma [--dims=128,64] [--causal=0,1]
+    python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma,order [--dims=128,64] [--causal=0,1]
+                                             [--base=KEY=VALUE,...]
     python -m attnum.kernels.triton_fa2_tune OUT.json --same-numerics=D:KEY=VALUE,...
     python -m attnum.kernels.triton_fa2_tune OUT.json --split-check=D
     python -m attnum.kernels.triton_fa2_tune pick TUNE.json [TUNE2.json ...]
@@ -40,6 +41,14 @@ with the kernel's refusal as their error. ``pick`` reports the on/off times per 
 its time with TMA loads is at most ``TMA_GAIN`` of its time without. The switches are measured at the
 default tiles, so they belong to those tiles: ``triton_fa2_bench --tables-from`` merges them into the
 existing ``TUNED_CONFIGS`` entries, and ``format_tables`` prints them as comments beside the tables.
+
+``order`` (not among the default parts; ``--parts=order``, causal shapes only): the forward and the dQ
+kernel at the default configuration with ``heavy_first`` off and on (parts ``fwd_order``, ``dq_order``);
+``pick`` reports them in ``"order"`` and the switch in ``"order_flags"``.
+
+``--base=KEY=VALUE,...`` (same syntax as ``--same-numerics``): BlockConfig fields applied over the default
+configuration of every case before the case's own change (recorded as ``base_change``), e.g. the GProj
+launches timed with TMA loads on.
 
 On a fresh H200 one case costs about one Triton compilation (~1-3 s), so
 a full sweep of both head dims is ~2x the 240 s budget: run it as two calls (``--dims=128`` and
@@ -79,8 +88,8 @@ TOKENS = 2 ** 18
 HEADS = 16
 CHECK_N = 512
 CHECK_REL = 2.0 ** -4
-PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma")
-DEFAULT_PARTS = PARTS[:-1]  # tma only when asked for
+PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order")
+DEFAULT_PARTS = PARTS[:-2]  # tma and order only when asked for
 # (tile 1, tile 2, warps, stages): fwd (fwd_m, fwd_n), dq (dq_m, dq_n), kv (kv_n, kv_m), per head dim
 CANDIDATES = {
     "fwd": {128: ((64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2),
@@ -119,7 +128,8 @@ def _part_options(part: str) -> dict:
             "dq_gproj": ("dq", False, ("ieee",)), "kv_gproj": ("dq_dk", False, ("ieee",)),
             "dq_fp32": ("off", True, ("ieee", "tf32x3")), "kv_fp32": ("off", True, ("ieee", "tf32x3")),
             "fwd_tma": ("off", False, ("ieee",)), "dq_tma": ("off", False, ("ieee",)),
-            "kv_tma": ("off", False, ("ieee",))}[part]
+            "kv_tma": ("off", False, ("ieee",)), "fwd_order": ("off", False, ("ieee",)),
+            "dq_order": ("off", False, ("ieee",))}[part]
 
 
 def _check_small(tfa, config, d: int, causal: bool, gproj: str, fp32_backward: bool, fp32_dot: str) -> dict:
@@ -175,7 +185,7 @@ def _best(cases, d: int, causal: bool, part: str, fp32_dot: str = "ieee", tiles:
 
 
 def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps: int = 7,
-         dims=(128, 64), causals=(False, True), parts=DEFAULT_PARTS) -> dict:
+         dims=(128, 64), causals=(False, True), parts=DEFAULT_PARTS, base_change: dict | None = None) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("triton_fa2_tune needs a CUDA GPU")
     from . import triton_fa2 as tfa
@@ -191,6 +201,7 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
     out_path.parent.mkdir(parents=True, exist_ok=True)
     result = {"environment": environment(), "n": n, "heads": HEADS, "batch": TOKENS // n // HEADS,
               "dtype": "bf16", "warmup": warmup, "repeats": reps, "budget_s": budget_s, "parts": list(parts),
+              "base_change": dict(base_change or {}),
               "check": {"shape": [2, 3, CHECK_N, "d"], "rel": CHECK_REL},
               "default_configs": {f"{d},{int(c)}": vars(tfa.default_config(d, causal=c)) for d in dims for c in causals},
               "sdpa_flash": [], "cases": [], "stopped_by_budget": False}
@@ -220,13 +231,13 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
             return False
         gproj, fp32_backward, _ = _part_options(part)
         base = tfa.default_config(d, fp32_backward, causal=causal)
-        cfg = tfa.BlockConfig(**{**vars(base), **change})
+        cfg = tfa.BlockConfig(**{**vars(base), **(base_change or {}), **change})
         rec = {"d": d, "causal": causal, "part": part, "gproj": gproj, "fp32_backward": fp32_backward,
                "fp32_dot": fp32_dot, "change": change, "config": vars(cfg), "status": "ok"}
         try:
             q, k, v, do, out, lse = inputs(d, causal)
             rec.update(_check_small(tfa, cfg, d, causal, gproj, fp32_backward, fp32_dot))
-            if _kernel_of(part) == "fwd":  # "fwd" and "fwd_tma": the forward kernel alone
+            if _kernel_of(part) == "fwd":  # "fwd", "fwd_tma", "fwd_order": the forward kernel alone
                 def call():
                     tfa.forward(q, k, v, causal=causal, config=cfg)
             else:
@@ -276,6 +287,11 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                 for change in ({f"{kernel}_tma": False}, {f"{kernel}_tma": True}):
                     if not run(d, causal, f"{kernel}_tma", change):
                         return result
+        if "order" in parts and causal:  # heavy_first only changes causal runs
+            for kernel in ("fwd", "dq"):
+                for change in ({"heavy_first": False}, {"heavy_first": True}):
+                    if not run(d, causal, f"{kernel}_order", change):
+                        return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
             if part not in parts:
@@ -298,14 +314,18 @@ def pick_configs(results) -> dict:
     off's; the FP32 backward's tiles from the ``"ieee"`` cases (tf32x3's best goes to ``notes``). The
     ``tma`` part's on/off times go to ``"tma"`` (``{(d, causal): {kernel: {"off": ms, "on": ms}}}``) and
     ``notes``, and each kernel's switch to ``"tma_flags"`` (``{(d, causal): {"fwd_tma": bool, ...}}``, on
-    where TMA loads took at most ``TMA_GAIN`` of the time without), never into ``configs``."""
+    where TMA loads took at most ``TMA_GAIN`` of the time without), never into ``configs``. The ``order`` part
+    likewise: ``"order"`` (``{(d, True): {"fwd"|"dq": {"off": ms, "on": ms}}}``) and ``"order_flags"``
+    (``{(d, True): {"heavy_first": bool}}``, on where the forward's and the dQ kernel's summed time with it is
+    at most ``ORDER_GAIN`` of the sum without; one switch serves both kernels)."""
     if isinstance(results, dict):
         results = [results]
     cases = [c for res in results for c in res.get("cases", [])]
     stamps = sorted({res.get("environment", {}).get("time_utc", "?") for res in results})
     source = f"h200 tune {', '.join(stamps)}, N={results[0].get('n', '?') if results else '?'}"
     shapes = sorted({(c["d"], c["causal"]) for c in cases if "d" in c and "causal" in c})
-    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "tma": {}, "tma_flags": {}, "notes": []}
+    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "tma": {}, "tma_flags": {}, "order": {},
+              "order_flags": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
@@ -372,6 +392,29 @@ def pick_configs(results) -> dict:
                      for kernel, times in tma.items() if "on" in times and "off" in times}
             if flags:
                 picked["tma_flags"][d, causal] = flags
+    for d, causal in shapes:
+        order = {}
+        for kernel in ("fwd", "dq"):
+            times = {}
+            for label, on in (("off", False), ("on", True)):
+                good = [c for c in cases if c.get("d") == d and c.get("causal") == causal
+                        and c.get("part") == f"{kernel}_order" and c.get("status") == "ok"
+                        and c.get("correct", False) and isinstance(c.get("ms"), (int, float))
+                        and bool(c["config"].get("heavy_first", False)) == on]
+                if good:
+                    times[label] = round(min(c["ms"] for c in good), 3)
+            if times:
+                order[kernel] = times
+                picked["notes"].append(f"d={d} causal={causal}: {kernel} heavy_first off "
+                                       f"{times.get('off', 'not measured')} ms, on "
+                                       f"{times.get('on', 'not measured')} ms")
+        if order:
+            picked["order"][d, causal] = order
+            # one switch for both query-outer kernels: on when their summed time falls by 1 - ORDER_GAIN
+            if all("on" in t and "off" in t for t in order.values()) and len(order) == 2:
+                on = sum(t["on"] for t in order.values())
+                off = sum(t["off"] for t in order.values())
+                picked["order_flags"][d, causal] = {"heavy_first": bool(on <= ORDER_GAIN * off)}
     return picked
 
 
@@ -385,6 +428,11 @@ def _tma_on(cfg: dict, kernel: str) -> bool:
 TMA_GAIN = 0.99
 """``pick_configs`` turns a kernel's TMA loads on when its time with them is at most this fraction of its time
 without (the same kernel, tiles and launch; the loads change no arithmetic, ``--same-numerics=D:tma=1``)."""
+
+
+ORDER_GAIN = 0.99
+"""``pick_configs`` turns ``heavy_first`` on when the forward's and the dQ kernel's summed time with it is at most
+this fraction of the sum without (the launch order changes no arithmetic)."""
 
 
 def _launch_of(cfg: dict, kernel: str) -> tuple[int, int]:
@@ -407,6 +455,8 @@ def format_tables(picked: dict) -> str:
         lines.append("}")
     for shape, flags in sorted(picked.get("tma_flags", {}).items()):
         lines.append(f"# TMA loads for {shape!r} (merged into its TUNED_CONFIGS entry): {flags!r}")
+    for shape, flags in sorted(picked.get("order_flags", {}).items()):
+        lines.append(f"# launch order for {shape!r} (merged into its TUNED_CONFIGS entry): {flags!r}")
     return "\n".join(lines)
 
 
@@ -470,14 +520,14 @@ def parse_change(pairs: str) -> dict:
         key, sep, value = pair.partition("=")
         key, value = key.strip(), value.strip()
         if not sep or key not in fields:
-            raise SystemExit(f"--same-numerics: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
+            raise SystemExit(f"--same-numerics / --base: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
                              f"({', '.join(fields)})")
         if isinstance(fields[key].default, bool) or key.endswith("_tma"):
             if value == "None" and fields[key].default is None:
                 change[key] = None
                 continue
             if value.lower() not in ("0", "1", "false", "true"):
-                raise SystemExit(f"--same-numerics: {key} takes 0/1 or false/true, got {value!r}")
+                raise SystemExit(f"--same-numerics / --base: {key} takes 0/1 or false/true, got {value!r}")
             change[key] = value.lower() in ("1", "true")
         elif value == "None" and fields[key].default is None:
             change[key] = None
@@ -487,7 +537,7 @@ def parse_change(pairs: str) -> dict:
 
 
 USAGE = ("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]"
-         " [--causal=0,1] [--parts=...] | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D"
+         " [--causal=0,1] [--parts=...] [--base=KEY=VALUE,...] | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D"
          " | pick TUNE.json [TUNE2.json ...]")
 
 if __name__ == "__main__":
@@ -498,7 +548,7 @@ if __name__ == "__main__":
             raise SystemExit(USAGE)
         print(format_tables(pick_configs([json.loads(Path(p).read_text()) for p in args[1:]])))
     elif len(args) != 1 or set(opts) - {"--budget-s", "--n", "--same-numerics", "--split-check", "--dims",
-                                        "--causal", "--parts"}:
+                                        "--causal", "--parts", "--base"}:
         raise SystemExit(USAGE)
     elif "--same-numerics" in opts:
         dim, _, pairs = opts["--same-numerics"].partition(":")
@@ -509,4 +559,5 @@ if __name__ == "__main__":
         main(args[0], budget_s=float(opts.get("--budget-s", 240)), n=int(opts.get("--n", 8192)),
              dims=tuple(int(x) for x in opts.get("--dims", "128,64").split(",")),
              causals=tuple(bool(int(x)) for x in opts.get("--causal", "0,1").split(",")),
-             parts=tuple(opts.get("--parts", ",".join(DEFAULT_PARTS)).split(",")))
+             parts=tuple(opts.get("--parts", ",".join(DEFAULT_PARTS)).split(",")),
+             base_change=parse_change(opts.get("--base", "")))
