@@ -644,6 +644,10 @@ def test_tune_order_part_and_its_pick(tmp_path):
     assert tune.pick_configs({"cases": cases(half)})["order_flags"] == {}  # the dQ kernel not measured
     assert "launch order for (128, True)" in tune.format_tables(picked)
     assert tune.parse_change("heavy_first=1,dq_tma=1") == dict(heavy_first=True, dq_tma=True)
+    assert tune._rounds("5") == 5
+    for bad in ("0", "-2", "x", "1.5"):
+        with pytest.raises(SystemExit, match="--rounds must be an integer >= 1"):
+            tune._rounds(bad)
     from attnum.kernels import triton_fa2_bench as bench
 
     path = tmp_path / "tune.json"

@@ -4,7 +4,7 @@
     python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]
                                              [--causal=0,1] [--parts=fwd,dq,kv,dq_gproj,kv_gproj,dq_fp32,kv_fp32]
     python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma,order [--dims=128,64] [--causal=0,1]
-                                             [--base=KEY=VALUE,...]
+                                             [--base=KEY=VALUE,...] [--rounds=1]
     python -m attnum.kernels.triton_fa2_tune OUT.json --same-numerics=D:KEY=VALUE,...
     python -m attnum.kernels.triton_fa2_tune OUT.json --split-check=D
     python -m attnum.kernels.triton_fa2_tune pick TUNE.json [TUNE2.json ...]
@@ -46,6 +46,10 @@ existing ``TUNED_CONFIGS`` entries, and ``format_tables`` prints them as comment
 kernel at the default configuration with ``heavy_first`` off and on (parts ``fwd_order``, ``dq_order``);
 ``pick`` reports them in ``"order"`` and the switch in ``"order_flags"``.
 
+``--rounds=R`` (default 1): the ``tma`` and ``order`` parts time a switch's two sides alternately, off then
+on, R times over (each round a median of the repeats), and record every round (``ms_rounds``) and their
+median (``ms``): a switch worth a few percent is smaller than one median's run-to-run spread.
+
 ``--base=KEY=VALUE,...`` (same syntax as ``--same-numerics``): BlockConfig fields applied over the default
 configuration of every case before the case's own change (recorded as ``base_change``), e.g. the GProj
 launches timed with TMA loads on.
@@ -75,6 +79,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import statistics
 import sys
 import time
 import traceback
@@ -185,7 +190,8 @@ def _best(cases, d: int, causal: bool, part: str, fp32_dot: str = "ieee", tiles:
 
 
 def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps: int = 7,
-         dims=(128, 64), causals=(False, True), parts=DEFAULT_PARTS, base_change: dict | None = None) -> dict:
+         dims=(128, 64), causals=(False, True), parts=DEFAULT_PARTS, base_change: dict | None = None,
+         rounds: int = 1) -> dict:
     if not torch.cuda.is_available():
         raise SystemExit("triton_fa2_tune needs a CUDA GPU")
     from . import triton_fa2 as tfa
@@ -194,6 +200,8 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
     reason = tfa.unavailable_reason("cuda")
     if reason:
         raise SystemExit(f"triton_fa2 is unavailable here: {reason}")
+    if not isinstance(rounds, int) or rounds < 1:
+        raise SystemExit(f"--rounds must be an integer >= 1, got {rounds!r}")
     unknown = set(parts) - set(PARTS)
     if unknown:
         raise SystemExit(f"unknown parts {sorted(unknown)}; allowed: {PARTS}")
@@ -201,7 +209,7 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
     out_path.parent.mkdir(parents=True, exist_ok=True)
     result = {"environment": environment(), "n": n, "heads": HEADS, "batch": TOKENS // n // HEADS,
               "dtype": "bf16", "warmup": warmup, "repeats": reps, "budget_s": budget_s, "parts": list(parts),
-              "base_change": dict(base_change or {}),
+              "base_change": dict(base_change or {}), "rounds": rounds,
               "check": {"shape": [2, 3, CHECK_N, "d"], "rel": CHECK_REL},
               "default_configs": {f"{d},{int(c)}": vars(tfa.default_config(d, causal=c)) for d in dims for c in causals},
               "sdpa_flash": [], "cases": [], "stopped_by_budget": False}
@@ -223,17 +231,14 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
             tensors[d, causal] = (q, k, v, do, out, lse)
         return tensors[d, causal]
 
-    def run(d, causal, part, change, fp32_dot="ieee"):
-        """Time one case and record it; False once the budget is spent."""
-        if time.time() - t0 > budget_s:
-            result["stopped_by_budget"] = True
-            save()
-            return False
+    def prepare(d, causal, part, change, fp32_dot="ieee"):
+        """One case's record (its config and small-shape check) and the call that times it (None on error)."""
         gproj, fp32_backward, _ = _part_options(part)
         base = tfa.default_config(d, fp32_backward, causal=causal)
         cfg = tfa.BlockConfig(**{**vars(base), **(base_change or {}), **change})
         rec = {"d": d, "causal": causal, "part": part, "gproj": gproj, "fp32_backward": fp32_backward,
                "fp32_dot": fp32_dot, "change": change, "config": vars(cfg), "status": "ok"}
+        call = None
         try:
             q, k, v, do, out, lse = inputs(d, causal)
             rec.update(_check_small(tfa, cfg, d, causal, gproj, fp32_backward, fp32_dot))
@@ -244,18 +249,63 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                 def call():
                     tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
                                  config=cfg, fp32_dot=fp32_dot, _only=_kernel_of(part))
-            rec["ms"] = median_ms(call, warmup, reps, "cuda")
         except Exception as exc:  # noqa: BLE001
-            rec["status"] = "error"
-            rec["error"] = f"{type(exc).__name__}: {exc}"[:1000]
-            rec["traceback"] = traceback.format_exc()[-2000:]
-        finally:
-            torch.cuda.empty_cache()
+            failed(rec, exc)
+        return rec, call
+
+    def failed(rec, exc):
+        rec["status"] = "error"
+        rec["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+        rec["traceback"] = traceback.format_exc()[-2000:]
+
+    def record(rec):
+        torch.cuda.empty_cache()
         rec["elapsed_s"] = round(time.time() - t0, 1)
         result["cases"].append(rec)
         save()
-        print(f"[{rec['elapsed_s']:6.1f}s] d={d} causal={causal!s:5s} {part:9s} {fp32_dot:6s} {change} "
-              f"{rec['status']} {rec.get('ms', float('nan')):.3f} ms correct={rec.get('correct')}", flush=True)
+        spread = f" rounds {rec['ms_rounds']}" if "ms_rounds" in rec else ""
+        print(f"[{rec['elapsed_s']:6.1f}s] d={rec['d']} causal={rec['causal']!s:5s} {rec['part']:9s} "
+              f"{rec['fp32_dot']:6s} {rec['change']} {rec['status']} {rec.get('ms', float('nan')):.3f} ms"
+              f"{spread} correct={rec.get('correct')}", flush=True)
+
+    def over_budget():
+        if time.time() - t0 > budget_s:
+            result["stopped_by_budget"] = True
+            save()
+            return True
+        return False
+
+    def run(d, causal, part, change, fp32_dot="ieee"):
+        """Time one case and record it; False once the budget is spent."""
+        if over_budget():
+            return False
+        rec, call = prepare(d, causal, part, change, fp32_dot)
+        if call is not None:
+            try:
+                rec["ms"] = median_ms(call, warmup, reps, "cuda")
+            except Exception as exc:  # noqa: BLE001
+                failed(rec, exc)
+        record(rec)
+        return True
+
+    def run_switch(d, causal, part, changes):
+        """A switch off and on (``changes``), timed alternately for ``rounds`` rounds (each a median of
+        ``reps``), so that a drift of the GPU's clocks reaches both sides alike; ``ms`` is the median of the
+        rounds, ``ms_rounds`` all of them. False once the budget is spent."""
+        if over_budget():
+            return False
+        pairs = [prepare(d, causal, part, change) for change in changes]
+        for _ in range(rounds):
+            for rec, call in pairs:
+                if call is not None and rec["status"] == "ok":
+                    try:
+                        rec.setdefault("ms_rounds", []).append(round(median_ms(call, warmup, reps, "cuda"), 4))
+                    except Exception as exc:  # noqa: BLE001
+                        failed(rec, exc)
+        for rec, _ in pairs:
+            if rec["status"] == "ok" and rec.get("ms_rounds"):
+                rec["ms"] = float(statistics.median(rec["ms_rounds"]))
+            record(rec)
         return True
 
     shapes = list(itertools.product(dims, causals))
@@ -284,14 +334,12 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
         if "tma" in parts:
             for kernel in ("fwd", "dq", "kv"):
                 # the kernel's own switch, so that a table entry's switches never decide "off"
-                for change in ({f"{kernel}_tma": False}, {f"{kernel}_tma": True}):
-                    if not run(d, causal, f"{kernel}_tma", change):
-                        return result
+                if not run_switch(d, causal, f"{kernel}_tma", ({f"{kernel}_tma": False}, {f"{kernel}_tma": True})):
+                    return result
         if "order" in parts and causal:  # heavy_first only changes causal runs
             for kernel in ("fwd", "dq"):
-                for change in ({"heavy_first": False}, {"heavy_first": True}):
-                    if not run(d, causal, f"{kernel}_order", change):
-                        return result
+                if not run_switch(d, causal, f"{kernel}_order", ({"heavy_first": False}, {"heavy_first": True})):
+                    return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
             if part not in parts:
@@ -536,8 +584,19 @@ def parse_change(pairs: str) -> dict:
     return change
 
 
+def _rounds(text: str) -> int:
+    """``--rounds``: a positive integer, refused before any work otherwise."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SystemExit(f"--rounds must be an integer >= 1, got {text!r}")
+    return value
+
+
 USAGE = ("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]"
-         " [--causal=0,1] [--parts=...] [--base=KEY=VALUE,...] | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D"
+         " [--causal=0,1] [--parts=...] [--base=KEY=VALUE,...] [--rounds=R] | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D"
          " | pick TUNE.json [TUNE2.json ...]")
 
 if __name__ == "__main__":
@@ -548,7 +607,7 @@ if __name__ == "__main__":
             raise SystemExit(USAGE)
         print(format_tables(pick_configs([json.loads(Path(p).read_text()) for p in args[1:]])))
     elif len(args) != 1 or set(opts) - {"--budget-s", "--n", "--same-numerics", "--split-check", "--dims",
-                                        "--causal", "--parts", "--base"}:
+                                        "--causal", "--parts", "--base", "--rounds"}:
         raise SystemExit(USAGE)
     elif "--same-numerics" in opts:
         dim, _, pairs = opts["--same-numerics"].partition(":")
@@ -560,4 +619,4 @@ if __name__ == "__main__":
              dims=tuple(int(x) for x in opts.get("--dims", "128,64").split(",")),
              causals=tuple(bool(int(x)) for x in opts.get("--causal", "0,1").split(",")),
              parts=tuple(opts.get("--parts", ",".join(DEFAULT_PARTS)).split(",")),
-             base_change=parse_change(opts.get("--base", "")))
+             base_change=parse_change(opts.get("--base", "")), rounds=_rounds(opts.get("--rounds", "1")))
