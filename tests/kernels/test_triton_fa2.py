@@ -489,9 +489,10 @@ def test_interpreter_tma_bitwise(dtype, causal, monkeypatch):
 
 
 def test_tma_configuration_and_refusals():
-    """``tma`` is an opt-in bool in no tuned entry; ``--same-numerics`` parses it; a head dim that is not a
-    power of two >= 16 or a misaligned tensor is refused by name before any launch (on the CPU
-    interpreter, which runs descriptors, and on CUDA)."""
+    """``tma`` is a bool, off in a bare BlockConfig and in every untuned default; ``--same-numerics`` parses it;
+    a head dim that is not a power of two >= 16 or a misaligned tensor is refused by name before any launch
+    when a ``config=`` asks for TMA (on the CPU interpreter, which runs descriptors, and on CUDA), while the
+    tuned default (``config=None``) loads such tensors through pointers and gives the aligned copy's bits."""
     from attnum.kernels import triton_fa2_tune as tune
 
     assert tfa.BlockConfig().tma is False
@@ -529,6 +530,24 @@ def test_tma_configuration_and_refusals():
     shifted = flat[1:].view(1, 1, 16, 16)  # contiguous, 2 bytes past an aligned address
     with pytest.raises(ValueError, match="16-byte aligned"):
         tfa.forward(shifted, shifted, shifted, config=cfg)
+    # the tuned default of a head dim whose entry turns TMA on: refused when asked for by config=, and
+    # loaded through pointers, with the same bits, when left to the default
+    d = next(dim for (dim, causal), entry in tfa.TUNED_CONFIGS.items() if not causal and entry.get("fwd_tma"))
+    tuned = tfa.default_config(d)
+    assert tuned.uses_tma("fwd")
+    assert tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device) for _ in range(3))) == tuned
+    flat = torch.randn(2 * 32 * d + 1, device=device).to(torch.float16)
+    qs, ks = (flat[1 + i * 32 * d:1 + (i + 1) * 32 * d].view(1, 1, 32, d) for i in range(2))
+    assert qs.is_contiguous() and qs.data_ptr() % 16 and ks.data_ptr() % 16
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        tfa.forward(qs, ks, ks, config=tuned)
+    assert not any(tfa._default_tma(tuned, qs, ks).uses_tma(kernel) for kernel in ("fwd", "dq", "kv"))
+    out, lse = tfa.forward(qs, ks, ks)
+    ref_out, ref_lse = tfa.forward(qs.clone(), ks.clone(), ks.clone())
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    grads = tfa.backward(qs, ks, ks, out, lse, qs)
+    assert all(torch.equal(g, r) for g, r in zip(grads, tfa.backward(qs.clone(), ks.clone(), ks.clone(), out, lse,
+                                                                        qs.clone())))
 
 
 def test_tune_records_tma_part_and_picks_each_kernels_switch(tmp_path):

@@ -51,10 +51,10 @@ split loops as separate code and could in principle contract an expression diffe
 fp32-level latitude above). In a causal run about 1/(number of key blocks per row) of the tiles
 are diagonal, so nearly all of the masking work goes.
 
-TMA loads (``BlockConfig.tma``, or one kernel's own ``fwd_tma`` / ``dq_tma`` / ``kv_tma``; opt-in, off by
-default and in no ``TUNED_CONFIGS`` entry: ``triton_fa2_tune --parts=tma`` times them, and
-``outputs/kernels/h200/README.md`` says what has been measured and what is still missing before they
-become a default). A launch option like warps and stages: it
+TMA loads (``BlockConfig.tma``, or one kernel's own ``fwd_tma`` / ``dq_tma`` / ``kv_tma``; off in a bare
+``BlockConfig``, and switched on per kernel in the ``TUNED_CONFIGS`` entries where ``triton_fa2_tune
+--parts=tma --rounds=5`` measured a gain: at d = 128 for most kernels, at d = 64 for one kernel each; the
+entries' comments give the times). A launch option like warps and stages: it
 changes how tiles reach shared memory, never the arithmetic. With it, every inner-loop tile whose
 load needs no mask -- K and V in the forward and the dQ kernel, Q and dO in the dK/dV kernel: the
 split's unmasked blocks, and the diagonal blocks when ``EVEN_N`` -- is loaded through a host-side
@@ -65,9 +65,11 @@ head's N are the next head's, not zeros. The same values are loaded either way, 
 meant to be bit for bit those without it (the interpreter tests check this with ``torch.equal``; on
 the GPU ``test_gpu_tma_bitwise`` and ``triton_fa2_tune --same-numerics=D:tma=1`` do). It needs a
 power-of-two head dim >= 16 (``EVEN_D``), 16-byte aligned tensors, B*H*N < 2^31 and, on CUDA,
-compute capability >= 9.0; otherwise ``forward``/``backward`` raise ValueError before any launch
-(never a silent fall-back to the pointer loads). Triton 3.6's CPU interpreter runs tensor
-descriptors (as masked pointer loads), so there it is accepted and tested.
+compute capability >= 9.0; otherwise ``forward``/``backward`` raise ValueError before any launch when a
+``config=`` asks for them (never a silent fall-back to the pointer loads), while the tuned default
+configuration (``config=None``) loads through pointers there: the same bits either way (``_default_tma``).
+Triton 3.6's CPU interpreter runs tensor descriptors (as masked pointer loads), so there it is accepted and
+tested.
 
 Launch order (``BlockConfig.heavy_first``; opt-in, causal only). Under the causal mask the query block at
 ``start_m`` visits ``start_m / BLOCK_N + 1`` key blocks, so in the forward and the dQ kernel (query-block
@@ -78,8 +80,13 @@ owns query block ``n_blocks - 1 - i``, so each head's heaviest blocks start firs
 last wave (the longest-processing-time-first rule of list scheduling, Graham, "Bounds on multiprocessing
 timing anomalies", SIAM J. Appl. Math. 1969). Neighbouring programs still share one head's K
 and V in L2. Each program computes exactly what it computed before, so the outputs are bit for bit the
-same (the interpreter tests compare with ``torch.equal``). The dK/dV kernel (key-block outer) needs no
-switch: its first key blocks already see the most query blocks.
+same (the interpreter tests compare with ``torch.equal``; on the GPU ``test_gpu_heavy_first_bitwise``). The
+dK/dV kernel (key-block outer) needs no switch: its first key blocks already see the most query blocks.
+Measured on the H200 (``triton_fa2_tune --parts=order --rounds=5``, N = 8192, 2^18 tokens) it saved nothing
+worth a switch: forward and dQ kernel 1.397 + 1.690 ms without against 1.383 + 1.695 ms with it at d = 128,
+0.914 + 1.057 against 0.911 + 1.127 ms at d = 64, so no tuned entry turns it on. At that shape a head has 128
+query blocks and the grid about 4096 programs, so the last wave is a small share of the run; a shape with few
+heads and a long N has a larger one, and this switch is there to measure it.
 
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
@@ -293,10 +300,17 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # d = 128: outputs/kernels/h200/triton_fa2_tune.json (2026-12-02): forward 64 x 64 / 4 warps /
     # 3 stages (3.00 ms against 3.80 non-causal, 1.76 against 2.24 causal), backward 64-tiles / 4
     # warps / 2 stages (7.79 against 9.78 ms, 4.47 against 5.74 causal; both kernels the same there)
+    # TMA loads (every entry): outputs/kernels/h200/triton_fa2_tune_tma_order_r5_2026-12-03.json, each kernel
+    # alone at these tiles with its own switch off and on, 5 alternating rounds (median of rounds, ms off -> on):
+    # d = 128 non-causal fwd 2.640 -> 2.363, dQ 3.391 -> 3.009, dK/dV 4.228 -> 3.933 (all on); causal fwd 1.430
+    # -> 1.385, dK/dV 2.281 -> 2.128 (on), dQ 1.740 -> 1.747 (off). The loads change no arithmetic: these
+    # switches leave every output bit for bit as it was (--same-numerics=D:tma=1, test_gpu_tma_bitwise).
     (128, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
-                       bwd_stages=2, source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied)"),
+                       bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True,
+                       source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03"),
     (128, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
-                      bwd_stages=2, source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied)"),
+                      bwd_stages=2, fwd_tma=True, dq_tma=False, kv_tma=True,
+                      source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03"),
     # d = 64, non-causal: triton_fa2_tune --dims=64 --parts=fwd,dq,kv,dq_gproj,kv_gproj on the H200
     # (2026-12-02, each kernel timed alone): forward 128 x 64 / 8 warps / 3 stages 1.594 ms, dQ kernel
     # 64 x 64 / 4 warps / 2 stages 1.64 ms, dK/dV kernel 64 x 64 / 4 warps / 3 stages 2.661 ms (that
@@ -304,17 +318,21 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # repeats it: the same forward (1.614 ms) and dK/dV (2.664 ms) picks; its fastest dQ kernel is
     # 128 x 64 / 8 warps / 3 stages (1.646 ms against 1.745 ms here), but GProj's dQ kernel, which
     # runs at these tiles, took 2.825 ms there against the earlier sweep's 2.612 ms at 64 x 64, so the
-    # 64 x 64 dQ tiles stay (and with them this entry's numerics).
+    # 64 x 64 dQ tiles stay (and with them this entry's numerics). TMA (the r5 sweep above): dQ 1.644 -> 1.612
+    # ms (on: faster in each of the 5 rounds), forward 1.674 -> 1.735 and dK/dV 2.516 -> 2.500 (off).
     (64, False): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
-                      fwd_stages=3, bwd_stages=2, kv_stages=3,
-                      source="h200 tune 2026-12-02 (--dims=64, each kernel alone); repeated 2026-12-03"),
+                      fwd_stages=3, bwd_stages=2, kv_stages=3, fwd_tma=False, dq_tma=True, kv_tma=False,
+                      source="h200 tune 2026-12-02 (--dims=64, each kernel alone); repeated 2026-12-03; TMA "
+                             "2026-12-03"),
     # d = 64, causal: outputs/kernels/h200/triton_fa2_tune_d64_2026-12-03.json (N = 8192, each kernel
     # alone): forward 64 x 64 / 4 warps / 3 stages 0.910 ms (the entry it replaces, 128 x 64 / 8 warps /
     # 2 stages, 0.995 ms), dQ kernel 64 x 128 / 4 warps / 2 stages 1.041 ms (64 x 64: 1.180 ms at 2
-    # stages, 1.063 ms at 3), dK/dV kernel 64 x 64 / 4 warps / 2 stages 1.524 ms (unchanged).
+    # stages, 1.063 ms at 3), dK/dV kernel 64 x 64 / 4 warps / 2 stages 1.524 ms (unchanged). TMA (the r5
+    # sweep above): forward 0.934 -> 0.895 ms (on), dQ 1.133 -> 1.196 and dK/dV 1.521 -> 1.567 (off).
     (64, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=128, kv_n=64, kv_m=64, num_warps=4, fwd_warps=4,
                      fwd_stages=3, dq_warps=4, dq_stages=2, kv_warps=4, kv_stages=2, bwd_stages=2,
-                     source="h200 tune 2026-12-03 (--dims=64 --causal=1, each kernel alone)"),
+                     fwd_tma=True, dq_tma=False, kv_tma=False,
+                     source="h200 tune 2026-12-03 (--dims=64 --causal=1, each kernel alone); TMA 2026-12-03"),
 }
 # Warps and stages of the backward kernels per GProj mode, over TUNED_CONFIGS' (same tiles: GProj
 # never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone).
@@ -916,31 +934,49 @@ def _even(n: int, *blocks: int) -> bool:
     return all(n % block == 0 for block in blocks)
 
 
-def _check_tma(cfg: BlockConfig, kernels, *tensors: torch.Tensor) -> None:
-    """Refuse TMA loads (``cfg.uses_tma`` of any of ``kernels``) where the descriptor loads cannot run,
-    before any launch: the kernels never fall back to the pointer loads silently. ``tensors``: the
-    contiguous (B, H, N, d) tensors that will be read through descriptors. Triton's CPU interpreter runs
-    tensor descriptors (as masked pointer loads), so ``tma`` is accepted there and the interpreter tests
-    compare it bit for bit."""
-    if not any(cfg.uses_tma(kernel) for kernel in kernels):
-        return
+def _tma_refusal(*tensors: torch.Tensor) -> str | None:
+    """Why the contiguous (B, H, N, d) ``tensors`` cannot be read through tensor descriptors, or None."""
     b, h, n, d = tensors[0].shape
     if d < 16 or d & (d - 1):
-        raise ValueError(f"tma=True needs a head dim that is a power of two >= 16 (the descriptor tile is the "
-                         f"whole, unmasked head dim); got d={d}")
+        return (f"tma=True needs a head dim that is a power of two >= 16 (the descriptor tile is the whole, unmasked "
+                f"head dim); got d={d}")
     device = tensors[0].device
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
         if major < 9:
-            raise ValueError(f"tma=True needs compute capability >= 9.0 (Hopper's tensor memory accelerator); "
-                             f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
+            return (f"tma=True needs compute capability >= 9.0 (Hopper's tensor memory accelerator); "
+                    f"{torch.cuda.get_device_name(device)} is {major}.{minor}")
     if b * h * n >= 2 ** 31:
-        raise ValueError(f"tma=True addresses rows of the [B*H*N, d] view with 32-bit coordinates; "
-                         f"B*H*N = {b * h * n} >= 2^31")
+        return f"tma=True addresses rows of the [B*H*N, d] view with 32-bit coordinates; B*H*N = {b * h * n} >= 2^31"
     for t in tensors:
         if t.data_ptr() % 16:
-            raise ValueError("tma=True needs 16-byte aligned tensors (a tensor descriptor's base); got one at "
-                             f"address {t.data_ptr():#x} (a view at an offset?)")
+            return ("tma=True needs 16-byte aligned tensors (a tensor descriptor's base); got one at "
+                    f"address {t.data_ptr():#x} (a view at an offset?)")
+    return None
+
+
+def _check_tma(cfg: BlockConfig, kernels, *tensors: torch.Tensor) -> None:
+    """Refuse TMA loads (``cfg.uses_tma`` of any of ``kernels``) where the descriptor loads cannot run,
+    before any launch: a configuration that asks for them never falls back to the pointer loads silently.
+    ``tensors``: the contiguous (B, H, N, d) tensors that will be read through descriptors. Triton's CPU
+    interpreter runs tensor descriptors (as masked pointer loads), so ``tma`` is accepted there and the
+    interpreter tests compare it bit for bit."""
+    if any(cfg.uses_tma(kernel) for kernel in kernels):
+        reason = _tma_refusal(*tensors)
+        if reason is not None:
+            raise ValueError(reason)
+
+
+def _default_tma(cfg: BlockConfig, *tensors: torch.Tensor) -> BlockConfig:
+    """The tuned default's TMA switches where these tensors allow them, else all off. The tuned table is
+    the H200's: on a GPU below compute capability 9.0, or for tensors a descriptor cannot address, the
+    default configuration loads through pointers instead. That is the same kernel at the same tiles, and the
+    loads change no arithmetic (``test_gpu_tma_bitwise``): the outputs are the same bits either way, so this is
+    a choice of transport, not a fall-back to another kernel. A ``config=`` that asks for TMA is refused
+    instead (``_check_tma``)."""
+    if not any(cfg.uses_tma(kernel) for kernel in ("fwd", "dq", "kv")) or _tma_refusal(*tensors) is None:
+        return cfg
+    return dataclasses.replace(cfg, tma=False, fwd_tma=False, dq_tma=False, kv_tma=False)
 
 
 def _descriptors(cfg: BlockConfig, kernel: str, block_rows: int, *tensors: torch.Tensor) -> tuple:
@@ -962,8 +998,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config
     ``config.tma`` no load there is unmasked, so none goes through a descriptor)."""
     scale = _check(q, k, v, causal, scale)
     b, h, n, d = q.shape
-    cfg = config or default_config(d, causal=causal)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    cfg = config or _default_tma(default_config(d, causal=causal), q, k, v)
     _check_tma(cfg, ("fwd",), k, v)
     k_desc, v_desc = _descriptors(cfg, "fwd", cfg.fwd_n, k, v)
     out = torch.empty_like(q)
@@ -998,9 +1034,10 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
     if out.shape != q.shape or grad_out.shape != q.shape or lse.shape != (b, h, n):
         raise ValueError(f"out {tuple(out.shape)}, grad_out {tuple(grad_out.shape)} must be {tuple(q.shape)} "
                          f"and lse {tuple(lse.shape)} must be {(b, h, n)}")
-    cfg = config or default_config(d, fp32_backward, causal=causal, gproj=gproj, fp32_dot=fp32_dot)
     q, k, v, out = q.contiguous(), k.contiguous(), v.contiguous(), out.to(q.dtype).contiguous()
     grad_out = grad_out.to(q.dtype).contiguous()
+    cfg = config or _default_tma(default_config(d, fp32_backward, causal=causal, gproj=gproj, fp32_dot=fp32_dot),
+                                 q, k, v, grad_out)
     lse = lse.to(torch.float32).contiguous()
     _check_tma(cfg, [kernel for kernel in ("dq", "kv") if _only in (None, kernel)], q, k, v, grad_out)
     block_d = _block_d(d)
