@@ -325,6 +325,31 @@ def test_bench_summary_ratios():
     assert s["meets"]["fwd_bwd_vs_fa4"] is True
 
 
+def test_bench_table_recomputes_the_summary_from_the_cases():
+    """``summary_table`` (``triton_fa2_bench table``): one row per file and shape, sorted by N, d, causality,
+    its values recomputed from the cases (a stale stored summary is not read); GProj's extra backward time in
+    backward GEMMs is its backward cost times ``BWD_GEMMS``; a side not timed prints "-"."""
+    from attnum.kernels.triton_fa2_bench import BWD_GEMMS, TABLE_COLUMNS, summary_table
+
+    def case(impl, n, causal, fwd, bwd):
+        return {"impl": impl, "n": n, "d": 128, "causal": causal, "status": "ok", "fwd_ms": fwd, "bwd_ms": bwd,
+                "fwd_bwd_ms": fwd + bwd}
+
+    first = {"summary": [{"n": 1, "d": 1, "causal": False, "fwd_bwd_vs_flex": 99.0}],  # stale: not read
+             "cases": [case("triton_fa2", 8192, True, 1.0, 7.0), case("triton_fa2_gproj_dq", 8192, True, 1.0, 8.0),
+                       case("flex_attention_compiled", 8192, True, 2.0, 8.0)]}
+    second = {"cases": [case("triton_fa2", 4096, False, 1.0, 3.5)], "extra_cases": [case("fa4", 4096, False, 1.0, 1.5)]}
+    lines = summary_table({"a": first, "b": second}).splitlines()
+    assert len(lines) == 4 and lines[0].count("|") == len(TABLE_COLUMNS) + 5
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    assert [row[:4] for row in rows] == [["4096", "128", "no", "`b`"], ["8192", "128", "yes", "`a`"]]
+    col = {label: i + 4 for i, (label, _, _) in enumerate(TABLE_COLUMNS)}
+    assert rows[0][col["fwd+bwd / FA4"]] == "1.80" and rows[0][col["fwd+bwd / Flex"]] == "-"
+    assert rows[1][col["fwd+bwd / Flex"]] == "0.80" and rows[1][col["GProj dq"]] == "+12.5%"
+    assert float(rows[1][col["dq: extra bwd GEMMs"]]) == pytest.approx(BWD_GEMMS * (8.0 / 7.0 - 1), abs=0.005)
+    assert rows[1][col["GProj dq_dk"]] == "-"
+
+
 def test_bench_names_fa4_as_unavailable_on_a_machine_without_it():
     from attnum.kernels.triton_fa2_bench import EXTRA_IMPLS, fa4_unavailable
 
@@ -659,6 +684,13 @@ def test_tune_order_part_and_its_pick(tmp_path):
     assert picked["order_flags"] == {(128, True): {"heavy_first": True}}  # 4.85 <= 0.99 * 5.0
     near = {**faster, ("fwd_order", True): 1.97}  # 5.02 > 4.95
     assert tune.pick_configs({"cases": cases(near)})["order_flags"] == {(128, True): {"heavy_first": False}}
+    paired = cases(faster)
+    for rec, rounds in zip(paired, ([2.0, 2.1, 1.9], [1.8, 2.2, 1.7], [3.0, 3.0, 3.0], [3.05, 2.9, 3.1])):
+        rec["ms_rounds"] = rounds
+    notes = tune.pick_configs({"cases": paired})["notes"]
+    assert any("fwd heavy_first off 2.0 ms, on 1.8 ms, on faster in 2 of 3 paired rounds" in n for n in notes)
+    assert any("dq heavy_first off 3.0 ms, on 3.05 ms, on faster in 1 of 3 paired rounds" in n for n in notes)
+    assert not any("paired" in n for n in picked["notes"])  # single medians: no round count
     half = {key: ms for key, ms in faster.items() if key[0] == "fwd_order"}
     assert tune.pick_configs({"cases": cases(half)})["order_flags"] == {}  # the dQ kernel not measured
     assert "launch order for (128, True)" in tune.format_tables(picked)

@@ -116,7 +116,7 @@ GProj (``gproj``, a ``tl.constexpr``; seed 004):
   4 bytes per query row written and re-read per key block. The extra *pass* the emulator needs
   for r is free here because the separate dQ kernel already is that pass.
 
-GProj's cost, and what was considered to lower it (not measured here). The emulator fixes the
+GProj's cost, and what was considered to lower it. The emulator fixes the
 arithmetic: ``dQ_i = sum_j dS~_ij K_j - r_i (P~ K)_i`` with ``r_i`` the fp32 sum of the rounded row
 and ``P~ K`` an fp32 product of the rounded P, the correction applied once after the key loop. (a)
 Folding the correction into the operand, ``sum_j (dS~_ij - r_i P~_ij) K_j``, saves the P~ K matmul
@@ -132,6 +132,18 @@ the tiles held equal to GProj off's so GProj on and off differ by the GProj arit
 the P~ K product reuses the K tile and P already in registers for dS~ K (no extra load, no extra
 exponential; rounding P to the input format is its one extra elementwise step). Under ``dq_dk`` the dK/dV kernel's extra cost is the fifth matmul and
 the load of r (4 bytes a query row per key block).
+
+Why the extra GEMM is not hidden (measured). In the dQ kernel compiled for sm_90 by Triton 3.6, each tile GEMM
+whose result is used in the same loop iteration (Q K^T, dO V^T) is followed at once by a wait for all outstanding
+warpgroup MMAs (``warp_group_dot_wait {pendings = 0}`` in the TTGIR), and only the accumulating products (dS~ K,
+P~ K) stay in flight, until the next tile's first wait. Issuing dO V^T before P's exponentials changes nothing (the wait follows
+each dot). So GProj's P~ K runs on the critical path: on the H200 (``outputs/kernels/h200/README.md``, the
+``tuned_tma`` bench files) GProj dq's extra backward time is 0.64-1.11 of one backward tile GEMM's time at d = 128
+(``summary``'s ``gproj_dq_extra_bwd_gemms``: the extra time over 1/7 of the GProj-off backward), and 0.94-1.93 at
+d = 64, where the rounding and row-sum work per tile is large beside the GEMM. One GEMM's time is about 1/9 to 1/10
+of forward + backward at d = 128 (the forward's two GEMMs run at about the backward's rate), so with this
+arithmetic GProj dq costs about +7% to +11% there, dq_dk about twice that; the targets of +5% and +15%
+(``triton_fa2_bench.TARGETS``) need the products to overlap other work or to shrink.
 
 ``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
 upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32

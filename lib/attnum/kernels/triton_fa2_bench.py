@@ -1,7 +1,8 @@
 """Speed of our Triton FlashAttention-2 kernel against PyTorch's attention kernels (GPU only).
 
     python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192] [--dims=64,128]
-                                              [--budget-s=240]
+                                              [--budget-s=240] [--tables-from=TUNE.json,...]
+    python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]
 
 or ``main(out_path, quick=False)``. For every shape -- N in {4096, 8192, 16384, 32768} (quick:
 {4096, 16384}), head dim 64 and 128, causal and not, bf16, batch * heads = 2^18 / N so every shape
@@ -24,6 +25,9 @@ Every case also records a correctness line: max |difference| of its output and d
 math backend in fp32 on a small shape (2 x 3 heads, N = 512, bf16; N a multiple of every tile, so
 the line checks the very kernel variant that is timed -- the bounds-masked variants are covered by
 the GPU tests at N = 40 and 1000).
+
+``table`` prints the ``summary`` rows of bench files as one Markdown table (``summary_table``; the tables of
+``outputs/kernels/h200/README.md`` are made by it).
 
 ``summary`` (one entry per shape, rewritten with the JSON): ``triton_fa2``'s forward + backward
 time over compiled FlexAttention's, ``sdpa:flash``'s, cuDNN's and FA4's (and the same for forward and
@@ -71,6 +75,13 @@ TARGETS = {"fwd_bwd_vs_flex": 1.0, "gproj_dq_cost": 0.05, "gproj_dq_dk_cost": 0.
            "fwd_bwd_vs_fa4": 1.25}
 """The speed targets ``summary`` checks: time ratios (or GProj's extra time) at most these. ``fwd_bwd_vs_fa4``
 is the stretch goal, FlashAttention-4 (CuTe DSL, the ``fa4`` registry kernel) timed where it is installed."""
+
+
+BWD_GEMMS = 7
+"""Tile GEMMs per (query block, key block) pair in ``triton_fa2``'s backward with GProj off: 3 in the dQ kernel
+(Q K^T, dO V^T, dS K) and 4 in the dK/dV kernel (K Q^T, P^T dO, V dO^T, dS^T Q), all of one size. GProj "dq"
+adds one (P K), "dq_dk" two (and P K's rounding work): ``summary``'s ``*_extra_bwd_gemms`` is GProj's extra
+backward time over one such GEMM's share of the GProj-off backward (backward time / 7)."""
 
 
 def flops(n: int, d: int, bh: int, causal: bool) -> tuple[float, float]:
@@ -235,6 +246,9 @@ def summarize(cases) -> list[dict]:
             for key in ("fwd_bwd", "bwd"):
                 r = ratio(get(impl), base, f"{key}_ms")
                 rec[f"{name}_cost_{key}"] = None if r is None else r - 1.0
+            # GProj's extra backward time in units of one of the GProj-off backward's BWD_GEMMS tile GEMMs
+            r = rec[f"{name}_cost_bwd"]
+            rec[f"{name}_extra_bwd_gemms"] = None if r is None else r * BWD_GEMMS
         for impl, name in (("triton_fa2_fp32_backward", "fp32_backward"),
                            ("triton_fa2_fp32_backward_tf32x3", "fp32_backward_tf32x3"),
                            ("triton_fa2_fp32_backward_bf16x3", "fp32_backward_bf16x3")):
@@ -253,6 +267,38 @@ def summarize(cases) -> list[dict]:
                         checks.items()}
         out.append(rec)
     return out
+
+
+TABLE_COLUMNS = (("fwd+bwd / Flex", "fwd_bwd_vs_flex", "x"), ("fwd / Flex", "fwd_vs_flex", "x"),
+                 ("fwd+bwd / sdpa:flash", "fwd_bwd_vs_sdpa_flash", "x"), ("fwd+bwd / FA4", "fwd_bwd_vs_fa4", "x"),
+                 ("GProj dq", "gproj_dq_cost_fwd_bwd", "%"), ("dq: extra bwd GEMMs", "gproj_dq_extra_bwd_gemms", "x"),
+                 ("GProj dq_dk", "gproj_dq_dk_cost_fwd_bwd", "%"),
+                 ("dq_dk: extra bwd GEMMs", "gproj_dq_dk_extra_bwd_gemms", "x"),
+                 ("bf16x3 FP32 bwd", "fp32_backward_bf16x3_ratio_fwd_bwd", "x"))
+
+
+def summary_table(results: dict) -> str:
+    """A Markdown table of the ``summary`` rows of bench files (``{label: result dict}``), recomputed by
+    ``summarize`` from each file's cases (so a file written before a column existed has it too), one row per
+    file and shape, sorted by N, d, causality: the ratios against the other kernels (time over time), GProj's cost over
+    GProj off in forward + backward time, and GProj's extra backward time in GEMMs (``BWD_GEMMS``). Values are
+    printed from the files as they are (two decimals, costs in percent); "-" where a side was not timed."""
+    head = ["N", "d", "causal", "file"] + [label for label, _, _ in TABLE_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [(s["n"], s["d"], s["causal"], label, s) for label, res in results.items()
+            for s in summarize(res.get("cases", []) + res.get("extra_cases", []))]
+    for n, d, causal, label, s in sorted(rows, key=lambda row: row[:4]):
+        cells = [str(n), str(d), "yes" if causal else "no", f"`{label}`"]
+        for _, key, kind in TABLE_COLUMNS:
+            value = s.get(key)
+            if value is None:
+                cells.append("-")
+            elif kind == "%":
+                cells.append(f"{100 * value:+.1f}%")
+            else:
+                cells.append(f"{value:.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def apply_tables(tfa, tune_paths) -> dict:
@@ -332,6 +378,15 @@ def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["table"]:
+        if len(sys.argv) < 3:
+            raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]")
+        missing = [p for p in sys.argv[2:] if not Path(p).is_file()]
+        if missing:
+            raise SystemExit(f"no such bench file: {', '.join(missing)}")
+        print(summary_table({Path(p).stem.removeprefix("triton_fa2_bench_"): json.loads(Path(p).read_text())
+                             for p in sys.argv[2:]}))
+        raise SystemExit(0)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
     flags = {a for a in sys.argv[1:] if a.startswith("--") and "=" not in a}

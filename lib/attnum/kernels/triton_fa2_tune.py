@@ -421,18 +421,19 @@ def pick_configs(results) -> dict:
     for d, causal in shapes:
         tma = {}
         for kernel in ("fwd", "dq", "kv"):
-            times = {}
+            times, sides = {}, {}
             for label, on in (("off", False), ("on", True)):
                 good = [c for c in cases if c.get("d") == d and c.get("causal") == causal
                         and c.get("part") == f"{kernel}_tma" and c.get("status") == "ok" and c.get("correct", False)
                         and isinstance(c.get("ms"), (int, float)) and _tma_on(c["config"], kernel) == on]
                 if good:
-                    times[label] = round(min(c["ms"] for c in good), 3)
+                    sides[label] = min(good, key=lambda c: c["ms"])
+                    times[label] = round(sides[label]["ms"], 3)
             if times:
                 tma[kernel] = times
                 picked["notes"].append(f"d={d} causal={causal}: {kernel} at the default tiles, tma off "
                                        f"{times.get('off', 'not measured')} ms, on {times.get('on', 'not measured')} "
-                                       f"ms")
+                                       f"ms{_paired_wins(sides)}")
         if tma:
             picked["tma"][d, causal] = tma
             # a kernel's own switch where both were measured: on when it saves at least 1 - TMA_GAIN
@@ -443,19 +444,20 @@ def pick_configs(results) -> dict:
     for d, causal in shapes:
         order = {}
         for kernel in ("fwd", "dq"):
-            times = {}
+            times, sides = {}, {}
             for label, on in (("off", False), ("on", True)):
                 good = [c for c in cases if c.get("d") == d and c.get("causal") == causal
                         and c.get("part") == f"{kernel}_order" and c.get("status") == "ok"
                         and c.get("correct", False) and isinstance(c.get("ms"), (int, float))
                         and bool(c["config"].get("heavy_first", False)) == on]
                 if good:
-                    times[label] = round(min(c["ms"] for c in good), 3)
+                    sides[label] = min(good, key=lambda c: c["ms"])
+                    times[label] = round(sides[label]["ms"], 3)
             if times:
                 order[kernel] = times
                 picked["notes"].append(f"d={d} causal={causal}: {kernel} heavy_first off "
                                        f"{times.get('off', 'not measured')} ms, on "
-                                       f"{times.get('on', 'not measured')} ms")
+                                       f"{times.get('on', 'not measured')} ms{_paired_wins(sides)}")
         if order:
             picked["order"][d, causal] = order
             # one switch for both query-outer kernels: on when their summed time falls by 1 - ORDER_GAIN
@@ -464,6 +466,15 @@ def pick_configs(results) -> dict:
                 off = sum(t["off"] for t in order.values())
                 picked["order_flags"][d, causal] = {"heavy_first": bool(on <= ORDER_GAIN * off)}
     return picked
+
+
+def _paired_wins(sides: dict) -> str:
+    """", on faster in K of R paired rounds" when the off and on cases both carry ``ms_rounds`` of one length
+    (``--rounds``: round i of each side ran back to back), else ""."""
+    off, on = (sides.get(label, {}).get("ms_rounds") for label in ("off", "on"))
+    if not off or not on or len(off) != len(on):
+        return ""
+    return f", on faster in {sum(b < a for a, b in zip(off, on))} of {len(on)} paired rounds"
 
 
 def _tma_on(cfg: dict, kernel: str) -> bool:
