@@ -560,7 +560,12 @@ def test_tma_configuration_and_refusals():
     d = next(dim for (dim, causal), entry in tfa.TUNED_CONFIGS.items() if not causal and entry.get("fwd_tma"))
     tuned = tfa.default_config(d)
     assert tuned.uses_tma("fwd")
-    assert tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device) for _ in range(3))) == tuned
+    assert tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device, dtype=torch.bfloat16)
+                                     for _ in range(3))) == tuned
+    fp32 = tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device) for _ in range(3)))  # not measured
+    assert not any(fp32.uses_tma(kernel) for kernel in ("fwd", "dq", "kv"))
+    assert dataclasses.replace(fp32, fwd_tma=None, dq_tma=None, kv_tma=None, tma=tuned.tma) == dataclasses.replace(
+        tuned, fwd_tma=None, dq_tma=None, kv_tma=None)  # only the switches change
     flat = torch.randn(2 * 32 * d + 1, device=device).to(torch.float16)
     qs, ks = (flat[1 + i * 32 * d:1 + (i + 1) * 32 * d].view(1, 1, 32, d) for i in range(2))
     assert qs.is_contiguous() and qs.data_ptr() % 16 and ks.data_ptr() % 16
