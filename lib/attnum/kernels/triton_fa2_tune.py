@@ -421,19 +421,10 @@ def pick_configs(results) -> dict:
     for d, causal in shapes:
         tma = {}
         for kernel in ("fwd", "dq", "kv"):
-            times, sides = {}, {}
-            for label, on in (("off", False), ("on", True)):
-                good = [c for c in cases if c.get("d") == d and c.get("causal") == causal
-                        and c.get("part") == f"{kernel}_tma" and c.get("status") == "ok" and c.get("correct", False)
-                        and isinstance(c.get("ms"), (int, float)) and _tma_on(c["config"], kernel) == on]
-                if good:
-                    sides[label] = min(good, key=lambda c: c["ms"])
-                    times[label] = round(sides[label]["ms"], 3)
+            times = _switch_times(cases, d, causal, f"{kernel}_tma", lambda cfg, k=kernel: _tma_on(cfg, k),
+                                  picked["notes"], f"{kernel} at the default tiles, tma")
             if times:
                 tma[kernel] = times
-                picked["notes"].append(f"d={d} causal={causal}: {kernel} at the default tiles, tma off "
-                                       f"{times.get('off', 'not measured')} ms, on {times.get('on', 'not measured')} "
-                                       f"ms{_paired_wins(sides)}")
         if tma:
             picked["tma"][d, causal] = tma
             # a kernel's own switch where both were measured: on when it saves at least 1 - TMA_GAIN
@@ -444,20 +435,11 @@ def pick_configs(results) -> dict:
     for d, causal in shapes:
         order = {}
         for kernel in ("fwd", "dq"):
-            times, sides = {}, {}
-            for label, on in (("off", False), ("on", True)):
-                good = [c for c in cases if c.get("d") == d and c.get("causal") == causal
-                        and c.get("part") == f"{kernel}_order" and c.get("status") == "ok"
-                        and c.get("correct", False) and isinstance(c.get("ms"), (int, float))
-                        and bool(c["config"].get("heavy_first", False)) == on]
-                if good:
-                    sides[label] = min(good, key=lambda c: c["ms"])
-                    times[label] = round(sides[label]["ms"], 3)
+            times = _switch_times(cases, d, causal, f"{kernel}_order",
+                                  lambda cfg: bool(cfg.get("heavy_first", False)), picked["notes"],
+                                  f"{kernel} heavy_first")
             if times:
                 order[kernel] = times
-                picked["notes"].append(f"d={d} causal={causal}: {kernel} heavy_first off "
-                                       f"{times.get('off', 'not measured')} ms, on "
-                                       f"{times.get('on', 'not measured')} ms{_paired_wins(sides)}")
         if order:
             picked["order"][d, causal] = order
             # one switch for both query-outer kernels: on when their summed time falls by 1 - ORDER_GAIN
@@ -466,6 +448,24 @@ def pick_configs(results) -> dict:
                 off = sum(t["off"] for t in order.values())
                 picked["order_flags"][d, causal] = {"heavy_first": bool(on <= ORDER_GAIN * off)}
     return picked
+
+
+def _switch_times(cases, d: int, causal: bool, part: str, is_on, notes: list, what: str) -> dict:
+    """``{"off": ms, "on": ms}`` of a switch part (``tma`` or ``order``) at one shape: each side's fastest ok and
+    correct case, ``is_on(config)`` telling the sides apart; appends the note ``what off X ms, on Y ms`` (with the
+    paired-round count where there is one) when either side was measured."""
+    times, sides = {}, {}
+    for label, on in (("off", False), ("on", True)):
+        good = [c for c in cases if c.get("d") == d and c.get("causal") == causal and c.get("part") == part
+                and c.get("status") == "ok" and c.get("correct", False) and isinstance(c.get("ms"), (int, float))
+                and is_on(c["config"]) == on]
+        if good:
+            sides[label] = min(good, key=lambda c: c["ms"])
+            times[label] = round(sides[label]["ms"], 3)
+    if times:
+        notes.append(f"d={d} causal={causal}: {what} off {times.get('off', 'not measured')} ms, on "
+                     f"{times.get('on', 'not measured')} ms{_paired_wins(sides)}")
+    return times
 
 
 def _paired_wins(sides: dict) -> str:
