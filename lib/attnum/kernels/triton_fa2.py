@@ -137,8 +137,8 @@ the load of r (4 bytes a query row per key block).
 Why the extra GEMM is not hidden (measured). In the dQ kernel compiled for sm_90 by Triton 3.6, each tile GEMM
 whose result is used in the same loop iteration (Q K^T, dO V^T) is followed at once by a wait for all outstanding
 warpgroup MMAs (``warp_group_dot_wait {pendings = 0}`` in the TTGIR), and only the accumulating products (dS~ K,
-P~ K) stay in flight, until the next tile's first wait. Issuing dO V^T before P's exponentials changes nothing (the wait follows
-each dot). So GProj's P~ K runs on the critical path: on the H200 (``outputs/kernels/h200/README.md``, the
+P~ K) stay in flight, until the next tile's first wait. Issuing dO V^T before P's exponentials changes nothing
+(the wait follows each dot). So GProj's P~ K runs on the critical path: on the H200 (``outputs/kernels/h200/README.md``, the
 ``tuned_tma`` bench files) GProj dq's extra backward time is 0.64-1.11 of one backward tile GEMM's time at d = 128
 (``summary``'s ``gproj_dq_extra_bwd_gemms``: the extra time over 1/7 of the GProj-off backward), and 0.94-1.93 at
 d = 64, where the rounding and row-sum work per tile is large beside the GEMM. One GEMM's time is about 1/9 to 1/10

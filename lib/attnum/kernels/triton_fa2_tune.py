@@ -607,8 +607,8 @@ def _rounds(text: str) -> int:
 
 
 USAGE = ("usage: python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]"
-         " [--causal=0,1] [--parts=...] [--base=KEY=VALUE,...] [--rounds=R] | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D"
-         " | pick TUNE.json [TUNE2.json ...]")
+         " [--causal=0,1] [--parts=...] [--base=KEY=VALUE,...] [--rounds=R]"
+         " | OUT.json --same-numerics=D:KEY=VALUE,... | OUT.json --split-check=D | pick TUNE.json [TUNE2.json ...]")
 
 if __name__ == "__main__":
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
