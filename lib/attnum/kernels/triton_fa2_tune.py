@@ -48,7 +48,9 @@ kernel at the default configuration with ``heavy_first`` off and on (parts ``fwd
 
 ``--rounds=R`` (default 1): the ``tma`` and ``order`` parts time a switch's two sides alternately, off then
 on, R times over (each round a median of the repeats), and record every round (``ms_rounds``) and their
-median (``ms``): a switch worth a few percent is smaller than one median's run-to-run spread.
+median (``ms``): a switch worth a few percent is smaller than one median's run-to-run spread. With R > 1 the
+``fwd``, ``dq``, ``kv``, ``dq_gproj`` and ``kv_gproj`` parts time their candidates the same way, round-robin
+(the ``tma`` and ``order`` parts always do, once with R = 1); the FP32 parts time one median per case.
 
 ``--base=KEY=VALUE,...`` (same syntax as ``--same-numerics``): BlockConfig fields applied over the default
 configuration of every case before the case's own change (recorded as ``base_change``), e.g. the GProj
@@ -288,10 +290,18 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
         record(rec)
         return True
 
-    def run_switch(d, causal, part, changes):
-        """A switch off and on (``changes``), timed alternately for ``rounds`` rounds (each a median of
-        ``reps``), so that a drift of the GPU's clocks reaches both sides alike; ``ms`` is the median of the
-        rounds, ``ms_rounds`` all of them. False once the budget is spent."""
+    def run_group(d, causal, part, changes):
+        """The configurations ``changes`` of one part: with ``rounds`` > 1 timed round-robin, as
+        ``run_rounds``; else one after another, as ``run``. False once the budget is spent."""
+        if rounds > 1:
+            return run_rounds(d, causal, part, changes)
+        return all(run(d, causal, part, change) for change in changes)
+
+    def run_rounds(d, causal, part, changes):
+        """The configurations ``changes`` (a switch off and on, or a part's candidates) timed round-robin for
+        ``rounds`` rounds (each a median of ``reps``), so that a drift of the GPU's clocks reaches every
+        configuration alike; ``ms`` is the median of the rounds, ``ms_rounds`` all of them. False once the
+        budget is spent (checked before the group, which then runs whole)."""
         if over_budget():
             return False
         pairs = [prepare(d, causal, part, change) for change in changes]
@@ -316,9 +326,9 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
             save()
         for part in ("fwd", "dq", "kv"):
             if part in parts:
-                for cand in CANDIDATES[part][d if d in CANDIDATES[part] else 128]:
-                    if not run(d, causal, part, _change(part, cand)):
-                        return result
+                if not run_group(d, causal, part, [_change(part, cand)
+                                                   for cand in CANDIDATES[part][d if d in CANDIDATES[part] else 128]]):
+                    return result
         for part in ("dq_gproj", "kv_gproj"):
             if part not in parts:
                 continue
@@ -327,18 +337,17 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
             base = tfa.default_config(d, causal=causal)
             tiles = ({key: best["config"][key] for key in TILE_KEYS[kernel]} if best else
                      {key: getattr(base, key) for key in TILE_KEYS[kernel]})
-            for warps, stages in GPROJ_LAUNCH:
-                change = {**tiles, **dict(zip(LAUNCH_KEYS[kernel], (warps, stages)))}
-                if not run(d, causal, part, change):
-                    return result
+            if not run_group(d, causal, part, [{**tiles, **dict(zip(LAUNCH_KEYS[kernel], (warps, stages)))}
+                                               for warps, stages in GPROJ_LAUNCH]):
+                return result
         if "tma" in parts:
             for kernel in ("fwd", "dq", "kv"):
                 # the kernel's own switch, so that a table entry's switches never decide "off"
-                if not run_switch(d, causal, f"{kernel}_tma", ({f"{kernel}_tma": False}, {f"{kernel}_tma": True})):
+                if not run_rounds(d, causal, f"{kernel}_tma", ({f"{kernel}_tma": False}, {f"{kernel}_tma": True})):
                     return result
         if "order" in parts and causal:  # heavy_first only changes causal runs
             for kernel in ("fwd", "dq"):
-                if not run_switch(d, causal, f"{kernel}_order", ({"heavy_first": False}, {"heavy_first": True})):
+                if not run_rounds(d, causal, f"{kernel}_order", ({"heavy_first": False}, {"heavy_first": True})):
                     return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
