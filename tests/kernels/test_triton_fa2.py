@@ -562,8 +562,10 @@ def test_tma_configuration_and_refusals():
     assert tuned.uses_tma("fwd")
     assert tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device, dtype=torch.bfloat16)
                                      for _ in range(3))) == tuned
-    fp32 = tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device) for _ in range(3)))  # not measured
-    assert not any(fp32.uses_tma(kernel) for kernel in ("fwd", "dq", "kv"))
+    for dtype in (torch.float32, torch.float16):  # not run on a GPU with descriptors: pointer loads
+        other = tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device, dtype=dtype) for _ in range(3)))
+        assert not any(other.uses_tma(kernel) for kernel in ("fwd", "dq", "kv")), dtype
+    fp32 = tfa._default_tma(tuned, *(torch.zeros(1, 1, 16, d, device=device) for _ in range(3)))
     assert dataclasses.replace(fp32, fwd_tma=None, dq_tma=None, kv_tma=None, tma=tuned.tma) == dataclasses.replace(
         tuned, fwd_tma=None, dq_tma=None, kv_tma=None)  # only the switches change
     flat = torch.randn(2 * 32 * d + 1, device=device).to(torch.float16)

@@ -67,8 +67,8 @@ the GPU ``test_gpu_tma_bitwise`` and ``triton_fa2_tune --same-numerics=D:tma=1``
 power-of-two head dim >= 16 (``EVEN_D``), 16-byte aligned tensors, B*H*N < 2^31 and, on CUDA,
 compute capability >= 9.0; otherwise ``forward``/``backward`` raise ValueError before any launch when a
 ``config=`` asks for them (never a silent fall-back to the pointer loads), while the tuned default
-configuration (``config=None``) loads through pointers there, and for fp32 inputs: the same bits either way
-(``_default_tma``).
+configuration (``config=None``) loads through pointers there, and for fp16 and fp32 inputs: the same bits
+either way (``_default_tma``).
 Triton 3.6's CPU interpreter runs tensor descriptors (as masked pointer loads), so there it is accepted and
 tested.
 
@@ -982,15 +982,15 @@ def _check_tma(cfg: BlockConfig, kernels, *tensors: torch.Tensor) -> None:
 
 def _default_tma(cfg: BlockConfig, *tensors: torch.Tensor) -> BlockConfig:
     """The tuned default's TMA switches where these tensors allow them, else all off. The tuned table is
-    the H200's, measured on bf16 inputs: on a GPU below compute capability 9.0, for tensors a descriptor cannot
-    address, and for fp32 inputs (whose descriptor loads were neither timed nor compiled on a GPU), the
+    the H200's, measured and GPU-tested on bf16 inputs: on a GPU below compute capability 9.0, for tensors a
+    descriptor cannot address, and for fp16 and fp32 inputs (whose descriptor loads have not run on a GPU), the
     default configuration loads through pointers instead. That is the same kernel at the same tiles, and the
     loads change no arithmetic (``test_gpu_tma_bitwise``): the outputs are the same bits either way, so this is
     a choice of transport, not a fall-back to another kernel. A ``config=`` that asks for TMA is refused
     instead (``_check_tma``)."""
     if not any(cfg.uses_tma(kernel) for kernel in ("fwd", "dq", "kv")):
         return cfg
-    if tensors[0].dtype in (torch.float16, torch.bfloat16) and _tma_refusal(*tensors) is None:
+    if tensors[0].dtype == torch.bfloat16 and _tma_refusal(*tensors) is None:
         return cfg
     return dataclasses.replace(cfg, tma=False, fwd_tma=False, dq_tma=False, kv_tma=False)
 
