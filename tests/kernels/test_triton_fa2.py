@@ -213,7 +213,8 @@ def test_default_config_table(monkeypatch):
             key: value for key, value in entry.items() if key != "source"}
         assert "source" in entry
     for key, launch in tfa.TUNED_GPROJ_LAUNCH.items():
-        assert set(launch) <= set(tfa.LAUNCH_FIELDS), key  # GProj never gets tiles of its own
+        # GProj never gets tiles of its own: warps, stages and the schedule switches only
+        assert set(launch) <= set(tfa.LAUNCH_FIELDS + tfa.SCHEDULE_FIELDS), key
     d = 128
     base = tfa.default_config(d, causal=True)
     monkeypatch.setitem(tfa.TUNED_GPROJ_LAUNCH, (d, True, "dq"), dict(dq_warps=8, dq_stages=3))
@@ -940,3 +941,117 @@ def test_bench_applies_the_tables_a_sweep_picks(tmp_path):
         for table, name in zip(saved, ("TUNED_CONFIGS", "TUNED_GPROJ_LAUNCH", "TUNED_FP32_BWD")):
             getattr(tfa, name).clear()
             getattr(tfa, name).update(table)
+
+
+@interp
+def test_interpreter_overlap_keeps_the_bits():
+    """``dq_overlap`` and ``kv_overlap`` (where the backward kernels issue GProj's P~ K and dV's product) give bit
+    for bit the default schedule's gradients: causal and not, N a multiple of the tiles and not, every GProj mode
+    and the FP32 backward, with the pointer loads and the descriptor loads. Non-bools are refused."""
+    base = tfa.BlockConfig(**dict(zip(tfa.TILE_FIELDS, SPLIT_TILES[1])))  # fwd 32 x 16, dq 16 x 32, kv 32 x 16
+    for n, causal, tma in ((64, True, False), (45, True, True), (45, False, False), (64, False, True)):
+        q, k, v, do = inputs((1, 2, n, 16), torch.float16, seed=n + 23)
+        cfg = dataclasses.replace(base, tma=tma)
+        on = dataclasses.replace(cfg, dq_overlap=True, kv_overlap=True)
+        out, lse = tfa.forward(q, k, v, causal=causal, config=cfg)
+        for gproj, fp32_backward in VARIANTS:
+            ref = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=cfg)
+            got = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward,
+                               config=on)
+            for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+                assert torch.equal(g, r), (n, causal, tma, name, gproj, fp32_backward)
+    for name in ("dq_overlap", "kv_overlap"):
+        with pytest.raises(ValueError, match=name):
+            tfa.BlockConfig(**{name: 1})
+        assert getattr(tfa.BlockConfig(), name) is False
+    assert {"dq_overlap", "kv_overlap"} <= set(tfa.SCHEDULE_FIELDS)
+
+
+def test_tune_overlap_part_and_its_pick(tmp_path):
+    """``--parts=overlap`` is opt-in; ``pick_configs`` keeps the table's switches (the first case of each part)
+    unless another of the four configurations took at most ``OVERLAP_GAIN`` of their time; GProj off's choice
+    goes to ``overlap_flags``, the GProj parts' to ``gproj_schedule`` (``dq_overlap`` to both GProj modes,
+    ``kvg_overlap`` to ``dq_dk`` only); ``apply_tables`` merges both over the existing entries."""
+    import json
+
+    from attnum.kernels import triton_fa2_bench as bench
+    from attnum.kernels import triton_fa2_tune as tune
+
+    assert "overlap" in tune.PARTS and "overlap" not in tune.DEFAULT_PARTS
+    assert tune._kernel_of("kvg_overlap") == "kv" and tune._part_options("dq_overlap")[0] == "dq"
+    base = dict(vars(tfa.BlockConfig()))
+
+    def cases(part, keys, times):
+        """``times``: ms per (tma, overlap) in the order recorded, the first the baseline."""
+        return [{"d": 64, "causal": False, "part": part, "fp32_dot": "ieee", "status": "ok", "correct": True,
+                 "ms": ms, "change": dict(zip(keys, flags)), "config": {**base, **dict(zip(keys, flags))}}
+                for flags, ms in times.items()]
+
+    dq = cases("dq_overlap", ("dq_tma", "dq_overlap"),
+               {(True, False): 2.0, (False, False): 2.1, (False, True): 2.1, (True, True): 1.9})
+    kv = cases("kv_overlap", ("kv_tma", "kv_overlap"),
+               {(False, False): 3.0, (False, True): 2.98, (True, False): 3.2, (True, True): 3.1})
+    kvg = cases("kvg_overlap", ("kv_tma", "kv_overlap"),
+                {(False, False): 4.0, (False, True): 3.5, (True, False): 3.6, (True, True): 3.7})
+    picked = tune.pick_configs({"environment": {"time_utc": "t"}, "n": 8192, "cases": dq + kv + kvg})
+    # kv: 2.98 > 0.99 * 3.0, so the table's switches stay; dq: 1.9 <= 1.98; kvg: the fastest of the four
+    assert picked["overlap_flags"] == {(64, False): {"kv_tma": False, "kv_overlap": False}}
+    assert picked["gproj_schedule"] == {(64, False, "dq"): {"dq_tma": True, "dq_overlap": True},
+                                        (64, False, "dq_dk"): {"dq_tma": True, "dq_overlap": True,
+                                                               "kv_tma": False, "kv_overlap": True}}
+    assert picked["overlap"][64, False]["dq_overlap"]["ms"] == {"tma=1 overlap=0": 2.0, "tma=0 overlap=0": 2.1,
+                                                                "tma=0 overlap=1": 2.1, "tma=1 overlap=1": 1.9}
+    assert picked["overlap"][64, False]["dq_overlap"]["baseline"] == "tma=1 overlap=0"
+    for rec, rounds in zip(dq, ([2.0, 2.0, 2.0], [2.1] * 3, [2.1] * 3, [1.9, 2.1, 1.8])):
+        rec["ms_rounds"] = rounds
+    notes = tune.pick_configs({"cases": dq})["notes"]
+    assert any("chosen tma=1 overlap=1, faster than the baseline in 2 of 3 paired rounds" in n for n in notes)
+    text = tune.format_tables(picked)
+    assert "TMA and overlap for (64, False, 'dq_dk')" in text and "TMA and overlap for (64, False)" in text
+    assert tune.parse_change("dq_overlap=1,kv_overlap=false") == dict(dq_overlap=True, kv_overlap=False)
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps({"environment": {"time_utc": "t"}, "n": 8192, "cases": dq + kv + kvg}))
+    saved = (dict(tfa.TUNED_CONFIGS), dict(tfa.TUNED_GPROJ_LAUNCH))
+    try:
+        tfa.TUNED_CONFIGS[64, False] = {**tfa.TUNED_CONFIGS[64, False], "kv_tma": True, "kv_overlap": True}
+        tfa.TUNED_GPROJ_LAUNCH[64, False, "dq_dk"] = dict(dq_warps=4, dq_stages=3)
+        bench.apply_tables(tfa, [path])
+        off = tfa.default_config(64, causal=False)
+        assert (off.kv_tma, off.kv_overlap, off.dq_overlap) == (False, False, False)
+        dq_cfg = tfa.default_config(64, causal=False, gproj="dq")
+        assert (dq_cfg.dq_tma, dq_cfg.dq_overlap, dq_cfg.kv_overlap) == (True, True, False)
+        both = tfa.default_config(64, causal=False, gproj="dq_dk")
+        assert (both.dq_tma, both.dq_overlap, both.kv_tma, both.kv_overlap) == (True, True, False, True)
+        assert both.launch("dq") == (4, 3)  # the earlier GProj launch kept under the merged switches
+        assert both.tiles() == off.tiles()
+    finally:
+        for table, old in zip((tfa.TUNED_CONFIGS, tfa.TUNED_GPROJ_LAUNCH), saved):
+            table.clear()
+            table.update(old)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_overlap_bitwise(d, causal):
+    """Compiled, ``dq_overlap`` and ``kv_overlap`` give the default schedule's dq, dk, dv bit for bit in bf16 at
+    the default tiles, every GProj mode, with the backward kernels' loads through TMA (where the switches move
+    the asynchronous products) and through pointers, N a multiple of the tiles and not."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("the TMA half needs compute capability >= 9.0")
+    for n in (1000, 1024):
+        q, k, v, do = inputs((2, 3, n, d), torch.bfloat16, device="cuda", seed=n + d + 9)
+        out, lse = tfa.forward(q, k, v, causal=causal)
+        for gproj in tfa.GPROJ_MODES:
+            for tma in (False, True):
+                cfg = dataclasses.replace(tfa.default_config(d, causal=causal, gproj=gproj), dq_tma=tma, kv_tma=tma,
+                                          dq_overlap=False, kv_overlap=False)
+                ref = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, config=cfg)
+                got = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj,
+                                   config=dataclasses.replace(cfg, dq_overlap=True, kv_overlap=True))
+                for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+                    assert torch.equal(g, r), (n, name, gproj, tma)

@@ -89,6 +89,20 @@ worth a switch: forward and dQ kernel 1.397 + 1.690 ms without against 1.383 + 1
 query blocks and the grid about 4096 programs, so the last wave is a small share of the run; a shape with few
 heads and a long N has a larger one, and this switch is there to measure it.
 
+Overlap (``BlockConfig.dq_overlap``, ``kv_overlap``; opt-in). Triton 3.6 on sm_90 issues each tile GEMM as an
+asynchronous warpgroup MMA and waits for it where its result is next read; a GEMM whose result feeds the same
+iteration (S, dP) is waited for at once, and in the loops that load through TMA the accumulating products stay in
+flight until the next such wait (with the pointer loads every product was waited for at once in the TTGIR we read,
+so there the switches change nothing). Where an accumulating product is issued therefore decides what it can
+overlap. In the dQ kernel GProj's ``P~ K`` is written after dS~ K by default, so it overlaps only the row sum of
+dS~ and the next tile's loads; with ``dq_overlap`` it is issued as soon as dP has arrived, before dS = P * (dP - D)
+and its rounding, which then run on the CUDA cores while the product is on the tensor cores. In the dK/dV kernel
+dV += P~^T dO is issued before dP^T = V dO^T by default, and the wait for dP^T takes both; with ``kv_overlap`` dV's
+product is issued after that wait, beside dS^T's elementwise work. Each accumulator receives the same products
+in the same order, so the outputs are bit for bit the same (interpreter tests with ``torch.equal``; on the GPU
+``test_gpu_overlap_bitwise``); whether it pays is measured per kernel and shape (``triton_fa2_tune
+--parts=overlap``), since moving a product earlier also holds its operands' registers longer.
+
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
 1. ``_bwd_dq_kernel``: query-block outer, loop over key blocks; recomputes S, P, dP, dS and
@@ -238,8 +252,12 @@ class BlockConfig:
     "TMA loads"). ``fwd_tma``, ``dq_tma``, ``kv_tma`` (None: the shared ``tma``) set one kernel's own.
     ``heavy_first`` (causal runs only): the forward and dQ kernels take their query blocks last block first
     (module docstring, "Launch order").
-    Warps, stages, ``tma`` and ``heavy_first`` change only the schedule, never the arithmetic; tiles change the
-    fp32 summation order (see the module docstring, "Block sizes")."""
+    ``dq_overlap`` (GProj only): the dQ kernel issues GProj's P~ K product before dS's elementwise work;
+    ``kv_overlap``: the dK/dV kernel issues dV's product after dP's, before dS's elementwise work (module
+    docstring, "Overlap").
+    Warps, stages, ``tma``, ``heavy_first`` and the overlap switches change only the schedule, never the
+    arithmetic (``SCHEDULE_FIELDS``); tiles change the fp32 summation order (see the module docstring, "Block
+    sizes")."""
     fwd_m: int = 128
     fwd_n: int = 64
     dq_m: int = 128
@@ -259,9 +277,11 @@ class BlockConfig:
     dq_tma: bool | None = None
     kv_tma: bool | None = None
     heavy_first: bool = False
+    dq_overlap: bool = False
+    kv_overlap: bool = False
 
     def __post_init__(self):
-        for name in ("tma", "heavy_first"):
+        for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("fwd_tma", "dq_tma", "kv_tma"):
@@ -305,6 +325,9 @@ class BlockConfig:
 TILE_FIELDS = ("fwd_m", "fwd_n", "dq_m", "dq_n", "kv_n", "kv_m")
 LAUNCH_FIELDS = ("num_warps", "fwd_stages", "bwd_stages", "fwd_warps", "dq_warps", "kv_warps", "dq_stages",
                  "kv_stages")
+# Fields that change how a kernel is scheduled but never what it computes (the same bits): with LAUNCH_FIELDS,
+# the only fields GProj's own entries (TUNED_GPROJ_LAUNCH) may set.
+SCHEDULE_FIELDS = ("tma", "fwd_tma", "dq_tma", "kv_tma", "heavy_first", "dq_overlap", "kv_overlap")
 
 # Tuned H200 defaults per (head_dim, causal): bf16, N = 8192, 2^18 tokens a shape (triton_fa2_tune).
 # Entries are BlockConfig fields; "source" says where each came from. Rebuild it with
@@ -348,8 +371,8 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
                      source="h200 tune 2026-12-03 (--dims=64 --causal=1, each kernel alone); TMA 2026-12-03"),
 }
 # Warps and stages of the backward kernels per GProj mode, over TUNED_CONFIGS' (same tiles: GProj
-# never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone).
-# Keys (head_dim, causal, gproj); values only LAUNCH_FIELDS.
+# never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone), and their TMA and
+# overlap switches. Keys (head_dim, causal, gproj); values only LAUNCH_FIELDS and SCHEDULE_FIELDS.
 # d = 64 non-causal, the sweep above: the GProj dQ kernel at 4 warps / 3 stages (2.612 ms against the
 # GProj-off dQ kernel's 1.64 ms; why GProj costs so much more at d = 64 than at d = 128 was not measured).
 # d = 64 causal, the 2026-12-03 sweep: GProj's dQ kernel fastest at the GProj-off launch (1.512 ms against
@@ -650,7 +673,7 @@ if triton is not None:
     def _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
                    lo, hi, MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
                    GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-                   TMA: tl.constexpr):
+                   TMA: tl.constexpr, OVERLAP: tl.constexpr):
         """Key blocks [lo, hi) of the dQ kernel's query block, in increasing order (Alg. 2 for dQ).
         TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD, as in ``_fwd_blocks``."""
         for start_n in range(lo, hi, BLOCK_N):
@@ -674,6 +697,10 @@ if triton is not None:
 
             # -- dP = dO V^T and dS = P * (dP - D), fp32 --
             dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+            if GPROJ != 0 and OVERLAP:
+                # -- GProj's (P~ K)_i += P~ K_j issued before dS's elementwise work, which then runs while the
+                #    product is on the tensor cores (the same accumulator and order: the same bits) --
+                pk = _gproj_pk(p, k, pk, FP32_BWD, F32_DOT)
             ds = p * (dp - delta[:, None])
 
             if FP32_BWD:
@@ -687,18 +714,28 @@ if triton is not None:
                 # -- GProj: r_i += sum_j dS~_ij (of the values the matmul saw), (P~ K)_i += P~ K_j --
                 if FP32_BWD:
                     r += tl.sum(ds, 1)
-                    pk = _dot_f32(p, k, pk, F32_DOT)
                 else:
                     r += tl.sum(ds_lo.to(tl.float32), 1)
-                    pk = tl.dot(p.to(k.dtype), k, pk, input_precision="ieee")
+                if not OVERLAP:
+                    pk = _gproj_pk(p, k, pk, FP32_BWD, F32_DOT)
         return dq, r, pk
+
+    @triton.jit
+    def _gproj_pk(p, k, pk, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr):
+        """GProj's ``pk += P~ K_j`` of one key block (P rounded to the input format; fp32 under FP32_BWD)."""
+        if FP32_BWD:
+            pk = _dot_f32(p, k, pk, F32_DOT)
+        else:
+            pk = tl.dot(p.to(k.dtype), k, pk, input_precision="ieee")
+        return pk
 
     @triton.jit
     def _bwd_dq_kernel(Q, K, V, KD, VD, DO, LSE, DELTA, DQ, R, N, D_HEAD, scale,
                        CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
-                       F32_DOT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+                       F32_DOT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+                       OVERLAP: tl.constexpr):
         # KD, VD: as in the forward (descriptors of K, V when TMA, else None)
         start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
@@ -732,18 +769,18 @@ if triton is not None:
                 mid = (N // BLOCK_N) * BLOCK_N
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
                                    D_HEAD, scale, 0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N,
-                                   TMA)
+                                   TMA, OVERLAP)
             if CAUSAL:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
                                        N, D_HEAD, scale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD,
-                                       F32_DOT, BLOCK_N, TMA)
+                                       F32_DOT, BLOCK_N, TMA, OVERLAP)
             elif not EVEN_N:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
                                        N, D_HEAD, scale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                       BLOCK_N, TMA)
+                                       BLOCK_N, TMA, OVERLAP)
         else:
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
-                                   D_HEAD, scale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA)
+                                   D_HEAD, scale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA, OVERLAP)
 
         if GPROJ != 0:
             # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --
@@ -762,7 +799,7 @@ if triton is not None:
     def _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
                    D_HEAD, scale, lo, hi, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr,
                    GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   TMA: tl.constexpr):
+                   TMA: tl.constexpr, OVERLAP: tl.constexpr):
         """Query blocks [lo, hi) of the dK/dV kernel's key block, in increasing order (Alg. 2 for dK, dV).
         TMA: the Q, dO tiles whose loads need no mask through the descriptors QD, DOD (``_load_inner``)."""
         for start_m in range(lo, hi, BLOCK_M):
@@ -784,13 +821,17 @@ if triton is not None:
             # -- dV_j += P~^T dO (P rounded to the input format; fp32 under FP32_BWD) --
             if FP32_BWD:
                 p_mm = p_t
-                dv = _dot_f32(p_mm, do, dv, F32_DOT)
             else:
                 p_mm = p_t.to(do.dtype)
-                dv = tl.dot(p_mm, do, dv, input_precision="ieee")
+            if not OVERLAP:
+                dv = _dv_step(p_mm, do, dv, FP32_BWD, F32_DOT)
 
             # -- dP^T = V dO^T and dS^T = P^T * (dP^T - D), fp32 --
             dp_t = tl.dot(v, tl.trans(do), input_precision="ieee")
+            if OVERLAP:
+                # -- dV's product issued after dP^T's, so that it runs on the tensor cores while dS^T's
+                #    elementwise work does (dV's own accumulator and order: the same bits) --
+                dv = _dv_step(p_mm, do, dv, FP32_BWD, F32_DOT)
             ds_t = p_t * (dp_t - delta[None, :])
 
             # -- dK_j += dS~^T Q --
@@ -812,11 +853,20 @@ if triton is not None:
         return dk, dv
 
     @triton.jit
+    def _dv_step(p_mm, do, dv, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr):
+        """``dv += P~^T dO`` of one query block."""
+        if FP32_BWD:
+            dv = _dot_f32(p_mm, do, dv, F32_DOT)
+        else:
+            dv = tl.dot(p_mm, do, dv, input_precision="ieee")
+        return dv
+
+    @triton.jit
     def _bwd_dkdv_kernel(Q, K, V, QD, DOD, DO, LSE, DELTA, R, DK, DV, N, D_HEAD, scale,
                          CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
-                         F32_DOT: tl.constexpr, TMA: tl.constexpr):
+                         F32_DOT: tl.constexpr, TMA: tl.constexpr, OVERLAP: tl.constexpr):
         # key-block outer: this program owns keys [start_n, start_n + BLOCK_N); tiles are transposed
         # (keys x query rows) so that dK and dV accumulate as plain row-major products.
         # QD, DOD: tensor descriptors of Q, dO over their [B*H*N, d] view when TMA, else None (unused)
@@ -847,22 +897,22 @@ if triton is not None:
                 mid = tl.minimum(N, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, scale, lo, mid, True, not EVEN_N, not EVEN_D, GPROJ,
-                                    FP32_BWD, F32_DOT, BLOCK_M, TMA)
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP)
             if EVEN_N:
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, scale, mid, N, False, False, not EVEN_D, GPROJ, FP32_BWD,
-                                    F32_DOT, BLOCK_M, TMA)
+                                    F32_DOT, BLOCK_M, TMA, OVERLAP)
             else:
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, scale, mid, full, False, False, not EVEN_D, GPROJ,
-                                    FP32_BWD, F32_DOT, BLOCK_M, TMA)
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP)
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, scale, tl.maximum(mid, full), N, False, True, not EVEN_D,
-                                    GPROJ, FP32_BWD, F32_DOT, BLOCK_M, TMA)
+                                    GPROJ, FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP)
         else:
             dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d,
                                 d_ok, N, D_HEAD, scale, lo, N, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_M,
-                                TMA)
+                                TMA, OVERLAP)
 
         dk = dk * scale
         _store_tile(DK + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dk.to(DK.dtype.element_ty), col_ok, d_ok,
@@ -1081,8 +1131,8 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             q, k, v, k_desc, v_desc, grad_out, lse, delta, dq, r, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.uses_tma("dq"), HEAVY_FIRST=bool(causal and cfg.heavy_first), num_warps=warps,
-            num_stages=stages)
+            TMA=cfg.uses_tma("dq"), HEAVY_FIRST=bool(causal and cfg.heavy_first), OVERLAP=cfg.dq_overlap,
+            num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":
@@ -1091,7 +1141,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             q, k, v, q_desc, do_desc, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.kv_n, cfg.kv_m), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.uses_tma("kv"), num_warps=warps, num_stages=stages)
+            TMA=cfg.uses_tma("kv"), OVERLAP=cfg.kv_overlap, num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 

@@ -311,10 +311,14 @@ def apply_tables(tfa, tune_paths) -> dict:
     tfa.TUNED_CONFIGS.update(picked["configs"])
     tfa.TUNED_GPROJ_LAUNCH.update(picked["gproj_launch"])
     tfa.TUNED_FP32_BWD.update(picked["fp32_bwd"])
-    for switches in ("tma_flags", "order_flags"):  # TMA loads and launch order over an existing entry
+    # TMA loads, launch order and overlap over an existing entry (in this order: the overlap part re-times TMA)
+    for switches in ("tma_flags", "order_flags", "overlap_flags"):
         for shape, flags in picked.get(switches, {}).items():
             if shape in tfa.TUNED_CONFIGS:
                 tfa.TUNED_CONFIGS[shape] = {**tfa.TUNED_CONFIGS[shape], **flags}
+    for key, flags in picked.get("gproj_schedule", {}).items():  # GProj's own TMA and overlap switches
+        if key[:2] in tfa.TUNED_CONFIGS:
+            tfa.TUNED_GPROJ_LAUNCH[key] = {**tfa.TUNED_GPROJ_LAUNCH.get(key, {}), **flags}
     return {name: {",".join(str(x) for x in key): value for key, value in table.items()} if isinstance(table, dict)
             else table for name, table in picked.items()}
 

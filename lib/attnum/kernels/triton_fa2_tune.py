@@ -3,7 +3,7 @@
 
     python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]
                                              [--causal=0,1] [--parts=fwd,dq,kv,dq_gproj,kv_gproj,dq_fp32,kv_fp32]
-    python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma,order [--dims=128,64] [--causal=0,1]
+    python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma,order,overlap [--dims=128,64] [--causal=0,1]
                                              [--base=KEY=VALUE,...] [--rounds=1]
     python -m attnum.kernels.triton_fa2_tune OUT.json --same-numerics=D:KEY=VALUE,...
     python -m attnum.kernels.triton_fa2_tune OUT.json --split-check=D
@@ -46,11 +46,22 @@ existing ``TUNED_CONFIGS`` entries, and ``format_tables`` prints them as comment
 kernel at the default configuration with ``heavy_first`` off and on (parts ``fwd_order``, ``dq_order``);
 ``pick`` reports them in ``"order"`` and the switch in ``"order_flags"``.
 
-``--rounds=R`` (default 1): the ``tma`` and ``order`` parts time a switch's two sides alternately, off then
+``overlap`` (not among the default parts; ``--parts=overlap``): where the backward kernels issue an accumulating
+product (``BlockConfig.dq_overlap``, ``kv_overlap``; ``triton_fa2``'s docstring, "Overlap"), crossed with the
+kernel's TMA switch, since in the TTGIR the overlap only exists where the loop loads through TMA: four
+configurations a kernel, timed round-robin like the switch parts, the first being the switches as the table has
+them. Parts ``dq_overlap`` (the dQ kernel under GProj ``"dq"``, the only mode it changes), ``kv_overlap`` (the dK/dV
+kernel, GProj off) and ``kvg_overlap`` (the dK/dV kernel under ``"dq_dk"``), each at the table's configuration for
+its GProj mode (``TUNED_GPROJ_LAUNCH`` included). ``pick`` keeps the table's switches unless another of the four
+took at most ``OVERLAP_GAIN`` of their time, then the fastest: GProj off's choice in ``"overlap_flags"`` (merged
+into ``TUNED_CONFIGS``), the GProj parts' in ``"gproj_schedule"`` (merged into ``TUNED_GPROJ_LAUNCH``: ``"dq"``'s
+into both GProj modes, ``"kvg"``'s into ``"dq_dk"``), every time in ``"overlap"`` and ``notes``.
+
+``--rounds=R`` (default 1): the ``tma``, ``order`` and ``overlap`` parts time a switch's two sides alternately, off then
 on, R times over (each round a median of the repeats), and record every round (``ms_rounds``) and their
 median (``ms``): a switch worth a few percent is smaller than one median's run-to-run spread. With R > 1 the
 ``fwd``, ``dq``, ``kv``, ``dq_gproj`` and ``kv_gproj`` parts time their candidates the same way, round-robin
-(the ``tma`` and ``order`` parts always do, once with R = 1); the FP32 parts time one median per case.
+(the switch parts always do, once with R = 1); the FP32 parts time one median per case.
 
 ``--base=KEY=VALUE,...`` (same syntax as ``--same-numerics``): BlockConfig fields applied over the default
 configuration of every case before the case's own change (recorded as ``base_change``), e.g. the GProj
@@ -95,8 +106,12 @@ TOKENS = 2 ** 18
 HEADS = 16
 CHECK_N = 512
 CHECK_REL = 2.0 ** -4
-PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order")
-DEFAULT_PARTS = PARTS[:-2]  # tma and order only when asked for
+PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order", "overlap")
+DEFAULT_PARTS = PARTS[:-3]  # tma, order and overlap only when asked for
+# The ``overlap`` part: (part, GProj mode it is timed under, the kernel's TMA and overlap fields); its four
+# configurations are the product of the two switches, the first (both as the table has them) the baseline.
+OVERLAP_PARTS = (("dq_overlap", "dq", ("dq_tma", "dq_overlap")), ("kv_overlap", "off", ("kv_tma", "kv_overlap")),
+                 ("kvg_overlap", "dq_dk", ("kv_tma", "kv_overlap")))
 # (tile 1, tile 2, warps, stages): fwd (fwd_m, fwd_n), dq (dq_m, dq_n), kv (kv_n, kv_m), per head dim
 CANDIDATES = {
     "fwd": {128: ((64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (128, 64, 8, 3), (128, 64, 8, 2),
@@ -119,7 +134,8 @@ LAUNCH_KEYS = {"fwd": ("fwd_warps", "fwd_stages"), "dq": ("dq_warps", "dq_stages
 
 
 def _kernel_of(part: str) -> str:
-    return part.split("_")[0]
+    kernel = part.split("_")[0]
+    return "kv" if kernel == "kvg" else kernel
 
 
 def _change(part: str, cand) -> dict:
@@ -136,7 +152,8 @@ def _part_options(part: str) -> dict:
             "dq_fp32": ("off", True, ("ieee", "tf32x3")), "kv_fp32": ("off", True, ("ieee", "tf32x3")),
             "fwd_tma": ("off", False, ("ieee",)), "dq_tma": ("off", False, ("ieee",)),
             "kv_tma": ("off", False, ("ieee",)), "fwd_order": ("off", False, ("ieee",)),
-            "dq_order": ("off", False, ("ieee",))}[part]
+            "dq_order": ("off", False, ("ieee",)),
+            **{name: (gproj, False, ("ieee",)) for name, gproj, _ in OVERLAP_PARTS}}[part]
 
 
 def _check_small(tfa, config, d: int, causal: bool, gproj: str, fp32_backward: bool, fp32_dot: str) -> dict:
@@ -236,7 +253,9 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
     def prepare(d, causal, part, change, fp32_dot="ieee"):
         """One case's record (its config and small-shape check) and the call that times it (None on error)."""
         gproj, fp32_backward, _ = _part_options(part)
-        base = tfa.default_config(d, fp32_backward, causal=causal)
+        # GProj's own tuned launch (TUNED_GPROJ_LAUNCH) under the GProj parts; their candidates set warps and
+        # stages whole, so only the overlap part's cases differ by it
+        base = tfa.default_config(d, fp32_backward, causal=causal, gproj=gproj)
         cfg = tfa.BlockConfig(**{**vars(base), **(base_change or {}), **change})
         rec = {"d": d, "causal": causal, "part": part, "gproj": gproj, "fp32_backward": fp32_backward,
                "fp32_dot": fp32_dot, "change": change, "config": vars(cfg), "status": "ok"}
@@ -349,6 +368,13 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
             for kernel in ("fwd", "dq"):
                 if not run_rounds(d, causal, f"{kernel}_order", ({"heavy_first": False}, {"heavy_first": True})):
                     return result
+        if "overlap" in parts:
+            for part, gproj, (tma_key, overlap_key) in OVERLAP_PARTS:
+                table = tfa.default_config(d, causal=causal, gproj=gproj)
+                first = (table.uses_tma(_kernel_of(part)), getattr(table, overlap_key))
+                combos = [first] + [c for c in itertools.product((False, True), repeat=2) if c != first]
+                if not run_rounds(d, causal, part, [{tma_key: t, overlap_key: o} for t, o in combos]):
+                    return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
             if part not in parts:
@@ -382,7 +408,7 @@ def pick_configs(results) -> dict:
     source = f"h200 tune {', '.join(stamps)}, N={results[0].get('n', '?') if results else '?'}"
     shapes = sorted({(c["d"], c["causal"]) for c in cases if "d" in c and "causal" in c})
     picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "tma": {}, "tma_flags": {}, "order": {},
-              "order_flags": {}, "notes": []}
+              "order_flags": {}, "overlap": {}, "overlap_flags": {}, "gproj_schedule": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
@@ -456,7 +482,43 @@ def pick_configs(results) -> dict:
                 on = sum(t["on"] for t in order.values())
                 off = sum(t["off"] for t in order.values())
                 picked["order_flags"][d, causal] = {"heavy_first": bool(on <= ORDER_GAIN * off)}
+    for d, causal in shapes:
+        for part, gproj, keys in OVERLAP_PARTS:
+            chosen = _overlap_choice(cases, d, causal, part, keys, picked["notes"])
+            if chosen is None:
+                continue
+            picked["overlap"].setdefault((d, causal), {})[part] = chosen
+            if gproj == "off":
+                picked["overlap_flags"].setdefault((d, causal), {}).update(chosen["fields"])
+            else:
+                for mode in (("dq", "dq_dk") if gproj == "dq" else ("dq_dk",)):
+                    picked["gproj_schedule"].setdefault((d, causal, mode), {}).update(chosen["fields"])
     return picked
+
+
+def _overlap_choice(cases, d: int, causal: bool, part: str, keys, notes: list) -> dict | None:
+    """The ``overlap`` part's choice at one shape: its baseline (the first case recorded: the switches as the table
+    had them) unless another of the four took at most ``OVERLAP_GAIN`` of the baseline's time, then the fastest.
+    ``{"fields": {tma_key: bool, overlap_key: bool}, "ms": {"tma=0 overlap=1": ms, ...}, "baseline": label}``, or
+    None when the baseline was not measured; appends a note with every time and the paired-round wins."""
+    good = [c for c in cases if c.get("d") == d and c.get("causal") == causal and c.get("part") == part
+            and c.get("status") == "ok" and c.get("correct", False) and isinstance(c.get("ms"), (int, float))]
+    if not good:
+        return None
+
+    def label(case):
+        return " ".join(f"{key.split('_')[1]}={int(bool(case['change'][key]))}" for key in keys)
+
+    baseline = good[0]
+    fastest = min(good, key=lambda c: c["ms"])
+    chosen = fastest if fastest["ms"] <= OVERLAP_GAIN * baseline["ms"] else baseline
+    wins = ""
+    if chosen is not baseline:
+        wins = _paired_wins({"off": baseline, "on": chosen}).replace(", on faster", ", faster than the baseline")
+    notes.append(f"d={d} causal={causal}: {part} " + ", ".join(f"{label(c)} {round(c['ms'], 3)} ms" for c in good)
+                 + f"; baseline {label(baseline)}, chosen {label(chosen)}{wins}")
+    return {"fields": {key: bool(chosen["change"][key]) for key in keys},
+            "ms": {label(c): round(c["ms"], 3) for c in good}, "baseline": label(baseline)}
 
 
 def _switch_times(cases, d: int, causal: bool, part: str, is_on, notes: list, what: str) -> dict:
@@ -498,6 +560,11 @@ TMA_GAIN = 0.99
 without (the same kernel, tiles and launch; the loads change no arithmetic, ``--same-numerics=D:tma=1``)."""
 
 
+OVERLAP_GAIN = 0.99
+"""``pick_configs`` moves a kernel off its table's TMA/overlap switches when another of the overlap part's four
+configurations took at most this fraction of the table's time (both switches change no arithmetic)."""
+
+
 ORDER_GAIN = 0.99
 """``pick_configs`` turns ``heavy_first`` on when the forward's and the dQ kernel's summed time with it is at most
 this fraction of the sum without (the launch order changes no arithmetic)."""
@@ -525,6 +592,10 @@ def format_tables(picked: dict) -> str:
         lines.append(f"# TMA loads for {shape!r} (merged into its TUNED_CONFIGS entry): {flags!r}")
     for shape, flags in sorted(picked.get("order_flags", {}).items()):
         lines.append(f"# launch order for {shape!r} (merged into its TUNED_CONFIGS entry): {flags!r}")
+    for shape, flags in sorted(picked.get("overlap_flags", {}).items()):
+        lines.append(f"# TMA and overlap for {shape!r} (merged into its TUNED_CONFIGS entry): {flags!r}")
+    for key, flags in sorted(picked.get("gproj_schedule", {}).items()):
+        lines.append(f"# TMA and overlap for {key!r} (merged into its TUNED_GPROJ_LAUNCH entry): {flags!r}")
     return "\n".join(lines)
 
 
@@ -590,7 +661,7 @@ def parse_change(pairs: str) -> dict:
         if not sep or key not in fields:
             raise SystemExit(f"--same-numerics / --base: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
                              f"({', '.join(fields)})")
-        if isinstance(fields[key].default, bool) or key.endswith("_tma"):
+        if isinstance(fields[key].default, bool) or key.endswith(("_tma", "_overlap")):
             if value == "None" and fields[key].default is None:
                 change[key] = None
                 continue
