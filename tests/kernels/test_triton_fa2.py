@@ -220,7 +220,17 @@ def test_default_config_table(monkeypatch):
     monkeypatch.setitem(tfa.TUNED_GPROJ_LAUNCH, (d, True, "dq"), dict(dq_warps=8, dq_stages=3))
     g = tfa.default_config(d, causal=True, gproj="dq")
     assert g.tiles() == base.tiles() and g.launch("dq") == (8, 3) and g.launch("kv") == base.launch("kv")
-    assert tfa.default_config(d, causal=True, gproj="dq_dk") == base
+    for (d2, causal2, gproj2) in tfa.TUNED_GPROJ_LAUNCH:  # GProj's entries keep GProj off's tiles
+        assert tfa.default_config(d2, causal=causal2, gproj=gproj2).tiles() == tfa.default_config(
+            d2, causal=causal2).tiles()
+    for gproj in tfa.GPROJ_MODES:  # the FP32 backward (ieee, tf32x3) keeps the default order; bf16x3 the table's
+        for fp32_dot in ("ieee", "tf32x3"):
+            f = tfa.default_config(d, fp32_backward=True, causal=False, gproj=gproj, fp32_dot=fp32_dot)
+            assert (f.dq_overlap, f.kv_overlap) == (False, False), (gproj, fp32_dot)
+        x3 = tfa.default_config(d, fp32_backward=True, causal=False, gproj=gproj, fp32_dot="bf16x3")
+        assert x3 == tfa.default_config(d, causal=False, gproj=gproj)
+    monkeypatch.delitem(tfa.TUNED_GPROJ_LAUNCH, (d, True, "dq_dk"), raising=False)
+    assert tfa.default_config(d, causal=True, gproj="dq_dk") == base  # a mode without an entry: GProj off's
     f = tfa.default_config(d, fp32_backward=True, causal=True)
     assert (f.dq_m, f.dq_n, f.kv_n, f.kv_m) == (min(base.dq_m, 64), max(16, min(base.dq_n, 64) // 2),
                                                 min(base.kv_n, 64), max(16, min(base.kv_m, 64) // 2))
@@ -1055,3 +1065,46 @@ def test_gpu_overlap_bitwise(d, causal):
                                    config=dataclasses.replace(cfg, dq_overlap=True, kv_overlap=True))
                 for name, g, r in zip(("dq", "dk", "dv"), got, ref):
                     assert torch.equal(g, r), (n, name, gproj, tma)
+
+
+def test_tune_gproj_only_sweep_picks_against_its_table(tmp_path):
+    """A sweep of the GProj parts alone (no GProj-off tiles of its own) picks GProj's warps/stages against the
+    GProj-off configuration it recorded (``default_configs``); ``apply_tables`` merges a launch over an entry's
+    schedule switches, and a launch measured equal to GProj off's drops the entry's own warps and stages."""
+    import json
+
+    from attnum.kernels import triton_fa2_bench as bench
+    from attnum.kernels import triton_fa2_tune as tune
+
+    table = dict(vars(tfa.BlockConfig(dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, bwd_stages=2)))
+
+    def case(part, warps, stages, ms):
+        kernel = tune._kernel_of(part)
+        return {"d": 128, "causal": False, "part": part, "fp32_dot": "ieee", "status": "ok", "correct": True,
+                "ms": ms, "ms_rounds": [ms, ms + 0.1, ms - 0.1],
+                "config": {**table, f"{kernel}_warps": warps, f"{kernel}_stages": stages}}
+
+    sweep = {"environment": {"time_utc": "t"}, "n": 8192, "default_configs": {"128,0": table},
+             "cases": [case("dq_gproj", 4, 2, 3.0), case("dq_gproj", 8, 3, 2.7), case("kv_gproj", 4, 2, 4.0),
+                       case("kv_gproj", 8, 2, 4.2)]}
+    picked = tune.pick_configs(sweep)
+    assert picked["configs"] == {}
+    assert picked["gproj_launch"] == {(128, False, "dq"): dict(dq_warps=8, dq_stages=3),
+                                      (128, False, "dq_dk"): dict(dq_warps=8, dq_stages=3)}
+    assert picked["gproj_launch_same"] == [(128, False, "kv")]
+    assert any("dq_gproj best 2.7 ms at {'dq_warps': 8, 'dq_stages': 3} (median of 3 rounds)" in n
+               for n in picked["notes"])
+    path = tmp_path / "tune.json"
+    path.write_text(json.dumps(sweep))
+    saved = (dict(tfa.TUNED_CONFIGS), dict(tfa.TUNED_GPROJ_LAUNCH))
+    try:
+        tfa.TUNED_GPROJ_LAUNCH[128, False, "dq"] = dict(dq_tma=True, dq_overlap=True)
+        tfa.TUNED_GPROJ_LAUNCH[128, False, "dq_dk"] = dict(kv_warps=8, kv_stages=3, kv_overlap=True)
+        bench.apply_tables(tfa, [path])
+        assert tfa.TUNED_GPROJ_LAUNCH[128, False, "dq"] == dict(dq_tma=True, dq_overlap=True, dq_warps=8,
+                                                                 dq_stages=3)
+        assert tfa.TUNED_GPROJ_LAUNCH[128, False, "dq_dk"] == dict(kv_overlap=True, dq_warps=8, dq_stages=3)
+    finally:
+        for table_, old in zip((tfa.TUNED_CONFIGS, tfa.TUNED_GPROJ_LAUNCH), saved):
+            table_.clear()
+            table_.update(old)

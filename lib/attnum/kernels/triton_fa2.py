@@ -89,19 +89,23 @@ worth a switch: forward and dQ kernel 1.397 + 1.690 ms without against 1.383 + 1
 query blocks and the grid about 4096 programs, so the last wave is a small share of the run; a shape with few
 heads and a long N has a larger one, and this switch is there to measure it.
 
-Overlap (``BlockConfig.dq_overlap``, ``kv_overlap``; opt-in). Triton 3.6 on sm_90 issues each tile GEMM as an
-asynchronous warpgroup MMA and waits for it where its result is next read; a GEMM whose result feeds the same
-iteration (S, dP) is waited for at once, and in the loops that load through TMA the accumulating products stay in
-flight until the next such wait (with the pointer loads every product was waited for at once in the TTGIR we read,
-so there the switches change nothing). Where an accumulating product is issued therefore decides what it can
-overlap. In the dQ kernel GProj's ``P~ K`` is written after dS~ K by default, so it overlaps only the row sum of
+Overlap (``BlockConfig.dq_overlap``, ``kv_overlap``; in the tuned entries where they measured a gain). Triton 3.6
+on sm_90 issues each tile GEMM as an asynchronous warpgroup MMA and waits for it where its result is next read: a
+GEMM whose result feeds the same iteration (S, dP) is waited for at once, and in the d = 128 loops that load
+through TMA the accumulating products stay in flight until the next such wait (in the TTGIR we read of the d = 128
+dQ kernel with pointer loads every product was waited for at once; yet the switches also measured faster with
+pointer loads at d = 64 and in the dK/dV kernel, so the tune decides, not the TTGIR). Where an accumulating product
+is issued therefore decides what it can overlap. In the dQ kernel GProj's ``P~ K`` is written after dS~ K by default, so it overlaps only the row sum of
 dS~ and the next tile's loads; with ``dq_overlap`` it is issued as soon as dP has arrived, before dS = P * (dP - D)
 and its rounding, which then run on the CUDA cores while the product is on the tensor cores. In the dK/dV kernel
 dV += P~^T dO is issued before dP^T = V dO^T by default, and the wait for dP^T takes both; with ``kv_overlap`` dV's
 product is issued after that wait, beside dS^T's elementwise work. Each accumulator receives the same products
 in the same order, so the outputs are bit for bit the same (interpreter tests with ``torch.equal``; on the GPU
 ``test_gpu_overlap_bitwise``); whether it pays is measured per kernel and shape (``triton_fa2_tune
---parts=overlap``), since moving a product earlier also holds its operands' registers longer.
+--parts=overlap``, crossed with the kernel's TMA switch), since moving a product earlier also holds its operands'
+registers longer. On the H200 (the tables' comments) ``kv_overlap`` took 2-15% off the dK/dV kernel (15% under
+GProj dq_dk at d = 128, where the correction's product also overlaps) and ``dq_overlap`` 1-7% off GProj's dQ
+kernel; every tuned entry turns them on.
 
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
@@ -148,17 +152,19 @@ the P~ K product reuses the K tile and P already in registers for dS~ K (no extr
 exponential; rounding P to the input format is its one extra elementwise step). Under ``dq_dk`` the dK/dV kernel's extra cost is the fifth matmul and
 the load of r (4 bytes a query row per key block).
 
-Why the extra GEMM is not hidden (measured). In the dQ kernel compiled for sm_90 by Triton 3.6, each tile GEMM
-whose result is used in the same loop iteration (Q K^T, dO V^T) is followed at once by a wait for all outstanding
-warpgroup MMAs (``warp_group_dot_wait {pendings = 0}`` in the TTGIR), and only the accumulating products (dS~ K,
-P~ K) stay in flight, until the next tile's first wait. Issuing dO V^T before P's exponentials changes nothing
-(the wait follows each dot). So GProj's P~ K runs on the critical path: on the H200 (``outputs/kernels/h200/README.md``, the
-``tuned_tma`` bench files) GProj dq's extra backward time is 0.64-1.11 of one backward tile GEMM's time at d = 128
-(``summary``'s ``gproj_dq_extra_bwd_gemms``: the extra time over 1/7 of the GProj-off backward), and 0.94-1.93 at
-d = 64, where the rounding and row-sum work per tile is large beside the GEMM. One GEMM's time is about 1/9 to 1/10
-of forward + backward at d = 128 (the forward's two GEMMs run at about the backward's rate), so with this
-arithmetic GProj dq costs about +7% to +11% there, dq_dk about twice that; the targets of +5% and +15%
-(``triton_fa2_bench.TARGETS``) need the products to overlap other work or to shrink.
+Why the extra GEMM is only partly hidden (measured). In the dQ kernel compiled for sm_90 by Triton 3.6, each tile
+GEMM whose result is used in the same loop iteration (Q K^T, dO V^T) is followed at once by a wait for all
+outstanding warpgroup MMAs (``warp_group_dot_wait {pendings = 0}`` in the TTGIR), and only the accumulating
+products (dS~ K, P~ K) stay in flight, until the next tile's first wait. Issuing dO V^T before P's exponentials
+changes nothing (the wait follows each dot). Without ``dq_overlap`` GProj's P~ K overlaps only the row sum; with it,
+also dS's elementwise work (above, "Overlap"). On the H200 (``outputs/kernels/h200/README.md``) GProj dq's extra
+backward time was 0.64-1.11 of one backward tile GEMM's time at d = 128 before the overlap switches (the
+``tuned_tma`` bench files; ``summary``'s ``gproj_dq_extra_bwd_gemms``: the extra time over 1/7 of the GProj-off
+backward) and 0.48-1.27 with them (the ``overlap`` bench files), 0.13-1.56 at d = 64, where the rounding and
+row-sum work per tile is large beside the GEMM. One GEMM's time is about 1/9 to 1/10 of forward + backward at
+d = 128, so in those files GProj dq still costs +5.0% to +13.4% of forward + backward there and dq_dk +17.8% to
++24.7%: the targets of +5% and +15% (``triton_fa2_bench.TARGETS``) need more of the products to overlap or to
+shrink.
 
 ``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
 upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32
@@ -341,12 +347,20 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # d = 128 non-causal fwd 2.640 -> 2.363, dQ 3.391 -> 3.009, dK/dV 4.228 -> 3.933 (all on); causal fwd 1.430
     # -> 1.385, dK/dV 2.281 -> 2.128 (on), dQ 1.740 -> 1.747 (off). The loads change no arithmetic: these
     # switches leave every output bit for bit as it was (--same-numerics=D:tma=1, test_gpu_tma_bitwise).
+    # Overlap (every entry; the dK/dV kernel's kv_tma and kv_overlap, GProj off):
+    # outputs/kernels/h200/triton_fa2_tune_overlap_r5_2026-12-03.json (triton_fa2_tune --parts=overlap --rounds=5,
+    # median of rounds, ms, the table's switches -> the choice): d = 128 non-causal 4.085 -> 3.788 (tma on,
+    # overlap on; faster in 5 of 5 rounds), causal 2.179 -> 2.145 (on, on; 2 of 5); d = 64 non-causal 2.565 ->
+    # 2.352 (tma off, overlap on; 5 of 5), causal 1.491 -> 1.382 (on, on; 4 of 5). Same bits either way
+    # (test_gpu_overlap_bitwise).
     (128, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
-                       bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True,
-                       source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03"),
+                       bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True, kv_overlap=True,
+                       source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03; "
+                              "overlap 2026-12-03"),
     (128, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
-                      bwd_stages=2, fwd_tma=True, dq_tma=False, kv_tma=True,
-                      source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03"),
+                      bwd_stages=2, fwd_tma=True, dq_tma=False, kv_tma=True, kv_overlap=True,
+                      source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03; "
+                             "overlap 2026-12-03"),
     # d = 64, non-causal: triton_fa2_tune --dims=64 --parts=fwd,dq,kv,dq_gproj,kv_gproj on the H200
     # (2026-12-02, each kernel timed alone): forward 128 x 64 / 8 warps / 3 stages 1.594 ms, dQ kernel
     # 64 x 64 / 4 warps / 2 stages 1.64 ms, dK/dV kernel 64 x 64 / 4 warps / 3 stages 2.661 ms (that
@@ -358,8 +372,9 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # ms (on: faster in each of the 5 rounds), forward 1.674 -> 1.735 and dK/dV 2.516 -> 2.500 (off).
     (64, False): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
                       fwd_stages=3, bwd_stages=2, kv_stages=3, fwd_tma=False, dq_tma=True, kv_tma=False,
+                      kv_overlap=True,
                       source="h200 tune 2026-12-02 (--dims=64, each kernel alone); repeated 2026-12-03; TMA "
-                             "2026-12-03"),
+                             "2026-12-03; overlap 2026-12-03"),
     # d = 64, causal: outputs/kernels/h200/triton_fa2_tune_d64_2026-12-03.json (N = 8192, each kernel
     # alone): forward 64 x 64 / 4 warps / 3 stages 0.910 ms (the entry it replaces, 128 x 64 / 8 warps /
     # 2 stages, 0.995 ms), dQ kernel 64 x 128 / 4 warps / 2 stages 1.041 ms (64 x 64: 1.180 ms at 2
@@ -367,8 +382,9 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # sweep above): forward 0.934 -> 0.895 ms (on), dQ 1.133 -> 1.196 and dK/dV 1.521 -> 1.567 (off).
     (64, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=128, kv_n=64, kv_m=64, num_warps=4, fwd_warps=4,
                      fwd_stages=3, dq_warps=4, dq_stages=2, kv_warps=4, kv_stages=2, bwd_stages=2,
-                     fwd_tma=True, dq_tma=False, kv_tma=False,
-                     source="h200 tune 2026-12-03 (--dims=64 --causal=1, each kernel alone); TMA 2026-12-03"),
+                     fwd_tma=True, dq_tma=False, kv_tma=True, kv_overlap=True,
+                     source="h200 tune 2026-12-03 (--dims=64 --causal=1, each kernel alone); TMA 2026-12-03; "
+                            "overlap 2026-12-03"),
 }
 # Warps and stages of the backward kernels per GProj mode, over TUNED_CONFIGS' (same tiles: GProj
 # never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone), and their TMA and
@@ -377,10 +393,21 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
 # GProj-off dQ kernel's 1.64 ms; why GProj costs so much more at d = 64 than at d = 128 was not measured).
 # d = 64 causal, the 2026-12-03 sweep: GProj's dQ kernel fastest at the GProj-off launch (1.512 ms against
 # 1.041 ms), GProj's dK/dV kernel (under "dq_dk") at 4 warps / 3 stages (2.061 ms against 1.524 ms).
+# TMA and overlap (every entry): triton_fa2_tune_overlap_r5_2026-12-03.json, each GProj kernel at its launch
+# above with the four TMA x overlap settings, 5 alternating rounds (median ms, the GProj-off table's switches ->
+# the choice). The dQ kernel under "dq" (also "dq_dk"'s): d = 128 non-causal 3.892 -> 3.739, causal 2.349 -> 2.163;
+# d = 64 non-causal 2.530 -> 2.364, causal 1.408 -> 1.391 (3 of 5 rounds faster; TMA and overlap on everywhere).
+# The dK/dV kernel under "dq_dk": d = 128 non-causal 5.745 -> 4.907 (on, on), causal 3.299 -> 2.826 (tma off,
+# overlap on); d = 64 non-causal 3.591 -> 3.346 (on, on), causal 1.871 -> 1.787 (off, on).
 TUNED_GPROJ_LAUNCH: dict[tuple[int, bool, str], dict] = {
-    (64, False, "dq"): dict(dq_warps=4, dq_stages=3),
-    (64, False, "dq_dk"): dict(dq_warps=4, dq_stages=3),
-    (64, True, "dq_dk"): dict(kv_warps=4, kv_stages=3),
+    (64, False, "dq"): dict(dq_warps=4, dq_stages=3, dq_tma=True, dq_overlap=True),
+    (64, False, "dq_dk"): dict(dq_warps=4, dq_stages=3, dq_tma=True, dq_overlap=True, kv_tma=True, kv_overlap=True),
+    (64, True, "dq"): dict(dq_tma=True, dq_overlap=True),
+    (64, True, "dq_dk"): dict(kv_warps=4, kv_stages=3, dq_tma=True, dq_overlap=True, kv_tma=False, kv_overlap=True),
+    (128, False, "dq"): dict(dq_tma=True, dq_overlap=True),
+    (128, False, "dq_dk"): dict(dq_tma=True, dq_overlap=True, kv_tma=True, kv_overlap=True),
+    (128, True, "dq"): dict(dq_tma=True, dq_overlap=True),
+    (128, True, "dq_dk"): dict(dq_tma=True, dq_overlap=True, kv_tma=False, kv_overlap=True),
 }
 # The FP32 backward's own backward tiles/warps/stages per (head_dim, causal) (BlockConfig fields of
 # the dQ and dK/dV kernels); where absent, TUNED_CONFIGS' backward tiles halved (see default_config).
@@ -406,14 +433,20 @@ def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = Fa
         cfg = BlockConfig(**fields)
     fp32_entry = (TUNED_FP32_BWD.get((int(head_dim), bool(causal)))
                   if fp32_backward and fp32_dot != "bf16x3" else None)
+    # the overlap switches were timed on the bf16 kernels; with fp32 operands (ieee, tf32x3) kv_overlap made the
+    # FP32 backward 1.5-1.8x slower on the H200 (the 2026-12-03 overlap bench files), so it keeps the default order
+    # there unless its own entry says otherwise (the same bits either way)
+    no_overlap = dict(dq_overlap=False, kv_overlap=False)
     if fp32_entry is not None:
-        return dataclasses.replace(cfg, **{key: value for key, value in fp32_entry.items() if key != "source"})
+        return dataclasses.replace(cfg, **{**no_overlap, **{key: value for key, value in fp32_entry.items()
+                                                             if key != "source"}})
     if fp32_backward and fp32_dot != "bf16x3":
         # fp32 operands take twice the shared memory: halve the backward tiles (never below 16),
         # one pipeline stage, the shared warps for both backward kernels
         return dataclasses.replace(cfg, dq_m=max(16, min(cfg.dq_m, 64)), dq_n=max(16, min(cfg.dq_n, 64) // 2),
                                    kv_n=max(16, min(cfg.kv_n, 64)), kv_m=max(16, min(cfg.kv_m, 64) // 2),
-                                   bwd_stages=1, dq_warps=None, kv_warps=None, dq_stages=None, kv_stages=None)
+                                   bwd_stages=1, dq_warps=None, kv_warps=None, dq_stages=None, kv_stages=None,
+                                   **no_overlap)
     return cfg
 
 

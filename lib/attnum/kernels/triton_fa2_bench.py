@@ -309,7 +309,16 @@ def apply_tables(tfa, tune_paths) -> dict:
 
     picked = pick_configs([json.loads(Path(p).read_text()) for p in tune_paths])
     tfa.TUNED_CONFIGS.update(picked["configs"])
-    tfa.TUNED_GPROJ_LAUNCH.update(picked["gproj_launch"])
+    # GProj's launches merged over the existing entries (which may hold TMA and overlap switches); a launch the
+    # sweep measured equal to GProj off's drops the entry's own warps and stages of that kernel
+    for d, causal, kernel in picked.get("gproj_launch_same", []):
+        for mode in (("dq", "dq_dk") if kernel == "dq" else ("dq_dk",)):
+            entry = tfa.TUNED_GPROJ_LAUNCH.get((d, causal, mode))
+            if entry is not None:
+                tfa.TUNED_GPROJ_LAUNCH[d, causal, mode] = {
+                    key: value for key, value in entry.items() if key not in (f"{kernel}_warps", f"{kernel}_stages")}
+    for key, launch in picked["gproj_launch"].items():
+        tfa.TUNED_GPROJ_LAUNCH[key] = {**tfa.TUNED_GPROJ_LAUNCH.get(key, {}), **launch}
     tfa.TUNED_FP32_BWD.update(picked["fp32_bwd"])
     # TMA loads, launch order and overlap over an existing entry (in this order: the overlap part re-times TMA)
     for switches in ("tma_flags", "order_flags", "overlap_flags"):

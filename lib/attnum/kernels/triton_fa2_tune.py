@@ -407,13 +407,25 @@ def pick_configs(results) -> dict:
     stamps = sorted({res.get("environment", {}).get("time_utc", "?") for res in results})
     source = f"h200 tune {', '.join(stamps)}, N={results[0].get('n', '?') if results else '?'}"
     shapes = sorted({(c["d"], c["causal"]) for c in cases if "d" in c and "causal" in c})
-    picked = {"configs": {}, "gproj_launch": {}, "fp32_bwd": {}, "tma": {}, "tma_flags": {}, "order": {},
+    # the GProj-off configuration each sweep ran under (the table at its commit), for sweeps of GProj parts only
+    table = {}
+    for res in results:
+        for key, fields in res.get("default_configs", {}).items():
+            d_text, _, causal_text = key.partition(",")
+            table[int(d_text), bool(int(causal_text))] = fields
+    picked = {"configs": {}, "gproj_launch": {}, "gproj_launch_same": [], "fp32_bwd": {}, "tma": {}, "tma_flags": {}, "order": {},
               "order_flags": {}, "overlap": {}, "overlap_flags": {}, "gproj_schedule": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
         if missing:
             picked["notes"].append(f"d={d} causal={causal}: no correct measurement of {missing}; not tuned")
+            if (d, causal) in table:  # GProj's launches against the table the sweep ran under
+                fields = {key: value for key, value in table[d, causal].items()
+                          if key in TILE_KEYS["dq"] + TILE_KEYS["kv"]}
+                for kernel in ("dq", "kv"):
+                    fields.update(dict(zip(LAUNCH_KEYS[kernel], _launch_of(table[d, causal], kernel))))
+                _pick_gproj(cases, d, causal, fields, {}, picked, "the sweep's table")
             continue
         fields, times = {}, {}
         for kernel, case in best.items():
@@ -426,18 +438,7 @@ def pick_configs(results) -> dict:
         fields["bwd_stages"] = fields["dq_stages"]
         fields["source"] = f"{source}; ms fwd {times['fwd']}, dq {times['dq']}, kv {times['kv']}"
         picked["configs"][d, causal] = fields
-        for kernel, part, modes in (("dq", "dq_gproj", ("dq", "dq_dk")), ("kv", "kv_gproj", ("dq_dk",))):
-            tiles = {key: fields[key] for key in TILE_KEYS[kernel]}
-            g = _best(cases, d, causal, part, tiles=tiles)
-            if g is None:
-                continue
-            launch = dict(zip(LAUNCH_KEYS[kernel], _launch_of(g["config"], kernel)))
-            off = {key: fields[key] for key in LAUNCH_KEYS[kernel]}
-            if launch != off:
-                for mode in modes:
-                    picked["gproj_launch"].setdefault((d, causal, mode), {}).update(launch)
-            picked["notes"].append(f"d={d} causal={causal}: {part} best {round(g['ms'], 3)} ms at {launch} "
-                                   f"(GProj off {times[kernel]} ms at {off})")
+        _pick_gproj(cases, d, causal, fields, times, picked, "this sweep")
         fp32 = {}
         for kernel in ("dq", "kv"):
             for dot in ("ieee", "tf32x3"):
@@ -494,6 +495,35 @@ def pick_configs(results) -> dict:
                 for mode in (("dq", "dq_dk") if gproj == "dq" else ("dq_dk",)):
                     picked["gproj_schedule"].setdefault((d, causal, mode), {}).update(chosen["fields"])
     return picked
+
+
+def _pick_gproj(cases, d: int, causal: bool, fields: dict, times: dict, picked: dict, where: str) -> None:
+    """GProj's warps/stages at one shape (the fastest ``dq_gproj``/``kv_gproj`` case at the GProj-off tiles of
+    ``fields``) into ``picked["gproj_launch"]`` where they differ from GProj off's launch in ``fields``, else
+    the (d, causal, kernel) into ``picked["gproj_launch_same"]``; a note either way."""
+    for kernel, part, modes in (("dq", "dq_gproj", ("dq", "dq_dk")), ("kv", "kv_gproj", ("dq_dk",))):
+        tiles = {key: fields[key] for key in TILE_KEYS[kernel]}
+        g = _best(cases, d, causal, part, tiles=tiles)
+        if g is None:
+            continue
+        launch = dict(zip(LAUNCH_KEYS[kernel], _launch_of(g["config"], kernel)))
+        off = {key: fields[key] for key in LAUNCH_KEYS[kernel]}
+        if launch != off:
+            for mode in modes:
+                picked["gproj_launch"].setdefault((d, causal, mode), {}).update(launch)
+        else:
+            picked["gproj_launch_same"].append((d, causal, kernel))
+        off_ms = f"{times[kernel]} ms " if kernel in times else ""
+        others = ", ".join(f"{_launch_of(c['config'], kernel)} {round(c['ms'], 3)}" for c in cases
+                           if c.get("d") == d and c.get("causal") == causal and c.get("part") == part
+                           and c.get("status") == "ok" and isinstance(c.get("ms"), (int, float)))
+        picked["notes"].append(f"d={d} causal={causal}: {part} best {round(g['ms'], 3)} ms at {launch}{_rounds_note(g)} "
+                               f"(GProj off {off_ms}at {off}, {where}); (warps, stages) ms: {others}")
+
+
+def _rounds_note(case: dict) -> str:
+    """" (median of R rounds)" for a case timed in rounds, else ""."""
+    return f" (median of {len(case['ms_rounds'])} rounds)" if case.get("ms_rounds") else ""
 
 
 def _overlap_choice(cases, d: int, causal: bool, part: str, keys, notes: list) -> dict | None:
