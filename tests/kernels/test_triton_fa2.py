@@ -1108,3 +1108,40 @@ def test_tune_gproj_only_sweep_picks_against_its_table(tmp_path):
         for table_, old in zip((tfa.TUNED_CONFIGS, tfa.TUNED_GPROJ_LAUNCH), saved):
             table_.clear()
             table_.update(old)
+
+
+def test_bench_gproj_paired_costs_and_summary():
+    """``triton_fa2_bench gproj``: each round's cost is ``t_mode / t_off - 1`` of that round's pair, the median
+    and extremes are of those paired costs (not a ratio of medians), the interval's coverage is 1 - 2^(1-R), the
+    target is read off the median, and malformed rounds are refused."""
+    from attnum.kernels import triton_fa2_bench as bench
+
+    off = [2.0, 2.2, 1.8, 2.0, 2.1]
+    dq = [2.08, 2.2, 1.98, 2.3, 2.1]  # costs +4%, 0%, +10%, +15%, 0%
+    got = bench.paired_costs(off, dq)
+    assert got["costs"] == pytest.approx([0.04, 0.0, 0.10, 0.15, 0.0])
+    assert got["median"] == pytest.approx(0.04) and got["lo"] == pytest.approx(0.0)
+    assert got["hi"] == pytest.approx(0.15) and got["rounds"] == 5 and got["confidence"] == pytest.approx(0.9375)
+    # paired, not a ratio of medians (which would give 2.4 / 2.0 - 1 = +20% below)
+    assert bench.paired_costs([1.0, 2.0], [1.1, 2.4])["median"] == pytest.approx(0.15)
+    for a, b in (([], []), ([1.0], [1.0, 2.0]), ([1.0, 0.0], [1.0, 1.0])):
+        with pytest.raises(ValueError):
+            bench.paired_costs(a, b)
+
+    def case(mode, fwd_bwd, bwd, n=8192, status="ok"):
+        return {"impl": "triton_fa2", "gproj": mode, "n": n, "d": 128, "causal": False, "status": status,
+                "fwd_bwd_ms_rounds": fwd_bwd, "bwd_ms_rounds": bwd}
+
+    summary = bench.gproj_summary([case("off", off, [1.0] * 5), case("dq", dq, [1.1] * 5),
+                                   case("dq_dk", [x * 1.2 for x in off], [1.3] * 5),
+                                   case("off", off, off, n=4096), case("dq", dq, dq, n=4096, status="error")])
+    assert [(s["n"], "gproj_dq_fwd_bwd" in s) for s in summary] == [(4096, False), (8192, True)]
+    s = summary[1]
+    assert s["gproj_dq_bwd"]["median"] == pytest.approx(0.1)
+    assert s["gproj_dq_dk_fwd_bwd"]["median"] == pytest.approx(0.2)
+    assert s["meets_gproj_dq_cost"] is True  # median +4% <= the 5% target
+    over = bench.gproj_summary([case("off", [2.0, 2.0], [1.0, 1.0]), case("dq", [2.2, 2.3], [1.0, 1.0])])
+    assert over[0]["meets_gproj_dq_cost"] is False  # +10%, +15%
+    assert s["meets_gproj_dq_dk_cost"] is False  # +20% > 15%
+    with pytest.raises(SystemExit, match="--rounds must be an integer >= 2"):
+        bench.gproj_main("unused.json", rounds=1)

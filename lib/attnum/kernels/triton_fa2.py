@@ -399,11 +399,17 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
 # d = 64 non-causal 2.530 -> 2.364, causal 1.408 -> 1.391 (3 of 5 rounds faster; TMA and overlap on everywhere).
 # The dK/dV kernel under "dq_dk": d = 128 non-causal 5.745 -> 4.907 (on, on), causal 3.299 -> 2.826 (tma off,
 # overlap on); d = 64 non-causal 3.591 -> 3.346 (on, on), causal 1.871 -> 1.787 (off, on).
+# GProj's warps and stages again with those switches on: triton_fa2_tune_gproj_launch_r3_2026-12-03.json (--parts=
+# dq_gproj,kv_gproj --rounds=3 at ffa01b7; median of 3 rounds, ms at (warps, stages)): every earlier choice kept
+# (d = 128 at GProj off's 4 / 2: dQ 3.609 non-causal, 2.117 causal; d = 64 dQ 4 / 3: 2.297 non-causal; dK/dV 4 / 3:
+# 3.349 non-causal, 2.009 causal) and one new: the d = 64 causal dQ kernel at 4 / 3, 1.289 ms against 1.391 at GProj
+# off's 4 / 2.
 TUNED_GPROJ_LAUNCH: dict[tuple[int, bool, str], dict] = {
     (64, False, "dq"): dict(dq_warps=4, dq_stages=3, dq_tma=True, dq_overlap=True),
     (64, False, "dq_dk"): dict(dq_warps=4, dq_stages=3, dq_tma=True, dq_overlap=True, kv_tma=True, kv_overlap=True),
-    (64, True, "dq"): dict(dq_tma=True, dq_overlap=True),
-    (64, True, "dq_dk"): dict(kv_warps=4, kv_stages=3, dq_tma=True, dq_overlap=True, kv_tma=False, kv_overlap=True),
+    (64, True, "dq"): dict(dq_warps=4, dq_stages=3, dq_tma=True, dq_overlap=True),
+    (64, True, "dq_dk"): dict(dq_warps=4, dq_stages=3, kv_warps=4, kv_stages=3, dq_tma=True, dq_overlap=True,
+                              kv_tma=False, kv_overlap=True),
     (128, False, "dq"): dict(dq_tma=True, dq_overlap=True),
     (128, False, "dq_dk"): dict(dq_tma=True, dq_overlap=True, kv_tma=True, kv_overlap=True),
     (128, True, "dq"): dict(dq_tma=True, dq_overlap=True),

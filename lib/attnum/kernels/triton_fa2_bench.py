@@ -3,6 +3,8 @@
     python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192] [--dims=64,128]
                                               [--budget-s=240] [--tables-from=TUNE.json,...]
     python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]
+    python -m attnum.kernels.triton_fa2_bench gproj OUT.json [--ns=8192] [--dims=64,128] [--rounds=7]
+                                              [--budget-s=240]
 
 or ``main(out_path, quick=False)``. For every shape -- N in {4096, 8192, 16384, 32768} (quick:
 {4096, 16384}), head dim 64 and 128, causal and not, bf16, batch * heads = 2^18 / N so every shape
@@ -25,6 +27,16 @@ Every case also records a correctness line: max |difference| of its output and d
 math backend in fp32 on a small shape (2 x 3 heads, N = 512, bf16; N a multiple of every tile, so
 the line checks the very kernel variant that is timed -- the bounds-masked variants are covered by
 the GPU tests at N = 40 and 1000).
+
+``gproj``: GProj's cost alone, paired. The main bench times each implementation once, one after another, so
+GProj's cost is a ratio of two medians taken seconds apart, and the same shape read +12.1% in one call and +18.6%
+in the next (``outputs/kernels/h200/README.md``). Here, per shape, one set of tensors is timed with GProj off,
+``"dq"`` and ``"dq_dk"`` in turn, R rounds (each a median of repeats, forward + backward and backward alone), and
+each round gives a paired cost ``t_mode / t_off - 1``. ``gproj_summary`` reports per mode the median of the paired
+costs and their smallest and largest: for R independent rounds of a continuous cost, P(min <= true median <= max)
+= 1 - 2^(1-R) (the sign-test interval for a median; 0.984 at R = 7), the ``confidence`` recorded beside it. The
+rounds are not independent if the GPU's clocks drift over the run, which alternating the modes within each round
+guards against but does not remove.
 
 ``table`` prints the ``summary`` rows of bench files as one Markdown table (``summary_table``; the tables of
 ``outputs/kernels/h200/README.md`` are made by it).
@@ -390,7 +402,144 @@ def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float
     return result
 
 
+def paired_costs(off_rounds, mode_rounds) -> dict:
+    """GProj's paired cost from per-round times (ms) of GProj off and of one mode, round i of each timed back to
+    back: ``{"median", "lo", "hi", "rounds", "confidence", "costs"}`` with ``costs`` the per-round
+    ``t_mode / t_off - 1``, ``lo``/``hi`` their extremes and ``confidence`` = 1 - 2^(1-R), the coverage of
+    [lo, hi] for the median of a continuous cost over R independent rounds (sign test). Refuses unequal or empty
+    round lists and non-positive times."""
+    off, mode = list(off_rounds), list(mode_rounds)
+    if not off or len(off) != len(mode):
+        raise ValueError(f"paired rounds need equal, non-empty lists; got {len(off)} and {len(mode)}")
+    if any(not t > 0 for t in off + mode):
+        raise ValueError(f"round times must be positive milliseconds; got {off} and {mode}")
+    costs = [m / o - 1.0 for o, m in zip(off, mode)]
+    ordered = sorted(costs)
+    mid = len(ordered) // 2
+    median = ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
+    return {"median": median, "lo": ordered[0], "hi": ordered[-1], "rounds": len(costs),
+            "confidence": 1.0 - 2.0 ** (1 - len(costs)), "costs": costs}
+
+
+def gproj_summary(cases) -> list[dict]:
+    """Per shape of a ``gproj`` run: ``paired_costs`` of ``"dq"`` and ``"dq_dk"`` against ``"off"`` for forward +
+    backward (``fwd_bwd``) and backward alone (``bwd``), and whether the median meets ``TARGETS``."""
+    by_shape = {}
+    for c in cases:
+        if c.get("status") == "ok":
+            by_shape.setdefault((c["n"], c["d"], c["causal"]), {})[c["gproj"]] = c
+    out = []
+    for (n, d, causal), modes in sorted(by_shape.items()):
+        if "off" not in modes:
+            continue
+        rec = {"n": n, "d": d, "causal": causal}
+        for mode in ("dq", "dq_dk"):
+            if mode not in modes:
+                continue
+            for part in ("fwd_bwd", "bwd"):
+                rec[f"gproj_{mode}_{part}"] = paired_costs(modes["off"][f"{part}_ms_rounds"],
+                                                           modes[mode][f"{part}_ms_rounds"])
+            rec[f"meets_gproj_{mode}_cost"] = bool(rec[f"gproj_{mode}_fwd_bwd"]["median"]
+                                                   <= TARGETS[f"gproj_{mode}_cost"])
+        out.append(rec)
+    return out
+
+
+def gproj_main(out_path, ns=(8192,), dims=(64, 128), rounds: int = 7, budget_s: float = 240.0) -> dict:
+    """The ``gproj`` command (module docstring): paired rounds of GProj off, dq and dq_dk per shape."""
+    if not isinstance(rounds, int) or rounds < 2:
+        raise SystemExit(f"--rounds must be an integer >= 2 (a paired interval needs two rounds), got {rounds!r}")
+    if not torch.cuda.is_available():
+        raise SystemExit("triton_fa2_bench gproj needs a CUDA GPU")
+    from . import triton_fa2 as tfa
+
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        raise SystemExit(f"triton_fa2 is unavailable here: {reason}")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    result = {"environment": environment(), "tokens_per_shape": TOKENS, "ns": list(ns), "dims": list(dims),
+              "rounds": rounds, "warmup": 1, "repeats": 5, "budget_s": budget_s, "targets": TARGETS,
+              "triton_fa2_configs": {f"{d},{int(c)},{g}": vars(tfa.default_config(d, causal=c, gproj=g))
+                                     for d in dims for c in (False, True) for g in tfa.GPROJ_MODES},
+              "cases": [], "gproj_summary": [], "stopped_by_budget": False}
+    t0 = time.time()
+
+    def save():
+        result["gproj_summary"] = gproj_summary(result["cases"])
+        result["total_s"] = round(time.time() - t0, 1)
+        out_path.write_text(json.dumps(result, indent=1))
+
+    for n in ns:
+        for d in dims:
+            for causal in (False, True):
+                if time.time() - t0 > budget_s:
+                    result["stopped_by_budget"] = True
+                    save()
+                    return result
+                bh = max(1, TOKENS // n)
+                heads = 16 if bh % 16 == 0 else 1
+                q, k, v, do = (torch.randn(bh // heads, heads, n, d, device="cuda", dtype=DTYPE) for _ in range(4))
+                for t in (q, k, v):
+                    t.requires_grad_()
+                recs, calls = {}, {}
+                for mode in tfa.GPROJ_MODES:
+                    rec = {"impl": "triton_fa2", "gproj": mode, "n": n, "d": d, "causal": causal,
+                           "batch": bh // heads, "heads": heads, "status": "ok"}
+                    try:
+                        out = tfa.triton_attention(q, k, v, causal=causal, gproj=mode)
+
+                        def bwd(out=out):
+                            torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+
+                        def fwd_bwd(mode=mode):
+                            torch.autograd.grad(tfa.triton_attention(q, k, v, causal=causal, gproj=mode), (q, k, v),
+                                                do)
+                        calls[mode] = {"fwd_bwd": fwd_bwd, "bwd": bwd}
+                    except Exception as exc:  # noqa: BLE001
+                        rec["status"] = "error"
+                        rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                    recs[mode] = rec
+                for _ in range(rounds):
+                    for mode, parts in calls.items():
+                        for part, call in parts.items():
+                            try:
+                                recs[mode].setdefault(f"{part}_ms_rounds", []).append(
+                                    round(median_ms(call, 1, 5, "cuda"), 4))
+                            except Exception as exc:  # noqa: BLE001
+                                recs[mode]["status"] = "error"
+                                recs[mode]["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                calls.clear()
+                torch.cuda.empty_cache()
+                for rec in recs.values():
+                    rec["elapsed_s"] = round(time.time() - t0, 1)
+                    result["cases"].append(rec)
+                save()
+                for s in result["gproj_summary"]:
+                    if (s["n"], s["d"], s["causal"]) == (n, d, causal):
+                        print(f"   N={n} d={d} causal={causal}: " + "; ".join(
+                            f"{mode} {100 * s[f'gproj_{mode}_fwd_bwd']['median']:+.1f}% "
+                            f"[{100 * s[f'gproj_{mode}_fwd_bwd']['lo']:+.1f}, {100 * s[f'gproj_{mode}_fwd_bwd']['hi']:+.1f}]"
+                            for mode in ("dq", "dq_dk") if f"gproj_{mode}_fwd_bwd" in s), flush=True)
+    save()
+    return result
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["gproj"]:
+        args = [a for a in sys.argv[2:] if not a.startswith("--")]
+        opts = dict(a.split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
+        if len(args) != 1 or set(opts) - {"--ns", "--dims", "--rounds", "--budget-s"}:
+            raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench gproj OUT.json [--ns=8192]"
+                             " [--dims=64,128] [--rounds=7] [--budget-s=240]")
+        try:
+            rounds = int(opts.get("--rounds", "7"))
+        except ValueError:
+            raise SystemExit(f"--rounds must be an integer >= 2, got {opts['--rounds']!r}") from None
+        gproj_main(args[0], ns=tuple(int(x) for x in opts.get("--ns", "8192").split(",")),
+                   dims=tuple(int(x) for x in opts.get("--dims", "64,128").split(",")), rounds=rounds,
+                   budget_s=float(opts.get("--budget-s", 240)))
+        raise SystemExit(0)
     if sys.argv[1:2] == ["table"]:
         if len(sys.argv) < 3:
             raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]")
