@@ -104,8 +104,8 @@ in the same order, so the outputs are bit for bit the same (interpreter tests wi
 ``test_gpu_overlap_bitwise``); whether it pays is measured per kernel and shape (``triton_fa2_tune
 --parts=overlap``, crossed with the kernel's TMA switch), since moving a product earlier also holds its operands'
 registers longer. On the H200 (the tables' comments) ``kv_overlap`` took 2-15% off the dK/dV kernel (15% under
-GProj dq_dk at d = 128, where the correction's product also overlaps) and ``dq_overlap`` 1-7% off GProj's dQ
-kernel; every tuned entry turns them on.
+GProj dq_dk at d = 128, where the correction's product also overlaps) and ``dq_overlap`` 1-8% off GProj's dQ
+kernel (with its TMA switch); every tuned entry turns them on.
 
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
@@ -440,7 +440,7 @@ def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = Fa
     fp32_entry = (TUNED_FP32_BWD.get((int(head_dim), bool(causal)))
                   if fp32_backward and fp32_dot != "bf16x3" else None)
     # the overlap switches were timed on the bf16 kernels; with fp32 operands (ieee, tf32x3) kv_overlap made the
-    # FP32 backward 1.5-1.8x slower on the H200 (the 2026-12-03 overlap bench files), so it keeps the default order
+    # FP32 backward 1.5-1.9x slower on the H200 (the 2026-12-03 overlap bench files), so it keeps the default order
     # there unless its own entry says otherwise (the same bits either way)
     no_overlap = dict(dq_overlap=False, kv_overlap=False)
     if fp32_entry is not None:
