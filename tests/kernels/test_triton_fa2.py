@@ -1145,3 +1145,17 @@ def test_bench_gproj_paired_costs_and_summary():
     assert s["meets_gproj_dq_dk_cost"] is False  # +20% > 15%
     with pytest.raises(SystemExit, match="--rounds must be an integer >= 2"):
         bench.gproj_main("unused.json", rounds=1)
+
+
+def test_bench_environment_records_the_code_version(monkeypatch):
+    """The bench and tune JSONs' ``environment`` names the commit the device's export ran (``ATTNUM_GIT_COMMIT``,
+    ``ATTNUM_GIT_DIRTY``), and says "unknown" where they are unset."""
+    from attnum.kernels import triton_fa2_bench as bench
+
+    monkeypatch.setenv("ATTNUM_GIT_COMMIT", "0123abc")
+    monkeypatch.setenv("ATTNUM_GIT_DIRTY", "0")
+    env = bench.environment()
+    assert (env["git_commit"], env["git_dirty"]) == ("0123abc", "0")
+    monkeypatch.delenv("ATTNUM_GIT_COMMIT")
+    monkeypatch.delenv("ATTNUM_GIT_DIRTY")
+    assert bench.environment()["git_commit"] == "unknown"

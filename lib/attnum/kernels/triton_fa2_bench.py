@@ -59,6 +59,7 @@ reuses the timed variants (N = 512), so a fresh full run is expected at ~4-5 min
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -104,8 +105,12 @@ def flops(n: int, d: int, bh: int, causal: bool) -> tuple[float, float]:
 
 def environment() -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    # the code version: the device runs an export without git history, whose command sets these
+    # (``attnum.ncio.git_state`` reads the same variables; this layer sits below it)
     info = {"python": platform.python_version(), **accelerator_versions(device),
-            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "git_commit": os.environ.get("ATTNUM_GIT_COMMIT", "unknown"),
+            "git_dirty": os.environ.get("ATTNUM_GIT_DIRTY", "unknown")}
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(sm_count=props.multi_processor_count, memory_gib=round(props.total_memory / 2 ** 30, 1))
