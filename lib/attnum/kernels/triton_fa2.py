@@ -95,9 +95,10 @@ GEMM whose result feeds the same iteration (S, dP) is waited for at once, and in
 through TMA the accumulating products stay in flight until the next such wait (in the TTGIR we read of the d = 128
 dQ kernel with pointer loads every product was waited for at once; yet the switches also measured faster with
 pointer loads at d = 64 and in the dK/dV kernel, so the tune decides, not the TTGIR). Where an accumulating product
-is issued therefore decides what it can overlap. In the dQ kernel GProj's ``P~ K`` is written after dS~ K by default, so it overlaps only the row sum of
-dS~ and the next tile's loads; with ``dq_overlap`` it is issued as soon as dP has arrived, before dS = P * (dP - D)
-and its rounding, which then run on the CUDA cores while the product is on the tensor cores. In the dK/dV kernel
+is issued therefore decides what it can overlap. In the dQ kernel GProj's ``P~ K`` is written after dS~ K by
+default, so it overlaps only the row sum of dS~ and the next tile's loads; with ``dq_overlap`` it is issued as
+soon as dP has arrived, before dS = P * (dP - D) and its rounding, which then run on the CUDA cores while the
+product is on the tensor cores. In the dK/dV kernel
 dV += P~^T dO is issued before dP^T = V dO^T by default, and the wait for dP^T takes both; with ``kv_overlap`` dV's
 product is issued after that wait, beside dS^T's elementwise work. Each accumulator receives the same products
 in the same order, so the outputs are bit for bit the same (interpreter tests with ``torch.equal``; on the GPU
@@ -819,7 +820,8 @@ if triton is not None:
                                        BLOCK_N, TMA, OVERLAP)
         else:
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
-                                   D_HEAD, scale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA, OVERLAP)
+                                   D_HEAD, scale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA,
+                                   OVERLAP)
 
         if GPROJ != 0:
             # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --

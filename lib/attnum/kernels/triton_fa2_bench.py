@@ -522,10 +522,11 @@ def gproj_main(out_path, ns=(8192,), dims=(64, 128), rounds: int = 7, budget_s: 
                 save()
                 for s in result["gproj_summary"]:
                     if (s["n"], s["d"], s["causal"]) == (n, d, causal):
+                        costs = {mode: s[f"gproj_{mode}_fwd_bwd"] for mode in ("dq", "dq_dk")
+                                 if f"gproj_{mode}_fwd_bwd" in s}
                         print(f"   N={n} d={d} causal={causal}: " + "; ".join(
-                            f"{mode} {100 * s[f'gproj_{mode}_fwd_bwd']['median']:+.1f}% "
-                            f"[{100 * s[f'gproj_{mode}_fwd_bwd']['lo']:+.1f}, {100 * s[f'gproj_{mode}_fwd_bwd']['hi']:+.1f}]"
-                            for mode in ("dq", "dq_dk") if f"gproj_{mode}_fwd_bwd" in s), flush=True)
+                            f"{mode} {100 * c['median']:+.1f}% [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]"
+                            for mode, c in costs.items()), flush=True)
     save()
     return result
 

@@ -413,7 +413,8 @@ def pick_configs(results) -> dict:
         for key, fields in res.get("default_configs", {}).items():
             d_text, _, causal_text = key.partition(",")
             table[int(d_text), bool(int(causal_text))] = fields
-    picked = {"configs": {}, "gproj_launch": {}, "gproj_launch_same": [], "fp32_bwd": {}, "tma": {}, "tma_flags": {}, "order": {},
+    picked = {"configs": {}, "gproj_launch": {}, "gproj_launch_same": [], "fp32_bwd": {}, "tma": {}, "tma_flags": {},
+              "order": {},
               "order_flags": {}, "overlap": {}, "overlap_flags": {}, "gproj_schedule": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
@@ -517,8 +518,8 @@ def _pick_gproj(cases, d: int, causal: bool, fields: dict, times: dict, picked: 
         others = ", ".join(f"{_launch_of(c['config'], kernel)} {round(c['ms'], 3)}" for c in cases
                            if c.get("d") == d and c.get("causal") == causal and c.get("part") == part
                            and c.get("status") == "ok" and isinstance(c.get("ms"), (int, float)))
-        picked["notes"].append(f"d={d} causal={causal}: {part} best {round(g['ms'], 3)} ms at {launch}{_rounds_note(g)} "
-                               f"(GProj off {off_ms}at {off}, {where}); (warps, stages) ms: {others}")
+        picked["notes"].append(f"d={d} causal={causal}: {part} best {round(g['ms'], 3)} ms at {launch}"
+                               f"{_rounds_note(g)} (GProj off {off_ms}at {off}, {where}); (warps, stages) ms: {others}")
 
 
 def _rounds_note(case: dict) -> str:
