@@ -1147,6 +1147,58 @@ def test_bench_gproj_paired_costs_and_summary():
         bench.gproj_main("unused.json", rounds=1)
 
 
+def test_bench_flex_paired_ratios_and_verdicts():
+    """``triton_fa2_bench flex``: each round's ratio is ours over Flex of that round's pair; the verdict is "under"
+    only when every round was at or under Flex's time, "over" only when every round was over, and a shape missing
+    one side (or with an error) is left out of the summary."""
+    from attnum.kernels import triton_fa2_bench as bench
+
+    flex = [2.0, 2.0, 2.5, 2.0, 1.6]
+    ours = [1.9, 2.1, 2.0, 1.8, 1.6]  # ratios 0.95, 1.05, 0.8, 0.9, 1.0
+    got = bench.paired_ratios(flex, ours)
+    assert got["ratios"] == pytest.approx([0.95, 1.05, 0.8, 0.9, 1.0])
+    assert (got["median"], got["lo"], got["hi"]) == pytest.approx((0.95, 0.8, 1.05))
+    assert got["confidence"] == pytest.approx(0.9375)
+    with pytest.raises(ValueError):
+        bench.paired_ratios([1.0, 2.0], [1.0])
+
+    def case(impl, fwd, fwd_bwd, n=8192, causal=False, status="ok"):
+        return {"impl": impl, "n": n, "d": 64, "causal": causal, "status": status, "fwd_ms_rounds": fwd,
+                "fwd_bwd_ms_rounds": fwd_bwd}
+
+    summary = bench.flex_summary([
+        case("triton_fa2", ours, [0.9, 0.95, 0.99]), case("flex_attention_compiled", flex, [1.0, 1.0, 1.0]),
+        case("triton_fa2", [1.2, 1.3], [2.2, 2.4], causal=True),
+        case("flex_attention_compiled", [1.0, 1.0], [2.0, 2.0], causal=True),
+        case("triton_fa2", [1.0], [1.0], n=4096),
+        case("flex_attention_compiled", [1.0], [1.0], n=4096, status="error"),
+        case("triton_fa2", [1.0], [1.0], n=16384)])
+    assert [(s["n"], s["causal"]) for s in summary] == [(8192, False), (8192, True)]
+    mixed, over = summary
+    assert mixed["verdict_fwd_vs_flex"] == "not resolved" and mixed["meets_fwd_vs_flex"] is True
+    assert mixed["verdict_fwd_bwd_vs_flex"] == "under" and mixed["fwd_bwd_vs_flex"]["hi"] == pytest.approx(0.99)
+    assert over["verdict_fwd_vs_flex"] == "over" and over["meets_fwd_bwd_vs_flex"] is False
+    assert over["fwd_bwd_vs_flex"]["median"] == pytest.approx(1.15)
+    with pytest.raises(SystemExit, match="--rounds must be an integer >= 2"):
+        bench.flex_main("unused.json", rounds=0)
+
+
+def test_bench_paired_commands_refuse_bad_options(monkeypatch):
+    """The ``gproj`` and ``flex`` command lines name a malformed option before any GPU work."""
+    from attnum.kernels import triton_fa2_bench as bench
+
+    def never(*args, **kwargs):
+        raise AssertionError("ran despite a bad option")
+
+    for argv, message in ((["flex", "out.json", "--ns=4096,x"], "take integers"),
+                          (["gproj", "out.json", "--rounds=two"], "take integers"),
+                          (["flex", "out.json", "--repeats=3"], "usage"),
+                          (["flex"], "usage"), (["gproj", "a.json", "--quick"], "usage")):
+        monkeypatch.setattr(bench.sys, "argv", ["triton_fa2_bench", *argv])
+        with pytest.raises(SystemExit, match=message):
+            bench._paired_cli(argv[0], never)
+
+
 def test_bench_environment_records_the_code_version(monkeypatch):
     """The bench and tune JSONs' ``environment`` names the commit the device's export ran (``ATTNUM_GIT_COMMIT``,
     ``ATTNUM_GIT_DIRTY``), and says "unknown" where they are unset."""

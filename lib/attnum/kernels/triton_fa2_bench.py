@@ -5,6 +5,8 @@
     python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]
     python -m attnum.kernels.triton_fa2_bench gproj OUT.json [--ns=8192] [--dims=64,128] [--rounds=7]
                                               [--budget-s=240]
+    python -m attnum.kernels.triton_fa2_bench flex OUT.json [--ns=4096,8192] [--dims=64,128] [--rounds=7]
+                                              [--budget-s=240]
 
 or ``main(out_path, quick=False)``. For every shape -- N in {4096, 8192, 16384, 32768} (quick:
 {4096, 16384}), head dim 64 and 128, causal and not, bf16, batch * heads = 2^18 / N so every shape
@@ -37,6 +39,17 @@ costs and their smallest and largest: for R independent rounds of a continuous c
 = 1 - 2^(1-R) (the sign-test interval for a median; 0.984 at R = 7), the ``confidence`` recorded beside it. The
 rounds are not independent if the GPU's clocks drift over the run, which alternating the modes within each round
 guards against but does not remove.
+
+``flex``: our kernel against compiled FlexAttention, paired. The main bench's forward / Flex ratio for one shape
+moved by up to 0.28 between two calls with the forward unchanged, which is larger than the gaps the target asks
+about (ours at most Flex's time). Here, per shape, one set of tensors is timed with ``triton_fa2`` (default
+configuration, GProj off) and Flex in turn, R rounds, the two taken in alternating order (ours first in even
+rounds, Flex first in odd ones), forward alone and forward + backward, each a median of repeats; each round gives
+a paired ratio ``t_ours / t_flex``. ``flex_summary`` reports per part the median ratio and its range (the same
+sign-test coverage 1 - 2^(1-R) as ``gproj``), ``meets_*`` (median <= 1) and a ``verdict``: ``"under"`` if every
+round had ours at or under Flex's time, ``"over"`` if every round had it over, else ``"not resolved"``.
+Before timing, the two outputs on the timed tensors are compared (``max_abs_diff_out``), so a mask or layout
+mismatch cannot pass as a speed difference.
 
 ``table`` prints the ``summary`` rows of bench files as one Markdown table (``summary_table``; the tables of
 ``outputs/kernels/h200/README.md`` are made by it).
@@ -450,6 +463,148 @@ def gproj_summary(cases) -> list[dict]:
     return out
 
 
+def paired_ratios(ref_rounds, rounds) -> dict:
+    """``t / t_ref`` per round, from per-round times (ms) of two implementations timed back to back:
+    ``{"median", "lo", "hi", "rounds", "confidence", "ratios"}`` (``paired_costs`` plus one; the same refusals)."""
+    costs = paired_costs(ref_rounds, rounds)
+    return {"median": 1.0 + costs["median"], "lo": 1.0 + costs["lo"], "hi": 1.0 + costs["hi"],
+            "rounds": costs["rounds"], "confidence": costs["confidence"], "ratios": [1.0 + c for c in costs["costs"]]}
+
+
+def flex_summary(cases) -> list[dict]:
+    """Per shape of a ``flex`` run: ``paired_ratios`` of ``triton_fa2`` over compiled Flex for the forward
+    (``fwd_vs_flex``) and forward + backward (``fwd_bwd_vs_flex``), ``meets_*`` (median <= ``TARGETS``'
+    ``fwd_bwd_vs_flex``, the same bound for both parts) and ``verdict_*`` (module docstring)."""
+    by_shape = {}
+    for c in cases:
+        if c.get("status") == "ok":
+            by_shape.setdefault((c["n"], c["d"], c["causal"]), {})[c["impl"]] = c
+    out = []
+    for (n, d, causal), impls in sorted(by_shape.items()):
+        if set(impls) != {"triton_fa2", "flex_attention_compiled"}:
+            continue
+        rec = {"n": n, "d": d, "causal": causal}
+        for part in ("fwd", "fwd_bwd"):
+            ratio = paired_ratios(impls["flex_attention_compiled"][f"{part}_ms_rounds"],
+                                  impls["triton_fa2"][f"{part}_ms_rounds"])
+            bound = TARGETS["fwd_bwd_vs_flex"]
+            rec[f"{part}_vs_flex"] = ratio
+            rec[f"meets_{part}_vs_flex"] = bool(ratio["median"] <= bound)
+            rec[f"verdict_{part}_vs_flex"] = ("under" if ratio["hi"] <= bound else
+                                              "over" if ratio["lo"] > bound else "not resolved")
+        out.append(rec)
+    return out
+
+
+def flex_main(out_path, ns=(4096, 8192), dims=(64, 128), rounds: int = 7, budget_s: float = 240.0) -> dict:
+    """The ``flex`` command (module docstring): paired rounds of ``triton_fa2`` and compiled Flex per shape."""
+    if not isinstance(rounds, int) or rounds < 2:
+        raise SystemExit(f"--rounds must be an integer >= 2 (a paired interval needs two rounds), got {rounds!r}")
+    if not torch.cuda.is_available():
+        raise SystemExit("triton_fa2_bench flex needs a CUDA GPU")
+    from . import triton_fa2 as tfa
+
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        raise SystemExit(f"triton_fa2 is unavailable here: {reason}")
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    result = {"environment": environment(), "tokens_per_shape": TOKENS, "ns": list(ns), "dims": list(dims),
+              "rounds": rounds, "warmup": 1, "repeats": 5, "budget_s": budget_s, "targets": TARGETS,
+              "triton_fa2_configs": {f"{d},{int(c)}": vars(tfa.default_config(d, causal=c))
+                                     for d in dims for c in (False, True)},
+              "cases": [], "flex_summary": [], "stopped_by_budget": False}
+    impls = {"triton_fa2": lambda q, k, v, causal: tfa.triton_attention(q, k, v, causal=causal),
+             "flex_attention_compiled": _flex()}
+    t0 = time.time()
+
+    def save():
+        result["flex_summary"] = flex_summary(result["cases"])
+        result["total_s"] = round(time.time() - t0, 1)
+        out_path.write_text(json.dumps(result, indent=1))
+
+    for n in ns:
+        for d in dims:
+            for causal in (False, True):
+                if time.time() - t0 > budget_s:
+                    result["stopped_by_budget"] = True
+                    save()
+                    return result
+                bh = max(1, TOKENS // n)
+                heads = 16 if bh % 16 == 0 else 1
+                q, k, v, do = (torch.randn(bh // heads, heads, n, d, device="cuda", dtype=DTYPE) for _ in range(4))
+                for t in (q, k, v):
+                    t.requires_grad_()
+                recs, calls, outs = {}, {}, {}
+                for name, fn in impls.items():
+                    rec = {"impl": name, "n": n, "d": d, "causal": causal, "batch": bh // heads, "heads": heads,
+                           "status": "ok"}
+                    try:
+                        with torch.no_grad():
+                            outs[name] = fn(q, k, v, causal).float()  # compiles / warms the forward
+
+                        def fwd(fn=fn):
+                            with torch.no_grad():
+                                fn(q, k, v, causal)
+
+                        def fwd_bwd(fn=fn):
+                            torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
+                        fwd_bwd()  # compiles / warms the backward
+                        calls[name] = {"fwd": fwd, "fwd_bwd": fwd_bwd}
+                    except Exception as exc:  # noqa: BLE001
+                        rec["status"] = "error"
+                        rec["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                    recs[name] = rec
+                if len(outs) == 2:
+                    diff = (outs["triton_fa2"] - outs["flex_attention_compiled"]).abs().max().item()
+                    for rec in recs.values():
+                        rec["max_abs_diff_out"] = diff
+                outs.clear()
+                names = list(calls)
+                for i in range(rounds):
+                    for name in (names if i % 2 == 0 else names[::-1]):
+                        for part, call in calls[name].items():
+                            try:
+                                recs[name].setdefault(f"{part}_ms_rounds", []).append(
+                                    round(median_ms(call, 1, 5, "cuda"), 4))
+                            except Exception as exc:  # noqa: BLE001
+                                recs[name]["status"] = "error"
+                                recs[name]["error"] = f"{type(exc).__name__}: {exc}"[:2000]
+                calls.clear()
+                torch.cuda.empty_cache()
+                for rec in recs.values():
+                    rec["elapsed_s"] = round(time.time() - t0, 1)
+                    result["cases"].append(rec)
+                save()
+                for s in result["flex_summary"]:
+                    if (s["n"], s["d"], s["causal"]) == (n, d, causal):
+                        print(f"   N={n} d={d} causal={causal}: " + "; ".join(
+                            f"{part} x{s[f'{part}_vs_flex']['median']:.3f} [{s[f'{part}_vs_flex']['lo']:.3f}, "
+                            f"{s[f'{part}_vs_flex']['hi']:.3f}] {s[f'verdict_{part}_vs_flex']}"
+                            for part in ("fwd", "fwd_bwd")), flush=True)
+    save()
+    return result
+
+
+def _paired_cli(command: str, run) -> None:
+    """``gproj`` / ``flex`` command lines: OUT.json and --ns, --dims, --rounds, --budget-s."""
+    args = [a for a in sys.argv[2:] if not a.startswith("--")]
+    opts = dict(a.split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
+    flags = {a for a in sys.argv[2:] if a.startswith("--") and "=" not in a}
+    default_ns = "8192" if command == "gproj" else "4096,8192"
+    if len(args) != 1 or set(opts) - {"--ns", "--dims", "--rounds", "--budget-s"} or flags:
+        raise SystemExit(f"usage: python -m attnum.kernels.triton_fa2_bench {command} OUT.json [--ns={default_ns}]"
+                         " [--dims=64,128] [--rounds=7] [--budget-s=240]")
+    try:
+        rounds = int(opts.get("--rounds", "7"))
+        ns = tuple(int(x) for x in opts.get("--ns", default_ns).split(","))
+        dims = tuple(int(x) for x in opts.get("--dims", "64,128").split(","))
+        budget_s = float(opts.get("--budget-s", 240))
+    except ValueError as exc:
+        raise SystemExit(f"{command}: --rounds, --ns and --dims take integers, --budget-s a number ({exc})") from None
+    run(args[0], ns=ns, dims=dims, rounds=rounds, budget_s=budget_s)
+
+
 def gproj_main(out_path, ns=(8192,), dims=(64, 128), rounds: int = 7, budget_s: float = 240.0) -> dict:
     """The ``gproj`` command (module docstring): paired rounds of GProj off, dq and dq_dk per shape."""
     if not isinstance(rounds, int) or rounds < 2:
@@ -532,19 +687,8 @@ def gproj_main(out_path, ns=(8192,), dims=(64, 128), rounds: int = 7, budget_s: 
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["gproj"]:
-        args = [a for a in sys.argv[2:] if not a.startswith("--")]
-        opts = dict(a.split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
-        if len(args) != 1 or set(opts) - {"--ns", "--dims", "--rounds", "--budget-s"}:
-            raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench gproj OUT.json [--ns=8192]"
-                             " [--dims=64,128] [--rounds=7] [--budget-s=240]")
-        try:
-            rounds = int(opts.get("--rounds", "7"))
-        except ValueError:
-            raise SystemExit(f"--rounds must be an integer >= 2, got {opts['--rounds']!r}") from None
-        gproj_main(args[0], ns=tuple(int(x) for x in opts.get("--ns", "8192").split(",")),
-                   dims=tuple(int(x) for x in opts.get("--dims", "64,128").split(",")), rounds=rounds,
-                   budget_s=float(opts.get("--budget-s", 240)))
+    if sys.argv[1:2] in (["gproj"], ["flex"]):
+        _paired_cli(sys.argv[1], gproj_main if sys.argv[1] == "gproj" else flex_main)
         raise SystemExit(0)
     if sys.argv[1:2] == ["table"]:
         if len(sys.argv) < 3:
