@@ -1067,6 +1067,67 @@ def test_gpu_overlap_bitwise(d, causal):
                     assert torch.equal(g, r), (n, name, gproj, tma)
 
 
+@interp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_interpreter_exp2_matches_fp64_and_stays_near_exp(dtype, causal):
+    """``exp2`` (every exponential as exp2, log2 e folded into the scale): the fp64 tolerances of the exp kernel
+    hold for the output and every GProj mode's gradients (and the FP32 backward's), N a multiple of the tiles and
+    not; against the exp kernel it differs by the one rounding it drops per exponent argument: within a few dozen
+    fp32 roundings of the largest value in fp32, within one rounding of the output in fp16."""
+    cfg = dataclasses.replace(SMALL, exp2=True)
+    out_tol, grad_tol = (4 * U[dtype], 8 * U[dtype]) if dtype == torch.float16 else (32 * U[dtype], 64 * U[dtype])
+    variants = VARIANTS if dtype == torch.float16 else VARIANTS[:3]
+    for n in (32, 33):
+        q, k, v, do = inputs((1, 2, n, 32), dtype, seed=n + 41)
+        check_against_fp64(q, k, v, do, causal, variants, cfg, out_tol, grad_tol)
+        out_e, lse_e = tfa.forward(q, k, v, causal=causal, config=SMALL)
+        out_2, lse_2 = tfa.forward(q, k, v, causal=causal, config=cfg)
+        near = 2 * U[dtype] if dtype == torch.float16 else 64 * U[dtype]
+        assert rel_max(out_2, out_e.double()) <= near
+        assert (lse_2 - lse_e).abs().max().item() <= 64 * U[torch.float32] * max(1.0, lse_e.abs().max().item())
+        for gproj in tfa.GPROJ_MODES:
+            got = tfa.backward(q, k, v, out_e, lse_e, do, causal=causal, gproj=gproj, config=cfg)
+            ref = tfa.backward(q, k, v, out_e, lse_e, do, causal=causal, gproj=gproj, config=SMALL)
+            for g, r in zip(got, ref):
+                assert rel_max(g, r.double()) <= (4 * U[dtype] if dtype == torch.float16 else 256 * U[dtype])
+    with pytest.raises(ValueError, match="exp2"):
+        tfa.BlockConfig(exp2=1)
+    assert tfa.BlockConfig().exp2 is False and "exp2" not in tfa.SCHEDULE_FIELDS
+
+
+@interp
+def test_interpreter_exp2_keeps_gproj_floor():
+    """Seed 004, cause 2 under ``exp2``: with a key offset of 1e3, GProj keeps dQ at the fp16 level and the
+    uncorrected kernel's error is over 30 times larger, as with exp (the key-offset test above)."""
+    cfg = dataclasses.replace(SMALL, exp2=True)
+    q, k, v, do = inputs((1, 2, 64, 16), torch.float16, seed=3, q_gain=2.0, key_offset=1e3)
+    r_dq = reference(q, k, v, do, False, 0.25)[2]
+    out, lse = tfa.forward(q, k, v, config=cfg)
+    errs = {gproj: rel_norm(tfa.backward(q, k, v, out, lse, do, gproj=gproj, config=cfg)[0], r_dq)
+            for gproj in tfa.GPROJ_MODES}
+    assert errs["dq"] < 2 * U[torch.float16] and errs["dq_dk"] < 2 * U[torch.float16], errs
+    assert errs["off"] > 30 * errs["dq"], errs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_exp2_matches_fp64_and_stays_near_exp(d, causal):
+    """Compiled in bf16 at the default tiles, ``exp2`` meets the exp kernel's fp64 tolerances (every GProj mode,
+    N a multiple of the tiles and not), and its output is within one bf16 rounding of the exp kernel's."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    for n in (1000, 1024):
+        q, k, v, do = inputs((2, 3, n, d), torch.bfloat16, device="cuda", seed=n + d + 17)
+        cfg = dataclasses.replace(tfa.default_config(d, causal=causal), exp2=True)
+        check_against_fp64(q, k, v, do, causal, VARIANTS[:3], cfg, 4 * U[torch.bfloat16], 8 * U[torch.bfloat16])
+        out_e, _ = tfa.forward(q, k, v, causal=causal)
+        out_2, _ = tfa.forward(q, k, v, causal=causal, config=cfg)
+        assert rel_max(out_2, out_e.double()) <= 2 * U[torch.bfloat16]
+
+
 def test_tune_gproj_only_sweep_picks_against_its_table(tmp_path):
     """A sweep of the GProj parts alone (no GProj-off tiles of its own) picks GProj's warps/stages against the
     GProj-off configuration it recorded (``default_configs``); ``apply_tables`` merges a launch over an entry's
@@ -1193,7 +1254,9 @@ def test_bench_paired_commands_refuse_bad_options(monkeypatch):
     for argv, message in ((["flex", "out.json", "--ns=4096,x"], "take integers"),
                           (["gproj", "out.json", "--rounds=two"], "take integers"),
                           (["flex", "out.json", "--repeats=3"], "usage"),
-                          (["flex"], "usage"), (["gproj", "a.json", "--quick"], "usage")):
+                          (["flex"], "usage"), (["gproj", "a.json", "--quick"], "usage"),
+                          (["gproj", "a.json", "--base=exp2=1"], "usage"),
+                          (["flex", "a.json", "--base=warps=4"], "not KEY=VALUE with KEY a BlockConfig field")):
         monkeypatch.setattr(bench.sys, "argv", ["triton_fa2_bench", *argv])
         with pytest.raises(SystemExit, match=message):
             bench._paired_cli(argv[0], never)

@@ -262,6 +262,8 @@ class BlockConfig:
     ``dq_overlap`` (GProj only): the dQ kernel issues GProj's P~ K product before dS's elementwise work;
     ``kv_overlap``: the dK/dV kernel issues dV's product after dP's, before dS's elementwise work (module
     docstring, "Overlap").
+    ``exp2`` (opt-in): every exponential as exp2 with log2 e folded into the scale (module docstring, "exp2");
+    it changes the arithmetic (one rounding fewer per exponent), unlike the schedule switches.
     Warps, stages, ``tma``, ``heavy_first`` and the overlap switches change only the schedule, never the
     arithmetic (``SCHEDULE_FIELDS``); tiles change the fp32 summation order (see the module docstring, "Block
     sizes")."""
@@ -286,9 +288,10 @@ class BlockConfig:
     heavy_first: bool = False
     dq_overlap: bool = False
     kv_overlap: bool = False
+    exp2: bool = False
 
     def __post_init__(self):
-        for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap"):
+        for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap", "exp2"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("fwd_tma", "dq_tma", "kv_tma"):
@@ -603,12 +606,30 @@ if triton is not None:
         tl.store(C + rm[:, None] * N + rn[None, :], c)
 
     @triton.jit
+    def _exp_scale(scale, EXP2: tl.constexpr):
+        """The scale the exponentials' arguments are multiplied by: ``scale``, or under EXP2 the fp32 product
+        ``scale * log2 e`` (log2 e = 1.4426950408889634, rounded to fp32; the product rounded once)."""
+        if EXP2:
+            scale = scale * 1.4426950408889634
+        return scale
+
+    @triton.jit
+    def _exp_scaled(x, EXP2: tl.constexpr):
+        """``exp(x)``, or under EXP2 ``exp2(x)`` for an ``x`` already scaled by log2 e (``_exp_scale``)."""
+        if EXP2:
+            y = tl.exp2(x)
+        else:
+            y = tl.exp(x)
+        return y
+
+    @triton.jit
     def _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
                     MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr, TMA: tl.constexpr):
+                    BLOCK_N: tl.constexpr, TMA: tl.constexpr, EXP2: tl.constexpr):
         """Key blocks [lo, hi) of one query block, in increasing order (Alg. 1's inner loop).
         MASK_CAUSAL / MASK_COLS: apply the causal mask / the bounds mask (keys >= N) to S.
-        TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD (``_load_inner``)."""
+        TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD (``_load_inner``).
+        EXP2: ``scale`` is the exponent's scale times log2 e and the exponentials are exp2 (``_exp_scaled``)."""
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
@@ -629,8 +650,8 @@ if triton is not None:
 
             # -- online softmax: new max, then subtract the max first and scale second --
             m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp((s - m_new[:, None]) * scale)
-            alpha = tl.exp((m_i - m_new) * scale)
+            p = _exp_scaled((s - m_new[:, None]) * scale, EXP2)
+            alpha = _exp_scaled((m_i - m_new) * scale, EXP2)
             # -- row sum from p before rounding, in fp32 --
             l_i = alpha * l_i + tl.sum(p, 1)
 
@@ -644,7 +665,7 @@ if triton is not None:
     def _fwd_kernel(Q, K, V, KD, VD, O, LSE, N, D_HEAD, scale,
                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                    SPLIT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+                    SPLIT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, EXP2: tl.constexpr):
         # KD, VD: tensor descriptors of K, V over their [B*H*N, d] view when TMA, else None (unused)
         start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
@@ -660,6 +681,7 @@ if triton is not None:
         m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+        escale = _exp_scale(scale, EXP2)
 
         # causal: key blocks wholly above the diagonal are skipped
         hi = N
@@ -673,17 +695,19 @@ if triton is not None:
             else:
                 mid = (N // BLOCK_N) * BLOCK_N
             acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD,
-                                        scale, 0, mid, False, False, not EVEN_D, BLOCK_N, TMA)
+                                        escale, 0, mid, False, False, not EVEN_D, BLOCK_N, TMA, EXP2)
             if CAUSAL:
                 acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
-                                            D_HEAD, scale, mid, hi, True, not EVEN_N, not EVEN_D, BLOCK_N, TMA)
+                                            D_HEAD, escale, mid, hi, True, not EVEN_N, not EVEN_D, BLOCK_N, TMA,
+                                            EXP2)
             elif not EVEN_N:
                 acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
-                                            D_HEAD, scale, mid, hi, False, True, not EVEN_D, BLOCK_N, TMA)
+                                            D_HEAD, escale, mid, hi, False, True, not EVEN_D, BLOCK_N, TMA,
+                                            EXP2)
         else:
             # reference path: every block masked (the test of SPLIT / EVEN_N compares against it)
             acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD,
-                                        scale, 0, hi, CAUSAL, True, True, BLOCK_N, TMA)
+                                        escale, 0, hi, CAUSAL, True, True, BLOCK_N, TMA, EXP2)
 
         # -- epilogue: normalise once, round the output once, store the natural-log LSE in fp32 --
         out = acc / l_i[:, None]
@@ -713,9 +737,10 @@ if triton is not None:
     def _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
                    lo, hi, MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
                    GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-                   TMA: tl.constexpr, OVERLAP: tl.constexpr):
+                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         """Key blocks [lo, hi) of the dQ kernel's query block, in increasing order (Alg. 2 for dQ).
-        TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD, as in ``_fwd_blocks``."""
+        TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD, as in ``_fwd_blocks``.
+        EXP2: ``scale`` and ``lse`` come multiplied by log2 e, and P = exp2(S scale - lse) (``_exp_scaled``)."""
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
@@ -726,7 +751,7 @@ if triton is not None:
 
             # -- recompute S and P from the stored log-sum-exp --
             s = tl.dot(q, tl.trans(k), input_precision="ieee")
-            p = tl.exp(s * scale - lse[:, None])
+            p = _exp_scaled(s * scale - lse[:, None], EXP2)
             if MASK_COLS:
                 keep = col_ok[None, :]
                 if MASK_CAUSAL:
@@ -775,7 +800,7 @@ if triton is not None:
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
                        F32_DOT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
-                       OVERLAP: tl.constexpr):
+                       OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         # KD, VD: as in the forward (descriptors of K, V when TMA, else None)
         start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
@@ -792,6 +817,8 @@ if triton is not None:
         # padded rows get lse = +inf, so their P is exactly 0
         lse = _load_rowvec(LSE + row_base + offs_m, row_ok, float("inf"), not EVEN_N)
         delta = _load_rowvec(DELTA + row_base + offs_m, row_ok, 0.0, not EVEN_N)
+        escale = _exp_scale(scale, EXP2)
+        lse = _exp_scale(lse, EXP2)
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # -- GProj: r_i and (P~ K)_i accumulated beside dQ, fp32 (unused, and compiled away, when off) --
@@ -808,20 +835,20 @@ if triton is not None:
             else:
                 mid = (N // BLOCK_N) * BLOCK_N
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
-                                   D_HEAD, scale, 0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N,
-                                   TMA, OVERLAP)
+                                   D_HEAD, escale, 0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N,
+                                   TMA, OVERLAP, EXP2)
             if CAUSAL:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
-                                       N, D_HEAD, scale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD,
-                                       F32_DOT, BLOCK_N, TMA, OVERLAP)
+                                       N, D_HEAD, escale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD,
+                                       F32_DOT, BLOCK_N, TMA, OVERLAP, EXP2)
             elif not EVEN_N:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
-                                       N, D_HEAD, scale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                       BLOCK_N, TMA, OVERLAP)
+                                       N, D_HEAD, escale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
+                                       BLOCK_N, TMA, OVERLAP, EXP2)
         else:
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
-                                   D_HEAD, scale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA,
-                                   OVERLAP)
+                                   D_HEAD, escale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA,
+                                   OVERLAP, EXP2)
 
         if GPROJ != 0:
             # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --
@@ -840,9 +867,10 @@ if triton is not None:
     def _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
                    D_HEAD, scale, lo, hi, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr,
                    GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   TMA: tl.constexpr, OVERLAP: tl.constexpr):
+                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         """Query blocks [lo, hi) of the dK/dV kernel's key block, in increasing order (Alg. 2 for dK, dV).
-        TMA: the Q, dO tiles whose loads need no mask through the descriptors QD, DOD (``_load_inner``)."""
+        TMA: the Q, dO tiles whose loads need no mask through the descriptors QD, DOD (``_load_inner``).
+        EXP2: ``scale`` comes multiplied by log2 e, each lse is, and P = exp2(S scale - lse) (``_exp_scaled``)."""
         for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             row_ok = offs_m < N
@@ -855,7 +883,7 @@ if triton is not None:
 
             # -- recompute S^T and P^T from the stored log-sum-exp --
             s_t = tl.dot(k, tl.trans(q), input_precision="ieee")
-            p_t = tl.exp(s_t * scale - lse[None, :])
+            p_t = _exp_scaled(s_t * scale - _exp_scale(lse, EXP2)[None, :], EXP2)
             if MASK_CAUSAL:
                 p_t = tl.where(offs_m[None, :] >= offs_n[:, None], p_t, 0.0)
 
@@ -907,7 +935,7 @@ if triton is not None:
                          CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
-                         F32_DOT: tl.constexpr, TMA: tl.constexpr, OVERLAP: tl.constexpr):
+                         F32_DOT: tl.constexpr, TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         # key-block outer: this program owns keys [start_n, start_n + BLOCK_N); tiles are transposed
         # (keys x query rows) so that dK and dV accumulate as plain row-major products.
         # QD, DOD: tensor descriptors of Q, dO over their [B*H*N, d] view when TMA, else None (unused)
@@ -924,6 +952,7 @@ if triton is not None:
         v = _load_tile(V + base + offs_n[:, None] * D_HEAD + offs_d[None, :], col_ok, d_ok, not EVEN_N, not EVEN_D)
         dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
         dv = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+        escale = _exp_scale(scale, EXP2)
 
         lo = 0
         if CAUSAL:
@@ -937,23 +966,23 @@ if triton is not None:
             if CAUSAL:
                 mid = tl.minimum(N, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
-                                    offs_d, d_ok, N, D_HEAD, scale, lo, mid, True, not EVEN_N, not EVEN_D, GPROJ,
-                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP)
+                                    offs_d, d_ok, N, D_HEAD, escale, lo, mid, True, not EVEN_N, not EVEN_D, GPROJ,
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
             if EVEN_N:
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
-                                    offs_d, d_ok, N, D_HEAD, scale, mid, N, False, False, not EVEN_D, GPROJ, FP32_BWD,
-                                    F32_DOT, BLOCK_M, TMA, OVERLAP)
+                                    offs_d, d_ok, N, D_HEAD, escale, mid, N, False, False, not EVEN_D, GPROJ, FP32_BWD,
+                                    F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
             else:
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
-                                    offs_d, d_ok, N, D_HEAD, scale, mid, full, False, False, not EVEN_D, GPROJ,
-                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP)
+                                    offs_d, d_ok, N, D_HEAD, escale, mid, full, False, False, not EVEN_D, GPROJ,
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
-                                    offs_d, d_ok, N, D_HEAD, scale, tl.maximum(mid, full), N, False, True, not EVEN_D,
-                                    GPROJ, FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP)
+                                    offs_d, d_ok, N, D_HEAD, escale, tl.maximum(mid, full), N, False, True, not EVEN_D,
+                                    GPROJ, FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
         else:
             dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d,
-                                d_ok, N, D_HEAD, scale, lo, N, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_M,
-                                TMA, OVERLAP)
+                                d_ok, N, D_HEAD, escale, lo, N, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_M,
+                                TMA, OVERLAP, EXP2)
 
         dk = dk * scale
         _store_tile(DK + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dk.to(DK.dtype.element_ty), col_ok, d_ok,
@@ -1117,7 +1146,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config
     _fwd_kernel[grid](q, k, v, k_desc, v_desc, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
                       BLOCK_N=cfg.fwd_n, BLOCK_D=block_d, EVEN_N=_split and _even(n, cfg.fwd_m, cfg.fwd_n),
                       EVEN_D=_split and block_d == d, SPLIT=bool(_split), TMA=cfg.uses_tma("fwd"),
-                      HEAVY_FIRST=bool(causal and cfg.heavy_first), num_warps=warps, num_stages=stages)
+                      HEAVY_FIRST=bool(causal and cfg.heavy_first), EXP2=cfg.exp2, num_warps=warps,
+                      num_stages=stages)
     return out, lse
 
 
@@ -1173,7 +1203,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
             TMA=cfg.uses_tma("dq"), HEAVY_FIRST=bool(causal and cfg.heavy_first), OVERLAP=cfg.dq_overlap,
-            num_warps=warps, num_stages=stages)
+            EXP2=cfg.exp2, num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":
@@ -1182,7 +1212,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             q, k, v, q_desc, do_desc, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.kv_n, cfg.kv_m), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.uses_tma("kv"), OVERLAP=cfg.kv_overlap, num_warps=warps, num_stages=stages)
+            TMA=cfg.uses_tma("kv"), OVERLAP=cfg.kv_overlap, EXP2=cfg.exp2, num_warps=warps, num_stages=stages)
     return dq, dk, dv
 
 

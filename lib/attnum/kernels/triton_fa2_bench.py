@@ -6,7 +6,7 @@
     python -m attnum.kernels.triton_fa2_bench gproj OUT.json [--ns=8192] [--dims=64,128] [--rounds=7]
                                               [--budget-s=240]
     python -m attnum.kernels.triton_fa2_bench flex OUT.json [--ns=4096,8192] [--dims=64,128] [--rounds=7]
-                                              [--budget-s=240]
+                                              [--budget-s=240] [--base=KEY=VALUE,...]
 
 or ``main(out_path, quick=False)``. For every shape -- N in {4096, 8192, 16384, 32768} (quick:
 {4096, 16384}), head dim 64 and 128, causal and not, bf16, batch * heads = 2^18 / N so every shape
@@ -48,7 +48,9 @@ rounds, Flex first in odd ones), forward alone and forward + backward, each a me
 a paired ratio ``t_ours / t_flex``. ``flex_summary`` reports per part the median ratio and its range (the same
 sign-test coverage 1 - 2^(1-R) as ``gproj``), ``meets_*`` (median <= 1) and a ``verdict``: ``"under"`` if every
 round had ours at or under Flex's time, ``"over"`` if every round had it over, else ``"not resolved"``.
-Before timing, the two outputs on the timed tensors are compared (``max_abs_diff_out``), so a mask or layout
+``--base=KEY=VALUE,...`` (``triton_fa2_tune``'s syntax) times ours with
+those BlockConfig fields over the default configuration, e.g. ``--base=exp2=1``. Before timing, the two outputs on
+the timed tensors are compared (``max_abs_diff_out``), so a mask or layout
 mismatch cannot pass as a speed difference.
 
 ``table`` prints the ``summary`` rows of bench files as one Markdown table (``summary_table``; the tables of
@@ -496,8 +498,10 @@ def flex_summary(cases) -> list[dict]:
     return out
 
 
-def flex_main(out_path, ns=(4096, 8192), dims=(64, 128), rounds: int = 7, budget_s: float = 240.0) -> dict:
-    """The ``flex`` command (module docstring): paired rounds of ``triton_fa2`` and compiled Flex per shape."""
+def flex_main(out_path, ns=(4096, 8192), dims=(64, 128), rounds: int = 7, budget_s: float = 240.0,
+              base_change: dict | None = None) -> dict:
+    """The ``flex`` command (module docstring): paired rounds of ``triton_fa2`` and compiled Flex per shape;
+    ``base_change``: BlockConfig fields applied over ``default_config`` (``--base=exp2=1``)."""
     if not isinstance(rounds, int) or rounds < 2:
         raise SystemExit(f"--rounds must be an integer >= 2 (a paired interval needs two rounds), got {rounds!r}")
     if not torch.cuda.is_available():
@@ -509,13 +513,21 @@ def flex_main(out_path, ns=(4096, 8192), dims=(64, 128), rounds: int = 7, budget
         raise SystemExit(f"triton_fa2 is unavailable here: {reason}")
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
+    import dataclasses
+
+    configs = {(d, c): dataclasses.replace(tfa.default_config(d, causal=c), **(base_change or {}))
+               for d in dims for c in (False, True)}
     result = {"environment": environment(), "tokens_per_shape": TOKENS, "ns": list(ns), "dims": list(dims),
               "rounds": rounds, "warmup": 1, "repeats": 5, "budget_s": budget_s, "targets": TARGETS,
-              "triton_fa2_configs": {f"{d},{int(c)}": vars(tfa.default_config(d, causal=c))
-                                     for d in dims for c in (False, True)},
+              "base_change": dict(base_change or {}),
+              "triton_fa2_configs": {f"{d},{int(c)}": vars(cfg) for (d, c), cfg in configs.items()},
               "cases": [], "flex_summary": [], "stopped_by_budget": False}
-    impls = {"triton_fa2": lambda q, k, v, causal: tfa.triton_attention(q, k, v, causal=causal),
-             "flex_attention_compiled": _flex()}
+
+    def ours(q, k, v, causal):
+        # the default configuration itself where nothing is changed (its TMA choice per tensor included)
+        config = configs[q.shape[-1], causal] if base_change else None
+        return tfa.triton_attention(q, k, v, causal=causal, config=config)
+    impls = {"triton_fa2": ours, "flex_attention_compiled": _flex()}
     t0 = time.time()
 
     def save():
@@ -587,14 +599,16 @@ def flex_main(out_path, ns=(4096, 8192), dims=(64, 128), rounds: int = 7, budget
 
 
 def _paired_cli(command: str, run) -> None:
-    """``gproj`` / ``flex`` command lines: OUT.json and --ns, --dims, --rounds, --budget-s."""
+    """``gproj`` / ``flex`` command lines: OUT.json and --ns, --dims, --rounds, --budget-s (``flex`` also --base)."""
     args = [a for a in sys.argv[2:] if not a.startswith("--")]
     opts = dict(a.split("=", 1) for a in sys.argv[2:] if a.startswith("--") and "=" in a)
     flags = {a for a in sys.argv[2:] if a.startswith("--") and "=" not in a}
     default_ns = "8192" if command == "gproj" else "4096,8192"
-    if len(args) != 1 or set(opts) - {"--ns", "--dims", "--rounds", "--budget-s"} or flags:
+    allowed = {"--ns", "--dims", "--rounds", "--budget-s"} | ({"--base"} if command == "flex" else set())
+    if len(args) != 1 or set(opts) - allowed or flags:
         raise SystemExit(f"usage: python -m attnum.kernels.triton_fa2_bench {command} OUT.json [--ns={default_ns}]"
-                         " [--dims=64,128] [--rounds=7] [--budget-s=240]")
+                         " [--dims=64,128] [--rounds=7] [--budget-s=240]"
+                         + (" [--base=KEY=VALUE,...]" if command == "flex" else ""))
     try:
         rounds = int(opts.get("--rounds", "7"))
         ns = tuple(int(x) for x in opts.get("--ns", default_ns).split(","))
@@ -602,7 +616,12 @@ def _paired_cli(command: str, run) -> None:
         budget_s = float(opts.get("--budget-s", 240))
     except ValueError as exc:
         raise SystemExit(f"{command}: --rounds, --ns and --dims take integers, --budget-s a number ({exc})") from None
-    run(args[0], ns=ns, dims=dims, rounds=rounds, budget_s=budget_s)
+    extra = {}
+    if "--base" in opts:
+        from .triton_fa2_tune import parse_change
+
+        extra["base_change"] = parse_change(opts["--base"])
+    run(args[0], ns=ns, dims=dims, rounds=rounds, budget_s=budget_s, **extra)
 
 
 def gproj_main(out_path, ns=(8192,), dims=(64, 128), rounds: int = 7, budget_s: float = 240.0) -> dict:

@@ -3,7 +3,7 @@
 
     python -m attnum.kernels.triton_fa2_tune OUT.json [--budget-s=240] [--n=8192] [--dims=128,64]
                                              [--causal=0,1] [--parts=fwd,dq,kv,dq_gproj,kv_gproj,dq_fp32,kv_fp32]
-    python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma,order,overlap [--dims=128,64] [--causal=0,1]
+    python -m attnum.kernels.triton_fa2_tune OUT.json --parts=tma,order,overlap,exp2 [--dims=128,64] [--causal=0,1]
                                              [--base=KEY=VALUE,...] [--rounds=1]
     python -m attnum.kernels.triton_fa2_tune OUT.json --same-numerics=D:KEY=VALUE,...
     python -m attnum.kernels.triton_fa2_tune OUT.json --split-check=D
@@ -57,6 +57,11 @@ took at most ``OVERLAP_GAIN`` of their time, then the fastest: GProj off's choic
 into ``TUNED_CONFIGS``), the GProj parts' in ``"gproj_schedule"`` (merged into ``TUNED_GPROJ_LAUNCH``: ``"dq"``'s
 into both GProj modes, ``"kvg"``'s into ``"dq_dk"``), every time in ``"overlap"`` and ``notes``.
 
+``exp2`` (not among the default parts; ``--parts=exp2``): each kernel at the table's configuration with
+``BlockConfig.exp2`` off and on (``triton_fa2``'s docstring, "exp2"), alternately like the switch parts: parts
+``fwd_exp2``, ``dq_exp2``, ``kv_exp2`` (GProj off) and ``dqg_exp2`` (the dQ kernel under GProj ``"dq"``). ``pick``
+leaves them out of the tables: the switch changes the arithmetic, so adopting it is not a speed decision alone.
+
 ``--rounds=R`` (default 1): the ``tma``, ``order`` and ``overlap`` parts time a switch's two sides alternately, off then
 on, R times over (each round a median of the repeats), and record every round (``ms_rounds``) and their
 median (``ms``): a switch worth a few percent is smaller than one median's run-to-run spread. With R > 1 the
@@ -106,8 +111,10 @@ TOKENS = 2 ** 18
 HEADS = 16
 CHECK_N = 512
 CHECK_REL = 2.0 ** -4
-PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order", "overlap")
-DEFAULT_PARTS = PARTS[:-3]  # tma, order and overlap only when asked for
+PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order", "overlap", "exp2")
+DEFAULT_PARTS = PARTS[:-4]  # tma, order, overlap and exp2 only when asked for
+# The ``exp2`` part: (part, GProj mode it is timed under); each kernel at the table's configuration for that mode.
+EXP2_PARTS = (("fwd_exp2", "off"), ("dq_exp2", "off"), ("kv_exp2", "off"), ("dqg_exp2", "dq"))
 # The ``overlap`` part: (part, GProj mode it is timed under, the kernel's TMA and overlap fields); its four
 # configurations are the product of the two switches, the first (both as the table has them) the baseline.
 OVERLAP_PARTS = (("dq_overlap", "dq", ("dq_tma", "dq_overlap")), ("kv_overlap", "off", ("kv_tma", "kv_overlap")),
@@ -135,7 +142,7 @@ LAUNCH_KEYS = {"fwd": ("fwd_warps", "fwd_stages"), "dq": ("dq_warps", "dq_stages
 
 def _kernel_of(part: str) -> str:
     kernel = part.split("_")[0]
-    return "kv" if kernel == "kvg" else kernel
+    return {"kvg": "kv", "dqg": "dq"}.get(kernel, kernel)
 
 
 def _change(part: str, cand) -> dict:
@@ -153,7 +160,8 @@ def _part_options(part: str) -> dict:
             "fwd_tma": ("off", False, ("ieee",)), "dq_tma": ("off", False, ("ieee",)),
             "kv_tma": ("off", False, ("ieee",)), "fwd_order": ("off", False, ("ieee",)),
             "dq_order": ("off", False, ("ieee",)),
-            **{name: (gproj, False, ("ieee",)) for name, gproj, _ in OVERLAP_PARTS}}[part]
+            **{name: (gproj, False, ("ieee",)) for name, gproj, _ in OVERLAP_PARTS},
+            **{name: (gproj, False, ("ieee",)) for name, gproj in EXP2_PARTS}}[part]
 
 
 def _check_small(tfa, config, d: int, causal: bool, gproj: str, fp32_backward: bool, fp32_dot: str) -> dict:
@@ -374,6 +382,10 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                 first = (table.uses_tma(_kernel_of(part)), getattr(table, overlap_key))
                 combos = [first] + [c for c in itertools.product((False, True), repeat=2) if c != first]
                 if not run_rounds(d, causal, part, [{tma_key: t, overlap_key: o} for t, o in combos]):
+                    return result
+        if "exp2" in parts:
+            for part, _ in EXP2_PARTS:
+                if not run_rounds(d, causal, part, ({"exp2": False}, {"exp2": True})):
                     return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
