@@ -228,7 +228,8 @@ def test_default_config_table(monkeypatch):
             f = tfa.default_config(d, fp32_backward=True, causal=False, gproj=gproj, fp32_dot=fp32_dot)
             assert (f.dq_overlap, f.kv_overlap) == (False, False), (gproj, fp32_dot)
         x3 = tfa.default_config(d, fp32_backward=True, causal=False, gproj=gproj, fp32_dot="bf16x3")
-        assert x3 == tfa.default_config(d, causal=False, gproj=gproj)
+        assert x3 == dataclasses.replace(tfa.default_config(d, causal=False, gproj=gproj), dq_exp2=False,
+                                         kv_exp2=False)
     monkeypatch.delitem(tfa.TUNED_GPROJ_LAUNCH, (d, True, "dq_dk"), raising=False)
     assert tfa.default_config(d, causal=True, gproj="dq_dk") == base  # a mode without an entry: GProj off's
     f = tfa.default_config(d, fp32_backward=True, causal=True)
@@ -455,11 +456,13 @@ def test_interpreter_bf16x3_split_is_exact():
 
 
 def test_bf16x3_configuration_and_refusals():
-    """``"bf16x3"`` keeps the bf16 kernel's configuration (its fp32 pieces are register operands); the
-    ieee FP32 backward halves the backward tiles. A non-bf16 input is refused by name before any work."""
+    """``"bf16x3"`` keeps the bf16 kernel's configuration (its fp32 pieces are register operands) but for exp2,
+    which the FP32 backward leaves off; the ieee FP32 backward halves the backward tiles. A non-bf16 input is
+    refused by name before any work."""
     for d, causal in ((64, False), (64, True), (128, False), (128, True), (96, False)):
         bf16 = tfa.default_config(d, causal=causal, gproj="dq")
-        assert tfa.default_config(d, True, causal=causal, gproj="dq", fp32_dot="bf16x3") == bf16
+        assert tfa.default_config(d, True, causal=causal, gproj="dq", fp32_dot="bf16x3") == dataclasses.replace(
+            bf16, dq_exp2=False, kv_exp2=False)
         ieee = tfa.default_config(d, True, causal=causal, gproj="dq")
         assert ieee.dq_n < bf16.dq_n and ieee.kv_m < bf16.kv_m
     with pytest.raises(ValueError, match="fp32_dot"):
@@ -1091,9 +1094,87 @@ def test_interpreter_exp2_matches_fp64_and_stays_near_exp(dtype, causal):
             ref = tfa.backward(q, k, v, out_e, lse_e, do, causal=causal, gproj=gproj, config=SMALL)
             for g, r in zip(got, ref):
                 assert rel_max(g, r.double()) <= (4 * U[dtype] if dtype == torch.float16 else 256 * U[dtype])
+        # exp2 is engaged: it moves fp32 results (the LSE is fp32 in either dtype)
+        assert not torch.equal(lse_2, lse_e)
+        if dtype == torch.float32:
+            assert not torch.equal(out_2, out_e)
     with pytest.raises(ValueError, match="exp2"):
         tfa.BlockConfig(exp2=1)
     assert tfa.BlockConfig().exp2 is False and "exp2" not in tfa.SCHEDULE_FIELDS
+
+
+@interp
+def test_interpreter_exp2_switch_per_kernel():
+    """A kernel's own exp2 switch reaches that kernel alone: ``fwd_exp2`` gives the shared switch's forward and
+    leaves the backward bit for bit the exp kernel's; ``dq_exp2`` moves dQ only, ``kv_exp2`` dK and dV only."""
+    q, k, v, do = inputs((1, 2, 33, 32), torch.float32, seed=5)
+    out_e, lse_e = tfa.forward(q, k, v, config=SMALL)
+    out_2, lse_2 = tfa.forward(q, k, v, config=dataclasses.replace(SMALL, exp2=True))
+    out_f, lse_f = tfa.forward(q, k, v, config=dataclasses.replace(SMALL, fwd_exp2=True))
+    assert torch.equal(out_f, out_2) and torch.equal(lse_f, lse_2) and not torch.equal(lse_f, lse_e)
+    ref = tfa.backward(q, k, v, out_e, lse_e, do, config=SMALL)
+    fwd_only = tfa.backward(q, k, v, out_e, lse_e, do, config=dataclasses.replace(SMALL, fwd_exp2=True))
+    assert all(torch.equal(g, r) for g, r in zip(fwd_only, ref))
+    dq_only = tfa.backward(q, k, v, out_e, lse_e, do, config=dataclasses.replace(SMALL, dq_exp2=True))
+    assert not torch.equal(dq_only[0], ref[0]) and torch.equal(dq_only[1], ref[1]) and torch.equal(dq_only[2], ref[2])
+    kv_only = tfa.backward(q, k, v, out_e, lse_e, do, config=dataclasses.replace(SMALL, kv_exp2=True))
+    assert torch.equal(kv_only[0], ref[0]) and not torch.equal(kv_only[1], ref[1])
+    # the shared switch with one kernel's own turned off
+    mixed = tfa.backward(q, k, v, out_e, lse_e, do, config=dataclasses.replace(SMALL, exp2=True, kv_exp2=False))
+    assert torch.equal(mixed[0], dq_only[0]) and torch.equal(mixed[1], ref[1]) and torch.equal(mixed[2], ref[2])
+
+
+def test_exp2_switches_and_the_tables():
+    """``uses_exp2``: a kernel's own switch over the shared one, refused kernel names and non-bool values; the
+    tuned entries' exp2 choices reach ``default_config``, the FP32 backward keeps exp (every ``fp32_dot``), and an
+    untuned head dim has exp2 nowhere; ``parse_change`` reads the per-kernel switches."""
+    from attnum.kernels import triton_fa2_tune as tune
+
+    mixed = tfa.BlockConfig(exp2=True, kv_exp2=False)
+    assert (mixed.uses_exp2("fwd"), mixed.uses_exp2("dq"), mixed.uses_exp2("kv")) == (True, True, False)
+    assert tfa.BlockConfig(dq_exp2=True).uses_exp2("dq") and not tfa.BlockConfig(dq_exp2=True).uses_exp2("fwd")
+    with pytest.raises(ValueError, match="kernel must be"):
+        mixed.uses_exp2("bwd")
+    for name in ("fwd_exp2", "dq_exp2", "kv_exp2"):
+        with pytest.raises(ValueError, match=name):
+            tfa.BlockConfig(**{name: 1})
+    assert not any(tfa.default_config(96, causal=c).uses_exp2(kernel) for c in (False, True)
+                   for kernel in ("fwd", "dq", "kv"))
+    for (d, causal), entry in tfa.TUNED_CONFIGS.items():
+        for gproj in tfa.GPROJ_MODES:
+            cfg = tfa.default_config(d, causal=causal, gproj=gproj)
+            assert [cfg.uses_exp2(kernel) for kernel in ("fwd", "dq", "kv")] == [
+                entry.get(f"{kernel}_exp2", entry.get("exp2", False)) for kernel in ("fwd", "dq", "kv")]
+            for fp32_dot in ("ieee", "tf32x3", "bf16x3"):
+                f = tfa.default_config(d, fp32_backward=True, causal=causal, gproj=gproj, fp32_dot=fp32_dot)
+                assert f.uses_exp2("fwd") == cfg.uses_exp2("fwd")  # the forward is the bf16 kernel's
+                assert not f.uses_exp2("dq") and not f.uses_exp2("kv"), (d, causal, gproj, fp32_dot)
+    assert tune.parse_change("fwd_exp2=0,kv_exp2=None,exp2=1") == dict(fwd_exp2=False, kv_exp2=None, exp2=True)
+    with pytest.raises(SystemExit):
+        tune.parse_change("dq_exp2=2")
+
+
+def test_tune_picks_exp2_flags_per_kernel():
+    """``pick_configs`` reports the exp2 part's off/on times per kernel and calls a kernel's switch on only where
+    exp2 took at most ``EXP2_GAIN`` of the time without; GProj's dQ part is reported, never decides; the tables are
+    left alone (exp2 changes the arithmetic) and ``format_tables`` prints the choice as a comment."""
+    from attnum.kernels import triton_fa2_tune as tune
+
+    base = dict(vars(tfa.BlockConfig()))
+    rows = [("fwd", {}, 2.0), ("dq", {}, 3.0), ("kv", {}, 4.0),
+            ("fwd_exp2", {"fwd_exp2": False}, 2.0), ("fwd_exp2", {"fwd_exp2": True}, 1.8),
+            ("dq_exp2", {"dq_exp2": False}, 3.0), ("dq_exp2", {"dq_exp2": True}, 3.0 * tune.EXP2_GAIN + 0.01),
+            ("kv_exp2", {"kv_exp2": False}, 2.188), ("kv_exp2", {"kv_exp2": True}, 2.676),
+            ("dqg_exp2", {"dq_exp2": False}, 4.0), ("dqg_exp2", {"exp2": True}, 3.0)]
+    cases = [{"d": 128, "causal": True, "part": part, "fp32_dot": "ieee", "status": "ok", "correct": True, "ms": ms,
+              "config": {**base, **change}} for part, change, ms in rows]
+    picked = tune.pick_configs({"environment": {"time_utc": "t"}, "n": 8192, "cases": cases})
+    assert picked["exp2"][128, True] == {"fwd_exp2": {"off": 2.0, "on": 1.8},
+                                         "dq_exp2": {"off": 3.0, "on": round(3.0 * tune.EXP2_GAIN + 0.01, 3)},
+                                         "kv_exp2": {"off": 2.188, "on": 2.676}, "dqg_exp2": {"off": 4.0, "on": 3.0}}
+    assert picked["exp2_flags"] == {(128, True): {"fwd_exp2": True, "dq_exp2": False, "kv_exp2": False}}
+    assert not any("exp2" in key for key in picked["configs"][128, True])
+    assert "exp2 for (128, True)" in tune.format_tables(picked).splitlines()[-1]
 
 
 @interp
@@ -1114,18 +1195,22 @@ def test_interpreter_exp2_keeps_gproj_floor():
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_gpu_exp2_matches_fp64_and_stays_near_exp(d, causal):
-    """Compiled in bf16 at the default tiles, ``exp2`` meets the exp kernel's fp64 tolerances (every GProj mode,
-    N a multiple of the tiles and not), and its output is within one bf16 rounding of the exp kernel's."""
+    """Compiled in bf16 at the default tiles, ``exp2`` in all three kernels meets the exp kernel's fp64 tolerances
+    (every GProj mode, N a multiple of the tiles and not), and its output is within one bf16 rounding of the same
+    configuration with exp everywhere."""
     reason = tfa.unavailable_reason("cuda")
     if reason:
         pytest.skip(reason)
+    base = tfa.default_config(d, causal=causal)
+    cfg_e = dataclasses.replace(base, exp2=False, fwd_exp2=False, dq_exp2=False, kv_exp2=False)
+    cfg = dataclasses.replace(base, exp2=True, fwd_exp2=None, dq_exp2=None, kv_exp2=None)
     for n in (1000, 1024):
         q, k, v, do = inputs((2, 3, n, d), torch.bfloat16, device="cuda", seed=n + d + 17)
-        cfg = dataclasses.replace(tfa.default_config(d, causal=causal), exp2=True)
         check_against_fp64(q, k, v, do, causal, VARIANTS[:3], cfg, 4 * U[torch.bfloat16], 8 * U[torch.bfloat16])
-        out_e, _ = tfa.forward(q, k, v, causal=causal)
-        out_2, _ = tfa.forward(q, k, v, causal=causal, config=cfg)
+        out_e, lse_e = tfa.forward(q, k, v, causal=causal, config=cfg_e)
+        out_2, lse_2 = tfa.forward(q, k, v, causal=causal, config=cfg)
         assert rel_max(out_2, out_e.double()) <= 2 * U[torch.bfloat16]
+        assert not torch.equal(lse_2, lse_e)  # exp2 is engaged
 
 
 def test_tune_gproj_only_sweep_picks_against_its_table(tmp_path):

@@ -108,6 +108,34 @@ registers longer. On the H200 (the tables' comments) ``kv_overlap`` took 2-15% o
 GProj dq_dk at d = 128, where the correction's product also overlaps) and ``dq_overlap`` 1-8% off GProj's dQ
 kernel (with its TMA switch); every tuned entry turns them on.
 
+exp2 (``BlockConfig.exp2``, or one kernel's own ``fwd_exp2`` / ``dq_exp2`` / ``kv_exp2``; in the tuned entries where
+they measured a gain). Since exp(x) = 2^(x log2 e), the constant log2 e can be folded into the softmax scale once
+per program, as FlashAttention-2's CUDA kernels do (Dao-AILab/flash-attention, csrc/flash_attn/src/softmax.h, the
+code PyTorch's SDPA flash backend vendors), so that each exponent argument costs one multiply less:
+``p = exp2((s - m) * fl(scale log2 e))`` and ``alpha = exp2((m_old - m_new) * fl(scale log2 e))`` in the forward,
+``P = exp2(s * fl(scale log2 e) - fl(lse log2 e))`` in the backward kernels. The stored LSE stays in natural-log
+units (``m * scale + log l``), so a forward and backward kernels with and without it combine. Unlike the schedule
+switches this changes the arithmetic. In the forward exp sees ``fl(fl(s - m) * scale)`` and exp2
+``fl(fl(s - m) * fl(scale log2 e))``; on NVIDIA GPUs Triton lowers fp32 ``tl.exp`` to ``ex2.approx(x * log2 e)``
+(above), so there exp2 drops one fp32 multiply and its rounding. A rounding moves the base-2 argument y by at most
+|y| u_fp32 (u_fp32 = 2^-24) and p by a relative |y| ln 2 u_fp32: under 1e-6 for p >= 2^-24 (|y| <= 24), 5.2e-6
+at bf16's smallest normal 2^-126, against the unit roundoffs 2^-8 (bf16) and 2^-11 (fp16) of rounding P; s = m
+still gives exactly 1 (seed 004's cause 1 does not arise). In the backward the argument is a difference: the
+roundings of ``s * fl(scale log2 e)`` and of ``lse log2 e`` move it by u_fp32 times |s scale| and |lse| (in base-2
+units), the same order as the exp kernel's own rounding of ``s * scale`` and of the stored LSE. Either way such a
+change can flip a rounding of P~ or dS~ that sits on a boundary, like the fp32-level latitude above.
+In the CPU interpreter exp is numpy's exp and exp2 numpy's exp2; the interpreter tests hold the exp2 kernels to the
+exp kernels' fp64 tolerances and to GProj's floor (``test_interpreter_exp2_*``), and the GPU test
+(``test_gpu_exp2_matches_fp64_and_stays_near_exp``) in bf16 at the tuned tiles.
+Measured on the H200 (``triton_fa2_tune --parts=exp2 --rounds=5``, N = 8192, each kernel alone at the table's
+configuration, median of rounds; the ``TUNED_CONFIGS`` comment gives the times and their files) it took 3.6-12% off
+the forward and the dQ kernel at d = 64 and 128, causal and not, 1.5-8% off GProj's dQ kernel and 1.5-5.6% off the
+non-causal dK/dV kernel, but made the causal dK/dV kernel 22% slower at both head dims (2.188 -> 2.676 ms at
+d = 128, 1.585 -> 1.933 at d = 64; why was not measured); the tuned entries turn it on where it was faster. The FP32
+backward's kernels (fp32 operands) keep exp unless an entry of their own says otherwise, since it was timed on the
+bf16 kernels only. GPU runs committed before this switch entered the tuned entries (the study outputs' RUN.json
+files give each run's commit) computed every exponential with exp.
+
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
 1. ``_bwd_dq_kernel``: query-block outer, loop over key blocks; recomputes S, P, dP, dS and
@@ -262,8 +290,9 @@ class BlockConfig:
     ``dq_overlap`` (GProj only): the dQ kernel issues GProj's P~ K product before dS's elementwise work;
     ``kv_overlap``: the dK/dV kernel issues dV's product after dP's, before dS's elementwise work (module
     docstring, "Overlap").
-    ``exp2`` (opt-in): every exponential as exp2 with log2 e folded into the scale (module docstring, "exp2");
-    it changes the arithmetic (one rounding fewer per exponent), unlike the schedule switches.
+    ``exp2`` (off in a bare ``BlockConfig``): every exponential as exp2 with log2 e folded into the scale (module
+    docstring, "exp2"); it changes the arithmetic (one fp32 rounding fewer per exponent argument), unlike the
+    schedule switches. ``fwd_exp2``, ``dq_exp2``, ``kv_exp2`` (None: the shared ``exp2``) set one kernel's own.
     Warps, stages, ``tma``, ``heavy_first`` and the overlap switches change only the schedule, never the
     arithmetic (``SCHEDULE_FIELDS``); tiles change the fp32 summation order (see the module docstring, "Block
     sizes")."""
@@ -289,12 +318,15 @@ class BlockConfig:
     dq_overlap: bool = False
     kv_overlap: bool = False
     exp2: bool = False
+    fwd_exp2: bool | None = None
+    dq_exp2: bool | None = None
+    kv_exp2: bool | None = None
 
     def __post_init__(self):
         for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap", "exp2"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("fwd_tma", "dq_tma", "kv_tma"):
+        for name in ("fwd_tma", "dq_tma", "kv_tma", "fwd_exp2", "dq_exp2", "kv_exp2"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool or None, got {value!r}")
@@ -328,6 +360,13 @@ class BlockConfig:
         own = getattr(self, f"{kernel}_tma")
         return self.tma if own is None else own
 
+    def uses_exp2(self, kernel: str) -> bool:
+        """Whether ``kernel`` in {"fwd", "dq", "kv"} computes its exponentials as exp2 (module docstring, "exp2")."""
+        if kernel not in ("fwd", "dq", "kv"):
+            raise ValueError(f"kernel must be 'fwd', 'dq' or 'kv', got {kernel!r}")
+        own = getattr(self, f"{kernel}_exp2")
+        return self.exp2 if own is None else own
+
     def tiles(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in TILE_FIELDS}
 
@@ -357,14 +396,23 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # overlap on; faster in 5 of 5 rounds), causal 2.179 -> 2.145 (on, on; 2 of 5); d = 64 non-causal 2.565 ->
     # 2.352 (tma off, overlap on; 5 of 5), causal 1.491 -> 1.382 (on, on; 4 of 5). Same bits either way
     # (test_gpu_overlap_bitwise).
+    # exp2 (module docstring, "exp2"; it changes the arithmetic): triton_fa2_tune --parts=exp2 --rounds=5 at bc3c0f5
+    # (each kernel alone at these configurations, its own switch off and on, median of 5 alternating rounds, ms
+    # off -> on; that run's JSON was lost with its machine, so the repeat below is the committed evidence):
+    # d = 128 non-causal fwd 2.447 -> 2.270, dQ 3.222 -> 2.934, dK/dV 4.056 -> 3.830 (GProj's dQ 4.005 -> 3.860);
+    # causal fwd 1.414 -> 1.320, dQ 1.787 -> 1.723, dK/dV 2.188 -> 2.676 (slower: kept off; GProj's dQ 2.042 ->
+    # 1.977); d = 64 non-causal fwd 1.748 -> 1.537, dQ 1.701 -> 1.557, dK/dV 2.459 -> 2.421 (GProj's dQ 2.588 ->
+    # 2.548); causal fwd 0.999 -> 0.897, dQ 1.141 -> 1.025, dK/dV 1.585 -> 1.933 (off; GProj's dQ 1.529 -> 1.408).
     (128, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
-                       bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True, kv_overlap=True,
+                       bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True, kv_overlap=True, fwd_exp2=True,
+                       dq_exp2=True, kv_exp2=True,
                        source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03; "
-                              "overlap 2026-12-03"),
+                              "overlap 2026-12-03; exp2 2026-12-04"),
     (128, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
-                      bwd_stages=2, fwd_tma=True, dq_tma=False, kv_tma=True, kv_overlap=True,
+                      bwd_stages=2, fwd_tma=True, dq_tma=False, kv_tma=True, kv_overlap=True, fwd_exp2=True,
+                      dq_exp2=True, kv_exp2=False,
                       source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03; "
-                             "overlap 2026-12-03"),
+                             "overlap 2026-12-03; exp2 2026-12-04"),
     # d = 64, non-causal: triton_fa2_tune --dims=64 --parts=fwd,dq,kv,dq_gproj,kv_gproj on the H200
     # (2026-12-02, each kernel timed alone): forward 128 x 64 / 8 warps / 3 stages 1.594 ms, dQ kernel
     # 64 x 64 / 4 warps / 2 stages 1.64 ms, dK/dV kernel 64 x 64 / 4 warps / 3 stages 2.661 ms (that
@@ -376,9 +424,9 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # ms (on: faster in each of the 5 rounds), forward 1.674 -> 1.735 and dK/dV 2.516 -> 2.500 (off).
     (64, False): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
                       fwd_stages=3, bwd_stages=2, kv_stages=3, fwd_tma=False, dq_tma=True, kv_tma=False,
-                      kv_overlap=True,
+                      kv_overlap=True, fwd_exp2=True, dq_exp2=True, kv_exp2=True,
                       source="h200 tune 2026-12-02 (--dims=64, each kernel alone); repeated 2026-12-03; TMA "
-                             "2026-12-03; overlap 2026-12-03"),
+                             "2026-12-03; overlap 2026-12-03; exp2 2026-12-04"),
     # d = 64, causal: outputs/kernels/h200/triton_fa2_tune_d64_2026-12-03.json (N = 8192, each kernel
     # alone): forward 64 x 64 / 4 warps / 3 stages 0.910 ms (the entry it replaces, 128 x 64 / 8 warps /
     # 2 stages, 0.995 ms), dQ kernel 64 x 128 / 4 warps / 2 stages 1.041 ms (64 x 64: 1.180 ms at 2
@@ -386,9 +434,10 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # sweep above): forward 0.934 -> 0.895 ms (on), dQ 1.133 -> 1.196 and dK/dV 1.521 -> 1.567 (off).
     (64, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=128, kv_n=64, kv_m=64, num_warps=4, fwd_warps=4,
                      fwd_stages=3, dq_warps=4, dq_stages=2, kv_warps=4, kv_stages=2, bwd_stages=2,
-                     fwd_tma=True, dq_tma=False, kv_tma=True, kv_overlap=True,
+                     fwd_tma=True, dq_tma=False, kv_tma=True, kv_overlap=True, fwd_exp2=True, dq_exp2=True,
+                     kv_exp2=False,
                      source="h200 tune 2026-12-03 (--dims=64 --causal=1, each kernel alone); TMA 2026-12-03; "
-                            "overlap 2026-12-03"),
+                            "overlap 2026-12-03; exp2 2026-12-04"),
 }
 # Warps and stages of the backward kernels per GProj mode, over TUNED_CONFIGS' (same tiles: GProj
 # never gets tiles of its own, so GProj on and off differ by the GProj arithmetic alone), and their TMA and
@@ -447,16 +496,21 @@ def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = Fa
     # FP32 backward 1.5-1.9x slower on the H200 (the 2026-12-03 overlap bench files), so it keeps the default order
     # there unless its own entry says otherwise (the same bits either way)
     no_overlap = dict(dq_overlap=False, kv_overlap=False)
+    # exp2 was timed on the bf16 kernels too: the FP32 backward (every fp32_dot) computes its exponentials with
+    # exp unless its own entry says otherwise (module docstring, "exp2")
+    keep_exp = dict(dq_exp2=False, kv_exp2=False)
+    if fp32_backward and fp32_dot == "bf16x3":
+        return dataclasses.replace(cfg, **keep_exp)
     if fp32_entry is not None:
-        return dataclasses.replace(cfg, **{**no_overlap, **{key: value for key, value in fp32_entry.items()
-                                                             if key != "source"}})
+        own = {key: value for key, value in fp32_entry.items() if key != "source"}
+        return dataclasses.replace(cfg, **{**no_overlap, **keep_exp, **own})
     if fp32_backward and fp32_dot != "bf16x3":
         # fp32 operands take twice the shared memory: halve the backward tiles (never below 16),
         # one pipeline stage, the shared warps for both backward kernels
         return dataclasses.replace(cfg, dq_m=max(16, min(cfg.dq_m, 64)), dq_n=max(16, min(cfg.dq_n, 64) // 2),
                                    kv_n=max(16, min(cfg.kv_n, 64)), kv_m=max(16, min(cfg.kv_m, 64) // 2),
                                    bwd_stages=1, dq_warps=None, kv_warps=None, dq_stages=None, kv_stages=None,
-                                   **no_overlap)
+                                   **no_overlap, **keep_exp)
     return cfg
 
 
@@ -1146,7 +1200,7 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config
     _fwd_kernel[grid](q, k, v, k_desc, v_desc, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
                       BLOCK_N=cfg.fwd_n, BLOCK_D=block_d, EVEN_N=_split and _even(n, cfg.fwd_m, cfg.fwd_n),
                       EVEN_D=_split and block_d == d, SPLIT=bool(_split), TMA=cfg.uses_tma("fwd"),
-                      HEAVY_FIRST=bool(causal and cfg.heavy_first), EXP2=cfg.exp2, num_warps=warps,
+                      HEAVY_FIRST=bool(causal and cfg.heavy_first), EXP2=cfg.uses_exp2("fwd"), num_warps=warps,
                       num_stages=stages)
     return out, lse
 
@@ -1203,7 +1257,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
             TMA=cfg.uses_tma("dq"), HEAVY_FIRST=bool(causal and cfg.heavy_first), OVERLAP=cfg.dq_overlap,
-            EXP2=cfg.exp2, num_warps=warps, num_stages=stages)
+            EXP2=cfg.uses_exp2("dq"), num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":
@@ -1212,7 +1266,8 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             q, k, v, q_desc, do_desc, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.kv_n, cfg.kv_m), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.uses_tma("kv"), OVERLAP=cfg.kv_overlap, EXP2=cfg.exp2, num_warps=warps, num_stages=stages)
+            TMA=cfg.uses_tma("kv"), OVERLAP=cfg.kv_overlap, EXP2=cfg.uses_exp2("kv"), num_warps=warps,
+            num_stages=stages)
     return dq, dk, dv
 
 

@@ -57,10 +57,13 @@ took at most ``OVERLAP_GAIN`` of their time, then the fastest: GProj off's choic
 into ``TUNED_CONFIGS``), the GProj parts' in ``"gproj_schedule"`` (merged into ``TUNED_GPROJ_LAUNCH``: ``"dq"``'s
 into both GProj modes, ``"kvg"``'s into ``"dq_dk"``), every time in ``"overlap"`` and ``notes``.
 
-``exp2`` (not among the default parts; ``--parts=exp2``): each kernel at the table's configuration with
-``BlockConfig.exp2`` off and on (``triton_fa2``'s docstring, "exp2"), alternately like the switch parts: parts
-``fwd_exp2``, ``dq_exp2``, ``kv_exp2`` (GProj off) and ``dqg_exp2`` (the dQ kernel under GProj ``"dq"``). ``pick``
-leaves them out of the tables: the switch changes the arithmetic, so adopting it is not a speed decision alone.
+``exp2`` (not among the default parts; ``--parts=exp2``): each kernel at the table's configuration with its own
+exp2 switch (``BlockConfig.fwd_exp2``, ``dq_exp2``, ``kv_exp2``; ``triton_fa2``'s docstring, "exp2") off and on,
+alternately like the switch parts: parts ``fwd_exp2``, ``dq_exp2``, ``kv_exp2`` (GProj off) and ``dqg_exp2`` (the dQ
+kernel under GProj ``"dq"``, which shares the dQ kernel's switch: GProj never gets arithmetic of its own). ``pick``
+reports each kernel's times in ``"exp2"`` and ``notes`` and its choice in ``"exp2_flags"`` (on where exp2 took at
+most ``EXP2_GAIN`` of the time without), printed as a comment, never merged into the tables: the switch changes the
+arithmetic, so adopting it is not a speed decision alone (the GPU tests run first).
 
 ``--rounds=R`` (default 1): the ``tma``, ``order`` and ``overlap`` parts time a switch's two sides alternately, off then
 on, R times over (each round a median of the repeats), and record every round (``ms_rounds``) and their
@@ -238,7 +241,8 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
               "dtype": "bf16", "warmup": warmup, "repeats": reps, "budget_s": budget_s, "parts": list(parts),
               "base_change": dict(base_change or {}), "rounds": rounds,
               "check": {"shape": [2, 3, CHECK_N, "d"], "rel": CHECK_REL},
-              "default_configs": {f"{d},{int(c)}": vars(tfa.default_config(d, causal=c)) for d in dims for c in causals},
+              "default_configs": {f"{d},{int(c)}": vars(tfa.default_config(d, causal=c))
+                                  for d in dims for c in causals},
               "sdpa_flash": [], "cases": [], "stopped_by_budget": False}
     t0 = time.time()
 
@@ -385,7 +389,8 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                     return result
         if "exp2" in parts:
             for part, _ in EXP2_PARTS:
-                if not run_rounds(d, causal, part, ({"exp2": False}, {"exp2": True})):
+                key = f"{_kernel_of(part)}_exp2"
+                if not run_rounds(d, causal, part, ({key: False}, {key: True})):
                     return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
@@ -427,7 +432,8 @@ def pick_configs(results) -> dict:
             table[int(d_text), bool(int(causal_text))] = fields
     picked = {"configs": {}, "gproj_launch": {}, "gproj_launch_same": [], "fp32_bwd": {}, "tma": {}, "tma_flags": {},
               "order": {},
-              "order_flags": {}, "overlap": {}, "overlap_flags": {}, "gproj_schedule": {}, "notes": []}
+              "order_flags": {}, "overlap": {}, "overlap_flags": {}, "gproj_schedule": {}, "exp2": {},
+              "exp2_flags": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
@@ -507,7 +513,29 @@ def pick_configs(results) -> dict:
             else:
                 for mode in (("dq", "dq_dk") if gproj == "dq" else ("dq_dk",)):
                     picked["gproj_schedule"].setdefault((d, causal, mode), {}).update(chosen["fields"])
+    for d, causal in shapes:
+        exp2 = {}
+        for part, _ in EXP2_PARTS:
+            kernel = _kernel_of(part)
+            times = _switch_times(cases, d, causal, part, lambda cfg, k=kernel: _exp2_on(cfg, k), picked["notes"],
+                                  f"{part.replace('_exp2', '')} exp2")
+            if times:
+                exp2[part] = times
+        if exp2:
+            picked["exp2"][d, causal] = exp2
+            # the GProj-off kernels decide: the dQ kernel's switch is GProj's too (dqg_exp2 is reported only)
+            flags = {f"{_kernel_of(part)}_exp2": bool(times["on"] <= EXP2_GAIN * times["off"])
+                     for part, times in exp2.items() if part != "dqg_exp2" and "on" in times and "off" in times}
+            if flags:
+                picked["exp2_flags"][d, causal] = flags
     return picked
+
+
+def _exp2_on(cfg: dict, kernel: str) -> bool:
+    """Whether a recorded configuration computes ``kernel``'s exponentials as exp2 (its own switch, else the shared
+    one; configurations recorded before the per-kernel switches have only the shared one, or none)."""
+    own = cfg.get(f"{kernel}_exp2")
+    return bool(cfg.get("exp2", False) if own is None else own)
 
 
 def _pick_gproj(cases, d: int, causal: bool, fields: dict, times: dict, picked: dict, where: str) -> None:
@@ -613,6 +641,11 @@ ORDER_GAIN = 0.99
 this fraction of the sum without (the launch order changes no arithmetic)."""
 
 
+EXP2_GAIN = 0.99
+"""``pick_configs`` reports a kernel's exp2 switch as on (``"exp2_flags"``) when its time with exp2 is at most this
+fraction of its time without; reported only, never merged (exp2 changes the arithmetic)."""
+
+
 def _launch_of(cfg: dict, kernel: str) -> tuple[int, int]:
     """(warps, stages) a recorded config gives ``kernel`` (the shared fields where its own is None)."""
     warps_key, stages_key = LAUNCH_KEYS[kernel]
@@ -639,6 +672,8 @@ def format_tables(picked: dict) -> str:
         lines.append(f"# TMA and overlap for {shape!r} (merged into its TUNED_CONFIGS entry): {flags!r}")
     for key, flags in sorted(picked.get("gproj_schedule", {}).items()):
         lines.append(f"# TMA and overlap for {key!r} (merged into its TUNED_GPROJ_LAUNCH entry): {flags!r}")
+    for shape, flags in sorted(picked.get("exp2_flags", {}).items()):
+        lines.append(f"# exp2 for {shape!r} (changes the arithmetic: merged by hand, after the GPU tests): {flags!r}")
     return "\n".join(lines)
 
 
@@ -704,7 +739,7 @@ def parse_change(pairs: str) -> dict:
         if not sep or key not in fields:
             raise SystemExit(f"--same-numerics / --base: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
                              f"({', '.join(fields)})")
-        if isinstance(fields[key].default, bool) or key.endswith(("_tma", "_overlap")):
+        if isinstance(fields[key].default, bool) or key.endswith(("_tma", "_overlap", "_exp2")):
             if value == "None" and fields[key].default is None:
                 change[key] = None
                 continue
