@@ -114,13 +114,16 @@ per program, as FlashAttention-2's CUDA kernels do (Dao-AILab/flash-attention, c
 code PyTorch's SDPA flash backend vendors), so that each exponent argument costs one multiply less:
 ``p = exp2((s - m) * fl(scale log2 e))`` and ``alpha = exp2((m_old - m_new) * fl(scale log2 e))`` in the forward,
 ``P = exp2(s * fl(scale log2 e) - fl(lse log2 e))`` in the backward kernels. The stored LSE stays in natural-log
-units (``m * scale + log l``), so a forward and backward kernels with and without it combine. Unlike the schedule
+units (``m * scale + log l``), so forward and backward kernels with and without it combine. Unlike the schedule
 switches this changes the arithmetic. In the forward exp sees ``fl(fl(s - m) * scale)`` and exp2
 ``fl(fl(s - m) * fl(scale log2 e))``; on NVIDIA GPUs Triton lowers fp32 ``tl.exp`` to ``ex2.approx(x * log2 e)``
 (above), so there exp2 drops one fp32 multiply and its rounding. A rounding moves the base-2 argument y by at most
 |y| u_fp32 (u_fp32 = 2^-24) and p by a relative |y| ln 2 u_fp32: under 1e-6 for p >= 2^-24 (|y| <= 24), 5.2e-6
 at bf16's smallest normal 2^-126, against the unit roundoffs 2^-8 (bf16) and 2^-11 (fp16) of rounding P; s = m
-still gives exactly 1 (seed 004's cause 1 does not arise). In the backward the argument is a difference: the
+still gives exactly 1 (seed 004's cause 1 does not arise). Where the scale is a power of two (1/sqrt(d) at d = 16,
+64, 256) the dropped rounding is exact: fl(scale log2 e) = scale fl(log2 e) and fl(fl(s - m) scale) = fl(s - m)
+scale, so on NVIDIA GPUs the exp2 forward gives the exp forward's bits (``test_gpu_exp2_matches_fp64_and_stays_near_exp``
+checks it at d = 64; at d = 128 the LSE moves). In the backward the argument is a difference: the
 roundings of ``s * fl(scale log2 e)`` and of ``lse log2 e`` move it by u_fp32 times |s scale| and |lse| (in base-2
 units), the same order as the exp kernel's own rounding of ``s * scale`` and of the stored LSE. Either way such a
 change can flip a rounding of P~ or dS~ that sits on a boundary, like the fp32-level latitude above.
