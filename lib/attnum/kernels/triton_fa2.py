@@ -122,19 +122,20 @@ switches this changes the arithmetic. In the forward exp sees ``fl(fl(s - m) * s
 at bf16's smallest normal 2^-126, against the unit roundoffs 2^-8 (bf16) and 2^-11 (fp16) of rounding P; s = m
 still gives exactly 1 (seed 004's cause 1 does not arise). Where the scale is a power of two (1/sqrt(d) at d = 16,
 64, 256) the dropped rounding is exact: fl(scale log2 e) = scale fl(log2 e) and fl(fl(s - m) scale) = fl(s - m)
-scale, so on NVIDIA GPUs the exp2 forward gives the exp forward's bits (``test_gpu_exp2_matches_fp64_and_stays_near_exp``
-checks it at d = 64; at d = 128 the LSE moves). In the backward the argument is a difference: the
-roundings of ``s * fl(scale log2 e)`` and of ``lse log2 e`` move it by u_fp32 times |s scale| and |lse| (in base-2
-units), the same order as the exp kernel's own rounding of ``s * scale`` and of the stored LSE. Either way such a
-change can flip a rounding of P~ or dS~ that sits on a boundary, like the fp32-level latitude above.
-In the CPU interpreter exp is numpy's exp and exp2 numpy's exp2; the interpreter tests hold the exp2 kernels to the
+scale, so on NVIDIA GPUs the exp2 forward gives the exp forward's bits
+(``test_gpu_exp2_matches_fp64_and_stays_near_exp`` checks it at d = 64; at d = 128 the LSE moves). In the backward
+the argument is a difference: the roundings of ``s * fl(scale log2 e)`` and of ``lse log2 e`` move it by u_fp32
+times |s scale| and |lse| (in base-2 units), the same order as the exp kernel's own rounding of ``s * scale`` and of
+the stored LSE. Either way such a change can flip a rounding of P~ or dS~ that sits on a boundary, like the
+fp32-level latitude above. In the CPU interpreter exp is numpy's exp and exp2 numpy's exp2; the interpreter tests hold the exp2 kernels to the
 exp kernels' fp64 tolerances and to GProj's floor (``test_interpreter_exp2_*``), and the GPU test
 (``test_gpu_exp2_matches_fp64_and_stays_near_exp``) in bf16 at the tuned tiles.
 Measured on the H200 (``triton_fa2_tune --parts=exp2 --rounds=5``, N = 8192, each kernel alone at the table's
-configuration, median of rounds; the ``TUNED_CONFIGS`` comment gives the times and their files) it took 3.6-12% off
-the forward and the dQ kernel at d = 64 and 128, causal and not, 1.5-8% off GProj's dQ kernel and 1.5-5.6% off the
-non-causal dK/dV kernel, but made the causal dK/dV kernel 22% slower at both head dims (2.188 -> 2.676 ms at
-d = 128, 1.585 -> 1.933 at d = 64; why was not measured); the tuned entries turn it on where it was faster. The FP32
+configuration, median of rounds, two runs; the ``TUNED_CONFIGS`` comment gives the times and the file) it took
+3.6-12.4% off the forward and the dQ kernel at d = 64 and 128, causal and not, 0.5-8.3% off GProj's dQ kernel and
+1.5-6.5% off the non-causal dK/dV kernel, but made the causal dK/dV kernel 21-22% slower at both head dims (2.270
+-> 2.768 ms at d = 128, 1.609 -> 1.944 at d = 64 in the repeat; why was not measured); at d = 64 the forward's
+gain (7-12%) comes with the same bits (above); the tuned entries turn it on where it was faster. The FP32
 backward's kernels (fp32 operands) keep exp unless an entry of their own says otherwise, since it was timed on the
 bf16 kernels only. GPU runs committed before this switch entered the tuned entries (the study outputs' RUN.json
 files give each run's commit) computed every exponential with exp.
@@ -399,13 +400,16 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # overlap on; faster in 5 of 5 rounds), causal 2.179 -> 2.145 (on, on; 2 of 5); d = 64 non-causal 2.565 ->
     # 2.352 (tma off, overlap on; 5 of 5), causal 1.491 -> 1.382 (on, on; 4 of 5). Same bits either way
     # (test_gpu_overlap_bitwise).
-    # exp2 (module docstring, "exp2"; it changes the arithmetic): triton_fa2_tune --parts=exp2 --rounds=5 at bc3c0f5
-    # (each kernel alone at these configurations, its own switch off and on, median of 5 alternating rounds, ms
-    # off -> on; that run's JSON was lost with its machine, so the repeat below is the committed evidence):
-    # d = 128 non-causal fwd 2.447 -> 2.270, dQ 3.222 -> 2.934, dK/dV 4.056 -> 3.830 (GProj's dQ 4.005 -> 3.860);
-    # causal fwd 1.414 -> 1.320, dQ 1.787 -> 1.723, dK/dV 2.188 -> 2.676 (slower: kept off; GProj's dQ 2.042 ->
-    # 1.977); d = 64 non-causal fwd 1.748 -> 1.537, dQ 1.701 -> 1.557, dK/dV 2.459 -> 2.421 (GProj's dQ 2.588 ->
-    # 2.548); causal fwd 0.999 -> 0.897, dQ 1.141 -> 1.025, dK/dV 1.585 -> 1.933 (off; GProj's dQ 1.529 -> 1.408).
+    # exp2 (module docstring, "exp2"; it changes the arithmetic): triton_fa2_tune --parts=exp2 --rounds=5, each
+    # kernel alone at these configurations with its own switch off and on, median of 5 alternating rounds, ms off ->
+    # on; first at bc3c0f5 (that run's JSON was lost with its machine), then again at f21f159, whose tables already
+    # carried these switches (outputs/kernels/h200/triton_fa2_tune_exp2_r5_2026-12-04.json), first run / repeat:
+    # d = 128 non-causal fwd 2.447 -> 2.270 / 2.604 -> 2.425, dQ 3.222 -> 2.934 / 3.259 -> 2.975, dK/dV 4.056 ->
+    # 3.830 / 4.098 -> 3.833 (GProj's dQ 4.005 -> 3.860 / 3.959 -> 3.816); causal fwd 1.414 -> 1.320 / 1.437 ->
+    # 1.344, dQ 1.787 -> 1.723 / 1.860 -> 1.742, dK/dV 2.188 -> 2.676 / 2.270 -> 2.768 (slower in 0 of 5 rounds:
+    # kept off); d = 64 non-causal fwd 1.748 -> 1.537 / 1.701 -> 1.490, dQ 1.701 -> 1.557 / 1.724 -> 1.626, dK/dV
+    # 2.459 -> 2.421 / 2.533 -> 2.490; causal fwd 0.999 -> 0.897 / 1.005 -> 0.937, dQ 1.141 -> 1.025 / 1.148 ->
+    # 1.038, dK/dV 1.585 -> 1.933 / 1.609 -> 1.944 (off). GProj's dQ kernel shares the dQ kernel's switch.
     (128, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
                        bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True, kv_overlap=True, fwd_exp2=True,
                        dq_exp2=True, kv_exp2=True,
@@ -425,11 +429,15 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # runs at these tiles, took 2.825 ms there against the earlier sweep's 2.612 ms at 64 x 64, so the
     # 64 x 64 dQ tiles stay (and with them this entry's numerics). TMA (the r5 sweep above): dQ 1.644 -> 1.612
     # ms (on: faster in each of the 5 rounds), forward 1.674 -> 1.735 and dK/dV 2.516 -> 2.500 (off).
-    (64, False): dict(fwd_m=128, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=8,
+    # With exp2 the forward's fastest tile moved: triton_fa2_tune --parts=fwd --dims=64 --rounds=3 at f21f159
+    # (outputs/kernels/h200/triton_fa2_tune_fwd_d64_exp2_n{4096,8192}_2026-12-04.json, median of rounds):
+    # 64 x 64 / 4 warps / 3 stages 1.358 ms at N = 8192 and 0.720 at N = 4096, against this entry's former
+    # 128 x 64 / 8 warps / 3 stages 1.395 and 0.738; its TMA loads 1.437 -> 1.424 ms (under 1%: off).
+    (64, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=4,
                       fwd_stages=3, bwd_stages=2, kv_stages=3, fwd_tma=False, dq_tma=True, kv_tma=False,
                       kv_overlap=True, fwd_exp2=True, dq_exp2=True, kv_exp2=True,
                       source="h200 tune 2026-12-02 (--dims=64, each kernel alone); repeated 2026-12-03; TMA "
-                             "2026-12-03; overlap 2026-12-03; exp2 2026-12-04"),
+                             "2026-12-03; overlap 2026-12-03; exp2 and forward tile 2026-12-04"),
     # d = 64, causal: outputs/kernels/h200/triton_fa2_tune_d64_2026-12-03.json (N = 8192, each kernel
     # alone): forward 64 x 64 / 4 warps / 3 stages 0.910 ms (the entry it replaces, 128 x 64 / 8 warps /
     # 2 stages, 0.995 ms), dQ kernel 64 x 128 / 4 warps / 2 stages 1.041 ms (64 x 64: 1.180 ms at 2
