@@ -127,18 +127,17 @@ scale, so on NVIDIA GPUs the exp2 forward gives the exp forward's bits
 the argument is a difference: the roundings of ``s * fl(scale log2 e)`` and of ``lse log2 e`` move it by u_fp32
 times |s scale| and |lse| (in base-2 units), the same order as the exp kernel's own rounding of ``s * scale`` and of
 the stored LSE. Either way such a change can flip a rounding of P~ or dS~ that sits on a boundary, like the
-fp32-level latitude above. In the CPU interpreter exp is numpy's exp and exp2 numpy's exp2; the interpreter tests hold the exp2 kernels to the
-exp kernels' fp64 tolerances and to GProj's floor (``test_interpreter_exp2_*``), and the GPU test
-(``test_gpu_exp2_matches_fp64_and_stays_near_exp``) in bf16 at the tuned tiles.
-Measured on the H200 (``triton_fa2_tune --parts=exp2 --rounds=5``, N = 8192, each kernel alone at the table's
-configuration, median of rounds, two runs; the ``TUNED_CONFIGS`` comment gives the times and the file) it took
-3.6-12.4% off the forward and the dQ kernel at d = 64 and 128, causal and not, 0.5-8.3% off GProj's dQ kernel and
-1.5-6.5% off the non-causal dK/dV kernel, but made the causal dK/dV kernel 21-22% slower at both head dims (2.270
--> 2.768 ms at d = 128, 1.609 -> 1.944 at d = 64 in the repeat; why was not measured); at d = 64 the forward's
-gain (7-12%) comes with the same bits (above); the tuned entries turn it on where it was faster. The FP32
-backward's kernels (fp32 operands) keep exp unless an entry of their own says otherwise, since it was timed on the
-bf16 kernels only. GPU runs committed before this switch entered the tuned entries (the study outputs' RUN.json
-files give each run's commit) computed every exponential with exp.
+fp32-level latitude above. In the CPU interpreter exp is numpy's exp and exp2 numpy's exp2; the interpreter tests
+hold the exp2 kernels to the exp kernels' fp64 tolerances and to GProj's floor (``test_interpreter_exp2_*``), and
+the GPU test (``test_gpu_exp2_matches_fp64_and_stays_near_exp``) in bf16 at the tuned tiles. Measured on the H200
+(``triton_fa2_tune --parts=exp2 --rounds=5``, N = 8192, each kernel alone at the table's configuration, median of
+rounds, two runs; the ``TUNED_CONFIGS`` comment gives the times and the file) it took 3.6-12.4% off the forward and
+the dQ kernel at d = 64 and 128, causal and not, 0.5-8.3% off GProj's dQ kernel and 1.5-6.5% off the non-causal
+dK/dV kernel, but made the causal dK/dV kernel 21-22% slower at both head dims, in every round (why was not
+measured); at d = 64 the forward's gain (7-12%) comes with the same bits (above); the tuned entries turn it on where
+it was faster. The FP32 backward's kernels (fp32 operands) keep exp unless an entry of their own says otherwise,
+since it was timed on the bf16 kernels only. GPU runs committed before this switch entered the tuned entries (the
+study outputs' RUN.json files give each run's commit) computed every exponential with exp.
 
 Backward structure (choice and cost). Two kernels after the D preprocessing, no atomics:
 
