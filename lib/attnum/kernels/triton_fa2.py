@@ -181,8 +181,8 @@ accumulator raises register pressure (at 64 x 128 with 4 warps: 2 x 64 KiB of fp
 threads), which is why GProj's warps and stages are tuned on their own (``TUNED_GPROJ_LAUNCH``,
 the tiles held equal to GProj off's so GProj on and off differ by the GProj arithmetic alone), and
 the P~ K product reuses the K tile and P already in registers for dS~ K (no extra load, no extra
-exponential; rounding P to the input format is its one extra elementwise step). Under ``dq_dk`` the dK/dV kernel's extra cost is the fifth matmul and
-the load of r (4 bytes a query row per key block).
+exponential; rounding P to the input format is its one extra elementwise step). Under ``dq_dk`` the dK/dV
+kernel's extra cost is the fifth matmul and the load of r (4 bytes a query row per key block).
 
 Why the extra GEMM is only partly hidden (measured). In the dQ kernel compiled for sm_90 by Triton 3.6, each tile
 GEMM whose result is used in the same loop iteration (Q K^T, dO V^T) is followed at once by a wait for all
