@@ -409,6 +409,9 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # kept off); d = 64 non-causal fwd 1.748 -> 1.537 / 1.701 -> 1.490, dQ 1.701 -> 1.557 / 1.724 -> 1.626, dK/dV
     # 2.459 -> 2.421 / 2.533 -> 2.490; causal fwd 0.999 -> 0.897 / 1.005 -> 0.937, dQ 1.141 -> 1.025 / 1.148 ->
     # 1.038, dK/dV 1.585 -> 1.933 / 1.609 -> 1.944 (off). GProj's dQ kernel shares the dQ kernel's switch.
+    # The causal dK/dV kernel with exp2 at other tiles and launches (triton_fa2_tune_kv_causal_exp2_{0,1}_2026-12-04
+    # .json, --parts=kv with kv_exp2 off, then on): its best exp2 launch 2.604 ms at d = 128 against 2.076 ms with
+    # exp at this entry's, 1.402 against 1.401 at d = 64; exp stays there.
     (128, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
                        bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True, kv_overlap=True, fwd_exp2=True,
                        dq_exp2=True, kv_exp2=True,
