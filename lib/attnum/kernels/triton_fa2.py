@@ -358,17 +358,18 @@ class BlockConfig:
 
     def uses_tma(self, kernel: str) -> bool:
         """Whether ``kernel`` in {"fwd", "dq", "kv"} loads its inner-loop tiles through tensor descriptors."""
-        if kernel not in ("fwd", "dq", "kv"):
-            raise ValueError(f"kernel must be 'fwd', 'dq' or 'kv', got {kernel!r}")
-        own = getattr(self, f"{kernel}_tma")
-        return self.tma if own is None else own
+        return self._own_or_shared(kernel, "tma")
 
     def uses_exp2(self, kernel: str) -> bool:
         """Whether ``kernel`` in {"fwd", "dq", "kv"} computes its exponentials as exp2 (module docstring, "exp2")."""
+        return self._own_or_shared(kernel, "exp2")
+
+    def _own_or_shared(self, kernel: str, switch: str) -> bool:
+        """``kernel``'s own ``{kernel}_{switch}`` where set, else the shared ``switch``."""
         if kernel not in ("fwd", "dq", "kv"):
             raise ValueError(f"kernel must be 'fwd', 'dq' or 'kv', got {kernel!r}")
-        own = getattr(self, f"{kernel}_exp2")
-        return self.exp2 if own is None else own
+        own = getattr(self, f"{kernel}_{switch}")
+        return getattr(self, switch) if own is None else own
 
     def tiles(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in TILE_FIELDS}
@@ -405,10 +406,11 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # carried these switches (outputs/kernels/h200/triton_fa2_tune_exp2_r5_2026-12-04.json), first run / repeat:
     # d = 128 non-causal fwd 2.447 -> 2.270 / 2.604 -> 2.425, dQ 3.222 -> 2.934 / 3.259 -> 2.975, dK/dV 4.056 ->
     # 3.830 / 4.098 -> 3.833 (GProj's dQ 4.005 -> 3.860 / 3.959 -> 3.816); causal fwd 1.414 -> 1.320 / 1.437 ->
-    # 1.344, dQ 1.787 -> 1.723 / 1.860 -> 1.742, dK/dV 2.188 -> 2.676 / 2.270 -> 2.768 (slower in 0 of 5 rounds:
-    # kept off); d = 64 non-causal fwd 1.748 -> 1.537 / 1.701 -> 1.490, dQ 1.701 -> 1.557 / 1.724 -> 1.626, dK/dV
-    # 2.459 -> 2.421 / 2.533 -> 2.490; causal fwd 0.999 -> 0.897 / 1.005 -> 0.937, dQ 1.141 -> 1.025 / 1.148 ->
-    # 1.038, dK/dV 1.585 -> 1.933 / 1.609 -> 1.944 (off). GProj's dQ kernel shares the dQ kernel's switch.
+    # 1.344, dQ 1.787 -> 1.723 / 1.860 -> 1.742, dK/dV 2.188 -> 2.676 / 2.270 -> 2.768 (exp2 faster in 0 of 5
+    # rounds: kept off); d = 64 non-causal fwd 1.748 -> 1.537 / 1.701 -> 1.490, dQ 1.701 -> 1.557 / 1.724 ->
+    # 1.626, dK/dV 2.459 -> 2.421 / 2.533 -> 2.490; causal fwd 0.999 -> 0.897 / 1.005 -> 0.937, dQ 1.141 ->
+    # 1.025 / 1.148 -> 1.038, dK/dV 1.585 -> 1.933 / 1.609 -> 1.944 (off). GProj's dQ kernel shares the dQ
+    # kernel's switch.
     # The causal dK/dV kernel with exp2 at other tiles and launches (triton_fa2_tune_kv_causal_exp2_{0,1}_2026-12-04
     # .json, --parts=kv with kv_exp2 off, then on): its best exp2 launch 2.604 ms at d = 128 against 2.076 ms with
     # exp at this entry's, 1.402 against 1.401 at d = 64; exp stays there.
@@ -493,7 +495,8 @@ def default_config(head_dim: int, fp32_backward: bool = False, causal: bool = Fa
     warps/stages from ``TUNED_GPROJ_LAUNCH``; otherwise the untuned fallback (128 x 64 tiles, 4
     warps for d <= 64 and 8 above). The FP32 backward halves the backward tiles of either, except with
     ``fp32_dot="bf16x3"``: its dots read the same bf16 K, Q, dO tiles from shared memory as the bf16
-    kernel (the fp32 pieces are register operands), so it keeps the bf16 kernel's configuration."""
+    kernel (the fp32 pieces are register operands), so it keeps the bf16 kernel's configuration. Every FP32
+    backward computes its exponentials with exp (``dq_exp2``/``kv_exp2`` off) unless its own entry says otherwise."""
     _check_fp32_dot(fp32_dot)
     entry = TUNED_CONFIGS.get((int(head_dim), bool(causal)))
     if entry is None:

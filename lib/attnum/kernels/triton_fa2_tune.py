@@ -531,13 +531,6 @@ def pick_configs(results) -> dict:
     return picked
 
 
-def _exp2_on(cfg: dict, kernel: str) -> bool:
-    """Whether a recorded configuration computes ``kernel``'s exponentials as exp2 (its own switch, else the shared
-    one; configurations recorded before the per-kernel switches have only the shared one, or none)."""
-    own = cfg.get(f"{kernel}_exp2")
-    return bool(cfg.get("exp2", False) if own is None else own)
-
-
 def _pick_gproj(cases, d: int, causal: bool, fields: dict, times: dict, picked: dict, where: str) -> None:
     """GProj's warps/stages at one shape (the fastest ``dq_gproj``/``kv_gproj`` case at the GProj-off tiles of
     ``fields``) into ``picked["gproj_launch"]`` where they differ from GProj off's launch in ``fields``, else
@@ -619,11 +612,22 @@ def _paired_wins(sides: dict) -> str:
     return f", on faster in {sum(b < a for a, b in zip(off, on))} of {len(on)} paired rounds"
 
 
+def _switch_on(cfg: dict, kernel: str, switch: str) -> bool:
+    """Whether a recorded config has ``switch`` (``"tma"``, ``"exp2"``) on for ``kernel``: its own field, else the
+    shared one (configs recorded before the per-kernel fields, like the first sweep of 2026-12-03, have only the
+    shared one, or none: off)."""
+    own = cfg.get(f"{kernel}_{switch}")
+    return bool(cfg.get(switch, False) if own is None else own)
+
+
 def _tma_on(cfg: dict, kernel: str) -> bool:
-    """Whether a recorded config loads ``kernel``'s tiles through TMA: its own switch, else the shared one
-    (the first sweep of 2026-12-03 recorded only the shared ``tma``)."""
-    own = cfg.get(f"{kernel}_tma")
-    return bool(cfg.get("tma", False) if own is None else own)
+    """Whether a recorded config loads ``kernel``'s tiles through TMA."""
+    return _switch_on(cfg, kernel, "tma")
+
+
+def _exp2_on(cfg: dict, kernel: str) -> bool:
+    """Whether a recorded config computes ``kernel``'s exponentials as exp2."""
+    return _switch_on(cfg, kernel, "exp2")
 
 
 TMA_GAIN = 0.99
