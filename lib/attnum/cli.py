@@ -107,6 +107,10 @@ def main(argv=None) -> int:
     sub.add_parser("list", help="studies, their parameter sets and parameters")
     p_kernels = sub.add_parser("kernels", help="the kernel registry: families, example names, and where each can run")
     p_kernels.add_argument("--device", default="cpu", help="device to check availability on (default cpu)")
+    p_kernels.add_argument("--study", default=None,
+                           help="instead: the kernels a run of this study asks for, checked on its set's device; "
+                                "exit 1 naming those that cannot run here (a run would record them as unavailable)")
+    p_kernels.add_argument("--params", default="default", help="with --study: the parameter set (default: default)")
 
     p_run = sub.add_parser("run", help="run one study notebook")
     p_run.add_argument("study", help="a study (length_scaling), its notebook's name (01_length_scaling) or path "
@@ -195,6 +199,18 @@ def main(argv=None) -> int:
                 print(f"{study}: sets {runs.param_sets(study)}")
                 for name, info in runs.declared_parameters(study).items():
                     print(f"    {name}: {info['type']} = {info['default']}  # {info['help']}")
+        elif args.cmd == "kernels" and args.study is not None:
+            study = runs.resolve_study(args.study)
+            device, reasons = runs.kernel_availability(study, args.params)
+            missing = {name: reason for name, reason in reasons.items() if reason}
+            for name, reason in reasons.items():
+                print(f"    {name:42s} {'runs on ' + device if not reason else 'cannot run: ' + reason}")
+            if missing:
+                print(f"error: {len(missing)} of the {len(reasons)} kernels that {study} ({args.params}) asks for cannot "
+                      f"run on {device} here: {', '.join(missing)}; a run would record them as unavailable",
+                      file=sys.stderr)
+                return 1
+            print(f"{study} ({args.params}): all {len(reasons)} kernels it asks for run on {device}")
         elif args.cmd == "kernels":
             from . import kernels
 

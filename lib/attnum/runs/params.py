@@ -567,6 +567,37 @@ def resolve_parameters(study: str, param_set: str = "default", overrides: dict |
         check_machine(study, values, allow_large=allow_large)
     return values
 
+def requested_kernels(study: str, values: dict) -> list[str]:
+    """The kernels a run of ``values`` (a set's values, over the notebook's defaults) asks for: every value of a
+    parameter whose schema, or whose list items' schema, marks it ``kernel``, each name once, in the order of
+    the parameters."""
+    rules = schema(study)
+    names: list[str] = []
+    for key, value in {**notebook_defaults(study), **values}.items():
+        rule = rules.get(key, {})
+        if rule.get("kernel"):
+            items = [value]
+        elif rule.get("item", {}).get("kernel") and isinstance(value, list):
+            items = value
+        else:
+            continue
+        names += [name for name in items if isinstance(name, str) and name not in names]
+    return names
+
+
+def kernel_availability(study: str, param_set: str = "default", overrides: dict | None = None) -> tuple[str, dict]:
+    """``(device, {kernel: reason or None})`` for the kernels a run of this set asks for (``requested_kernels``):
+    None where the kernel runs on the set's device here, else why not (``Kernel.unavailable_reason``). A run
+    records a kernel that cannot run as unavailable, with the reason, and goes on without it; a run meant to be
+    committed checks this first. The set is checked (``resolve_parameters``, without the machine checks) before
+    any kernel is asked."""
+    from .. import kernels
+
+    values = resolve_parameters(study, param_set, overrides, machine=False)
+    device = str({**notebook_defaults(study), **values}.get("device", "cpu"))
+    return device, {name: kernels.get(name).unavailable_reason(device) for name in requested_kernels(study, values)}
+
+
 # -- the machine: device and memory --
 
 def machine_memory(device: str = "cpu") -> int:
