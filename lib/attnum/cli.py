@@ -206,8 +206,8 @@ def main(argv=None) -> int:
             for name, reason in reasons.items():
                 print(f"    {name:42s} {'runs on ' + device if not reason else 'cannot run: ' + reason}")
             if missing:
-                print(f"error: {len(missing)} of the {len(reasons)} kernels that {study} ({args.params}) asks for cannot "
-                      f"run on {device} here: {', '.join(missing)}; a run would record them as unavailable",
+                print(f"error: {len(missing)} of the {len(reasons)} kernels that {study} ({args.params}) asks for "
+                      f"cannot run on {device} here: {', '.join(missing)}; a run would record them as unavailable",
                       file=sys.stderr)
                 return 1
             print(f"{study} ({args.params}): all {len(reasons)} kernels it asks for run on {device}")

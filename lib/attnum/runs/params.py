@@ -567,6 +567,7 @@ def resolve_parameters(study: str, param_set: str = "default", overrides: dict |
         check_machine(study, values, allow_large=allow_large)
     return values
 
+
 def requested_kernels(study: str, values: dict) -> list[str]:
     """The kernels a run of ``values`` (a set's values, over the notebook's defaults) asks for: every value of a
     parameter whose schema, or whose list items' schema, marks it ``kernel``, each name once, in the order of
