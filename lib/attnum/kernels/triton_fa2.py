@@ -324,16 +324,12 @@ class BlockConfig:
     fwd_exp2: bool | None = None
     dq_exp2: bool | None = None
     kv_exp2: bool | None = None
-    ws: bool = False
-    fwd_ws: bool | None = None
-    dq_ws: bool | None = None
-    kv_ws: bool | None = None
 
     def __post_init__(self):
-        for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap", "exp2", "ws"):
+        for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap", "exp2"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
-        for name in ("fwd_tma", "dq_tma", "kv_tma", "fwd_exp2", "dq_exp2", "kv_exp2", "fwd_ws", "dq_ws", "kv_ws"):
+        for name in ("fwd_tma", "dq_tma", "kv_tma", "fwd_exp2", "dq_exp2", "kv_exp2"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ValueError(f"{name} must be a bool or None, got {value!r}")
@@ -367,11 +363,6 @@ class BlockConfig:
     def uses_exp2(self, kernel: str) -> bool:
         """Whether ``kernel`` in {"fwd", "dq", "kv"} computes its exponentials as exp2 (module docstring, "exp2")."""
         return self._own_or_shared(kernel, "exp2")
-
-    def uses_ws(self, kernel: str) -> bool:
-        """Whether ``kernel`` in {"fwd", "dq", "kv"} asks Triton to warp-specialize its inner loop (module docstring,
-        "Warp specialization")."""
-        return self._own_or_shared(kernel, "ws")
 
     def _own_or_shared(self, kernel: str, switch: str) -> bool:
         """``kernel``'s own ``{kernel}_{switch}`` where set, else the shared ``switch``."""
@@ -704,12 +695,12 @@ if triton is not None:
     @triton.jit
     def _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale, lo, hi,
                     MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
-                    BLOCK_N: tl.constexpr, TMA: tl.constexpr, EXP2: tl.constexpr, WS: tl.constexpr):
+                    BLOCK_N: tl.constexpr, TMA: tl.constexpr, EXP2: tl.constexpr):
         """Key blocks [lo, hi) of one query block, in increasing order (Alg. 1's inner loop).
         MASK_CAUSAL / MASK_COLS: apply the causal mask / the bounds mask (keys >= N) to S.
         TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD (``_load_inner``).
         EXP2: ``scale`` is the exponent's scale times log2 e and the exponentials are exp2 (``_exp_scaled``)."""
-        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
             k = _load_inner(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], KD, tma_row + start_n, col_ok, d_ok,
@@ -744,8 +735,7 @@ if triton is not None:
     def _fwd_kernel(Q, K, V, KD, VD, O, LSE, N, D_HEAD, scale,
                     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_D: tl.constexpr, EVEN_N: tl.constexpr, EVEN_D: tl.constexpr,
-                    SPLIT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, EXP2: tl.constexpr,
-                    WS: tl.constexpr):
+                    SPLIT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr, EXP2: tl.constexpr):
         # KD, VD: tensor descriptors of K, V over their [B*H*N, d] view when TMA, else None (unused)
         start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
@@ -775,19 +765,19 @@ if triton is not None:
             else:
                 mid = (N // BLOCK_N) * BLOCK_N
             acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD,
-                                        escale, 0, mid, False, False, not EVEN_D, BLOCK_N, TMA, EXP2, WS)
+                                        escale, 0, mid, False, False, not EVEN_D, BLOCK_N, TMA, EXP2)
             if CAUSAL:
                 acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
                                             D_HEAD, escale, mid, hi, True, not EVEN_N, not EVEN_D, BLOCK_N, TMA,
-                                            EXP2, WS)
+                                            EXP2)
             elif not EVEN_N:
                 acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
                                             D_HEAD, escale, mid, hi, False, True, not EVEN_D, BLOCK_N, TMA,
-                                            EXP2, WS)
+                                            EXP2)
         else:
             # reference path: every block masked (the test of SPLIT / EVEN_N compares against it)
             acc, l_i, m_i = _fwd_blocks(acc, l_i, m_i, q, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD,
-                                        escale, 0, hi, CAUSAL, True, True, BLOCK_N, TMA, EXP2, WS)
+                                        escale, 0, hi, CAUSAL, True, True, BLOCK_N, TMA, EXP2)
 
         # -- epilogue: normalise once, round the output once, store the natural-log LSE in fp32 --
         out = acc / l_i[:, None]
@@ -817,11 +807,11 @@ if triton is not None:
     def _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
                    lo, hi, MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
                    GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr, WS: tl.constexpr):
+                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         """Key blocks [lo, hi) of the dQ kernel's query block, in increasing order (Alg. 2 for dQ).
         TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD, as in ``_fwd_blocks``.
         EXP2: ``scale`` and ``lse`` come multiplied by log2 e, and P = exp2(S scale - lse) (``_exp_scaled``)."""
-        for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WS):
+        for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
             k = _load_inner(K + base + offs_n[:, None] * D_HEAD + offs_d[None, :], KD, tma_row + start_n, col_ok, d_ok,
@@ -880,7 +870,7 @@ if triton is not None:
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
                        F32_DOT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
-                       OVERLAP: tl.constexpr, EXP2: tl.constexpr, WS: tl.constexpr):
+                       OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         # KD, VD: as in the forward (descriptors of K, V when TMA, else None)
         start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
@@ -916,19 +906,19 @@ if triton is not None:
                 mid = (N // BLOCK_N) * BLOCK_N
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
                                    D_HEAD, escale, 0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N,
-                                   TMA, OVERLAP, EXP2, WS)
+                                   TMA, OVERLAP, EXP2)
             if CAUSAL:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
                                        N, D_HEAD, escale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD,
-                                       F32_DOT, BLOCK_N, TMA, OVERLAP, EXP2, WS)
+                                       F32_DOT, BLOCK_N, TMA, OVERLAP, EXP2)
             elif not EVEN_N:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
                                        N, D_HEAD, escale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                       BLOCK_N, TMA, OVERLAP, EXP2, WS)
+                                       BLOCK_N, TMA, OVERLAP, EXP2)
         else:
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
                                    D_HEAD, escale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA,
-                                   OVERLAP, EXP2, WS)
+                                   OVERLAP, EXP2)
 
         if GPROJ != 0:
             # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --
@@ -947,11 +937,11 @@ if triton is not None:
     def _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d, d_ok, N,
                    D_HEAD, scale, lo, hi, MASK_CAUSAL: tl.constexpr, MASK_ROWS: tl.constexpr, MASK_D: tl.constexpr,
                    GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_M: tl.constexpr,
-                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr, WS: tl.constexpr):
+                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         """Query blocks [lo, hi) of the dK/dV kernel's key block, in increasing order (Alg. 2 for dK, dV).
         TMA: the Q, dO tiles whose loads need no mask through the descriptors QD, DOD (``_load_inner``).
         EXP2: ``scale`` comes multiplied by log2 e, each lse is, and P = exp2(S scale - lse) (``_exp_scaled``)."""
-        for start_m in tl.range(lo, hi, BLOCK_M, warp_specialize=WS):
+        for start_m in range(lo, hi, BLOCK_M):
             offs_m = start_m + tl.arange(0, BLOCK_M)
             row_ok = offs_m < N
             q = _load_inner(Q + base + offs_m[:, None] * D_HEAD + offs_d[None, :], QD, tma_row + start_m, row_ok, d_ok,
@@ -1015,8 +1005,7 @@ if triton is not None:
                          CAUSAL: tl.constexpr, GPROJ: tl.constexpr, FP32_BWD: tl.constexpr,
                          BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                          EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
-                         F32_DOT: tl.constexpr, TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr,
-                         WS: tl.constexpr):
+                         F32_DOT: tl.constexpr, TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr):
         # key-block outer: this program owns keys [start_n, start_n + BLOCK_N); tiles are transposed
         # (keys x query rows) so that dK and dV accumulate as plain row-major products.
         # QD, DOD: tensor descriptors of Q, dO over their [B*H*N, d] view when TMA, else None (unused)
@@ -1048,22 +1037,22 @@ if triton is not None:
                 mid = tl.minimum(N, tl.cdiv(start_n + BLOCK_N, BLOCK_M) * BLOCK_M)
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, escale, lo, mid, True, not EVEN_N, not EVEN_D, GPROJ,
-                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2, WS)
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
             if EVEN_N:
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, escale, mid, N, False, False, not EVEN_D, GPROJ, FP32_BWD,
-                                    F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2, WS)
+                                    F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
             else:
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, escale, mid, full, False, False, not EVEN_D, GPROJ,
-                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2, WS)
+                                    FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
                 dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n,
                                     offs_d, d_ok, N, D_HEAD, escale, tl.maximum(mid, full), N, False, True, not EVEN_D,
-                                    GPROJ, FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2, WS)
+                                    GPROJ, FP32_BWD, F32_DOT, BLOCK_M, TMA, OVERLAP, EXP2)
         else:
             dk, dv = _kv_blocks(dk, dv, k, v, Q, DO, QD, DOD, tma_row, LSE, DELTA, R, base, row_base, offs_n, offs_d,
                                 d_ok, N, D_HEAD, escale, lo, N, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_M,
-                                TMA, OVERLAP, EXP2, WS)
+                                TMA, OVERLAP, EXP2)
 
         dk = dk * scale
         _store_tile(DK + base + offs_n[:, None] * D_HEAD + offs_d[None, :], dk.to(DK.dtype.element_ty), col_ok, d_ok,
@@ -1227,8 +1216,8 @@ def forward(q, k, v, *, causal: bool = False, scale: float | None = None, config
     _fwd_kernel[grid](q, k, v, k_desc, v_desc, out, lse, n, d, scale, CAUSAL=bool(causal), BLOCK_M=cfg.fwd_m,
                       BLOCK_N=cfg.fwd_n, BLOCK_D=block_d, EVEN_N=_split and _even(n, cfg.fwd_m, cfg.fwd_n),
                       EVEN_D=_split and block_d == d, SPLIT=bool(_split), TMA=cfg.uses_tma("fwd"),
-                      HEAVY_FIRST=bool(causal and cfg.heavy_first), EXP2=cfg.uses_exp2("fwd"), WS=cfg.uses_ws("fwd"),
-                      num_warps=warps, num_stages=stages)
+                      HEAVY_FIRST=bool(causal and cfg.heavy_first), EXP2=cfg.uses_exp2("fwd"), num_warps=warps,
+                      num_stages=stages)
     return out, lse
 
 
@@ -1284,7 +1273,7 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
             TMA=cfg.uses_tma("dq"), HEAVY_FIRST=bool(causal and cfg.heavy_first), OVERLAP=cfg.dq_overlap,
-            EXP2=cfg.uses_exp2("dq"), WS=cfg.uses_ws("dq"), num_warps=warps, num_stages=stages)
+            EXP2=cfg.uses_exp2("dq"), num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":
@@ -1293,8 +1282,8 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             q, k, v, q_desc, do_desc, grad_out, lse, delta, r, dk, dv, n, d, scale, CAUSAL=bool(causal), GPROJ=code,
             FP32_BWD=bool(fp32_backward), BLOCK_N=cfg.kv_n, BLOCK_M=cfg.kv_m, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.kv_n, cfg.kv_m), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
-            TMA=cfg.uses_tma("kv"), OVERLAP=cfg.kv_overlap, EXP2=cfg.uses_exp2("kv"), WS=cfg.uses_ws("kv"),
-            num_warps=warps, num_stages=stages)
+            TMA=cfg.uses_tma("kv"), OVERLAP=cfg.kv_overlap, EXP2=cfg.uses_exp2("kv"), num_warps=warps,
+            num_stages=stages)
     return dq, dk, dv
 
 

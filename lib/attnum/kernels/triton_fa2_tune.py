@@ -114,12 +114,10 @@ TOKENS = 2 ** 18
 HEADS = 16
 CHECK_N = 512
 CHECK_REL = 2.0 ** -4
-PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order", "overlap", "exp2", "ws")
-DEFAULT_PARTS = PARTS[:-5]  # tma, order, overlap, exp2 and ws only when asked for
+PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order", "overlap", "exp2")
+DEFAULT_PARTS = PARTS[:-4]  # tma, order, overlap and exp2 only when asked for
 # The ``exp2`` part: (part, GProj mode it is timed under); each kernel at the table's configuration for that mode.
 EXP2_PARTS = (("fwd_exp2", "off"), ("dq_exp2", "off"), ("kv_exp2", "off"), ("dqg_exp2", "dq"))
-# The ``ws`` part: (part, GProj mode it is timed under), as ``EXP2_PARTS``, GProj's dK/dV kernel too.
-WS_PARTS = (("fwd_ws", "off"), ("dq_ws", "off"), ("kv_ws", "off"), ("dqg_ws", "dq"), ("kvg_ws", "dq_dk"))
 # The ``overlap`` part: (part, GProj mode it is timed under, the kernel's TMA and overlap fields); its four
 # configurations are the product of the two switches, the first (both as the table has them) the baseline.
 OVERLAP_PARTS = (("dq_overlap", "dq", ("dq_tma", "dq_overlap")), ("kv_overlap", "off", ("kv_tma", "kv_overlap")),
@@ -166,8 +164,7 @@ def _part_options(part: str) -> dict:
             "kv_tma": ("off", False, ("ieee",)), "fwd_order": ("off", False, ("ieee",)),
             "dq_order": ("off", False, ("ieee",)),
             **{name: (gproj, False, ("ieee",)) for name, gproj, _ in OVERLAP_PARTS},
-            **{name: (gproj, False, ("ieee",)) for name, gproj in EXP2_PARTS},
-            **{name: (gproj, False, ("ieee",)) for name, gproj in WS_PARTS}}[part]
+            **{name: (gproj, False, ("ieee",)) for name, gproj in EXP2_PARTS}}[part]
 
 
 def _check_small(tfa, config, d: int, causal: bool, gproj: str, fp32_backward: bool, fp32_dot: str) -> dict:
@@ -395,15 +392,6 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                 key = f"{_kernel_of(part)}_exp2"
                 if not run_rounds(d, causal, part, ({key: False}, {key: True})):
                     return result
-        if "ws" in parts:
-            for part, gproj in WS_PARTS:
-                kernel = _kernel_of(part)
-                warps = tfa.default_config(d, causal=causal, gproj=gproj).launch(kernel)[0]
-                # the compiler's partitions add warps of their own; also with twice the table's warps
-                changes = ({f"{kernel}_ws": False}, {f"{kernel}_ws": True},
-                           {f"{kernel}_ws": True, LAUNCH_KEYS[kernel][0]: 2 * warps})
-                if not run_rounds(d, causal, part, changes):
-                    return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
             if part not in parts:
@@ -445,7 +433,7 @@ def pick_configs(results) -> dict:
     picked = {"configs": {}, "gproj_launch": {}, "gproj_launch_same": [], "fp32_bwd": {}, "tma": {}, "tma_flags": {},
               "order": {},
               "order_flags": {}, "overlap": {}, "overlap_flags": {}, "gproj_schedule": {}, "exp2": {},
-              "exp2_flags": {}, "ws": {}, "notes": []}
+              "exp2_flags": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
@@ -540,14 +528,6 @@ def pick_configs(results) -> dict:
                      for part, times in exp2.items() if part != "dqg_exp2" and "on" in times and "off" in times}
             if flags:
                 picked["exp2_flags"][d, causal] = flags
-    for d, causal in shapes:
-        # warp specialization: times reported only (its "on" side is the faster of the table's warps and twice them)
-        for part, _ in WS_PARTS:
-            kernel = _kernel_of(part)
-            times = _switch_times(cases, d, causal, part, lambda cfg, k=kernel: _switch_on(cfg, k, "ws"),
-                                  picked["notes"], f"{part.replace('_ws', '')} warp specialization")
-            if times:
-                picked["ws"].setdefault((d, causal), {})[part] = times
     return picked
 
 
@@ -763,7 +743,7 @@ def parse_change(pairs: str) -> dict:
         if not sep or key not in fields:
             raise SystemExit(f"--same-numerics / --base: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
                              f"({', '.join(fields)})")
-        if isinstance(fields[key].default, bool) or key.endswith(("_tma", "_overlap", "_exp2", "_ws")):
+        if isinstance(fields[key].default, bool) or key.endswith(("_tma", "_overlap", "_exp2")):
             if value == "None" and fields[key].default is None:
                 change[key] = None
                 continue
