@@ -362,6 +362,37 @@ def test_bench_table_recomputes_the_summary_from_the_cases():
     assert rows[1][col["GProj dq_dk"]] == "-"
 
 
+def test_bench_bound_is_the_rate_of_the_gemms_executed():
+    """``gproj_bound`` (``triton_fa2_bench bound``): a backward's rate is its tile GEMMs (7 GProj off, 8 under "dq",
+    9 under "dq_dk"; each half the forward's 4 N^2 d per head) over its time; the rate GProj needs is those GEMMs
+    over B + c T (c = +5% / +15%, T the GProj-off forward + backward); other kernels keep the bench's count."""
+    from attnum.kernels.triton_fa2_bench import BOUND_COLUMNS, bound_table, gproj_bound
+
+    n, d, bh = 1024, 64, 4
+    gemm = 4.0 * n * n * d * bh / 2  # one tile GEMM over the whole shape, non-causal
+
+    def case(impl, bwd, fwd_bwd, status="ok", **extra):
+        return {"impl": impl, "n": n, "d": d, "causal": False, "status": status, "batch": 2, "heads": 2,
+                "bwd_ms": bwd, "fwd_bwd_ms": fwd_bwd, **extra}
+
+    cases = [case("triton_fa2", 2.0, 3.0), case("triton_fa2_gproj_dq", 2.5, 3.5),
+             case("triton_fa2_gproj_dq_dk", 4.0, 5.0, status="error"), case("fa4", 1.0, 1.5, bwd_tflops=123.0)]
+    (s,) = gproj_bound(cases)
+    assert s["off_bwd_exec_tflops"] == pytest.approx(7 * gemm / 2.0e-3 / 1e12)
+    assert s["gproj_dq_exec_tflops"] == pytest.approx(8 * gemm / 2.5e-3 / 1e12)
+    assert s["gproj_dq_needed_exec_tflops"] == pytest.approx(8 * gemm / (2.0 + 0.05 * 3.0) / 1e-3 / 1e12)
+    assert s["gproj_dq_dk_needed_exec_tflops"] == pytest.approx(9 * gemm / (2.0 + 0.15 * 3.0) / 1e-3 / 1e12)
+    assert s["gproj_dq_dk_exec_tflops"] is None and s["sdpa_cudnn_bwd_tflops"] is None
+    assert s["fa4_bwd_tflops"] == 123.0
+    # causal shapes count half the FLOPs; a shape without a GProj-off case has no row
+    (c,) = gproj_bound([{**case("triton_fa2", 2.0, 3.0), "causal": True}, {**case("fa4", 1.0, 1.5), "n": 2048}])
+    assert c["causal"] and c["off_bwd_exec_tflops"] == pytest.approx(s["off_bwd_exec_tflops"] / 2)
+    lines = bound_table({"x": {"cases": cases[:3], "extra_cases": cases[3:]}}).splitlines()
+    row = [cell.strip() for cell in lines[2].strip("|").split("|")]
+    assert len(lines) == 3 and len(row) == len(BOUND_COLUMNS) + 4
+    assert row[4:] == [f"{s[key]:.0f}" if s[key] is not None else "-" for _, key in BOUND_COLUMNS]
+
+
 def test_bench_names_fa4_as_unavailable_on_a_machine_without_it():
     from attnum.kernels.triton_fa2_bench import EXTRA_IMPLS, fa4_unavailable
 

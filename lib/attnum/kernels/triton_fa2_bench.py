@@ -3,6 +3,7 @@
     python -m attnum.kernels.triton_fa2_bench OUT.json [--quick] [--ns=4096,8192] [--dims=64,128]
                                               [--budget-s=240] [--tables-from=TUNE.json,...]
     python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]
+    python -m attnum.kernels.triton_fa2_bench bound BENCH.json [BENCH2.json ...]
     python -m attnum.kernels.triton_fa2_bench gproj OUT.json [--ns=8192] [--dims=64,128] [--rounds=7]
                                               [--budget-s=240]
     python -m attnum.kernels.triton_fa2_bench flex OUT.json [--ns=4096,8192] [--dims=64,128] [--rounds=7]
@@ -54,7 +55,8 @@ the timed tensors are compared (``max_abs_diff_out``), so a mask or layout
 mismatch cannot pass as a speed difference.
 
 ``table`` prints the ``summary`` rows of bench files as one Markdown table (``summary_table``; the tables of
-``outputs/kernels/h200/README.md`` are made by it).
+``outputs/kernels/h200/README.md`` are made by it). ``bound`` prints ``gproj_bound``'s rows (``bound_table``): the
+rate of tensor-core work each backward runs at, and the rate GProj's backward would need for its targets.
 
 ``summary`` (one entry per shape, rewritten with the JSON): ``triton_fa2``'s forward + backward
 time over compiled FlexAttention's, ``sdpa:flash``'s, cuDNN's and FA4's (and the same for forward and
@@ -333,6 +335,75 @@ def summary_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+BENCH_BWD_GEMMS = 5
+"""Tile GEMMs per (query block, key block) pair in the backward that the bench's FLOP count assumes (backward
+2.5 x forward, the forward's 2 GEMMs being Q K^T and P V): S, dP, dV, dK and dQ, the GEMMs FlashAttention-2's and
+FlashAttention-3's backward execute (Dao, "FlashAttention-2", 2023, arXiv:2307.08691, Algorithm 2; Shah et al.,
+"FlashAttention-3", 2024, arXiv:2407.08608), so a 5-GEMM backward's bench TFLOP/s is the rate of its tensor-core
+work."""
+
+
+def gproj_bound(cases) -> list[dict]:
+    """Per shape with a GProj-off ``triton_fa2`` case: the tensor-core rate each backward runs at, and the rate
+    GProj's backward would need to meet its target, in TFLOP/s of the GEMMs it executes (one tile GEMM per
+    (query block, key block) pair is half the forward's FLOPs, ``flops``):
+
+    * ``off_bwd_exec_tflops``: ``BWD_GEMMS`` GEMMs over the GProj-off backward time B;
+    * ``gproj_{mode}_exec_tflops``: ``BWD_GEMMS`` + 1 ("dq") or + 2 ("dq_dk") GEMMs over GProj's backward time;
+    * ``gproj_{mode}_needed_exec_tflops``: the same GEMMs over B + c T, with c the target of ``TARGETS`` and T the
+      GProj-off forward + backward time: GProj changes only the backward, so its forward + backward stays within
+      (1 + c) T exactly when its backward takes at most B + c T;
+    * ``{fa4, sdpa_cudnn, sdpa_flash}_bwd_tflops``: those kernels' backward on the bench's count
+      (``BENCH_BWD_GEMMS``), which for FA4 and ``sdpa:flash`` is the rate of the GEMMs they execute; cuDNN's
+      backward algorithm is not published, so its value is on the bench's count only.
+
+    Where the needed rate exceeds every backward rate measured on the machine, the target asks GProj's kernel to
+    run its tensor cores faster than any attention backward there does."""
+    ok = {(c["impl"], c["n"], c["d"], c["causal"]): c for c in cases if c.get("status") == "ok"}
+    out = []
+    for n, d, causal in sorted({(c["n"], c["d"], c["causal"]) for c in cases}):
+        base = ok.get(("triton_fa2", n, d, causal))
+        if base is None or not base.get("bwd_ms") or not base.get("fwd_bwd_ms"):
+            continue
+        gemm = flops(n, d, base["batch"] * base["heads"], causal)[0] / 2.0
+
+        def rate(gemms, ms):
+            return gemms * gemm / (ms * 1e-3) / 1e12
+
+        rec = {"n": n, "d": d, "causal": causal, "off_bwd_exec_tflops": rate(BWD_GEMMS, base["bwd_ms"])}
+        for mode, extra, target in (("dq", 1, TARGETS["gproj_dq_cost"]), ("dq_dk", 2, TARGETS["gproj_dq_dk_cost"])):
+            case = ok.get((f"triton_fa2_gproj_{mode}", n, d, causal))
+            rec[f"gproj_{mode}_exec_tflops"] = rate(BWD_GEMMS + extra, case["bwd_ms"]) if case else None
+            rec[f"gproj_{mode}_needed_exec_tflops"] = rate(BWD_GEMMS + extra,
+                                                           base["bwd_ms"] + target * base["fwd_bwd_ms"])
+        for impl, name in (("fa4", "fa4"), ("sdpa_cudnn_attention", "sdpa_cudnn"),
+                           ("sdpa_flash_attention", "sdpa_flash")):
+            other = ok.get((impl, n, d, causal))
+            rec[f"{name}_bwd_tflops"] = other.get("bwd_tflops") if other else None
+        out.append(rec)
+    return out
+
+
+BOUND_COLUMNS = (("ours, GProj off", "off_bwd_exec_tflops"), ("GProj dq", "gproj_dq_exec_tflops"),
+                 ("dq needs (+5%)", "gproj_dq_needed_exec_tflops"), ("GProj dq_dk", "gproj_dq_dk_exec_tflops"),
+                 ("dq_dk needs (+15%)", "gproj_dq_dk_needed_exec_tflops"), ("FA4", "fa4_bwd_tflops"),
+                 ("cuDNN (bench count)", "sdpa_cudnn_bwd_tflops"), ("sdpa:flash", "sdpa_flash_bwd_tflops"))
+
+
+def bound_table(results: dict) -> str:
+    """``gproj_bound`` of bench files (``{label: result dict}``) as one Markdown table: backward TFLOP/s of the
+    GEMMs each kernel executes, one row per file and shape; "-" where a side was not timed."""
+    head = ["N", "d", "causal", "file"] + [label for label, _ in BOUND_COLUMNS]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [(s["n"], s["d"], s["causal"], label, s) for label, res in results.items()
+            for s in gproj_bound(res.get("cases", []) + res.get("extra_cases", []))]
+    for n, d, causal, label, s in sorted(rows, key=lambda row: row[:4]):
+        cells = [str(n), str(d), "yes" if causal else "no", f"`{label}`"]
+        cells += ["-" if s.get(key) is None else f"{s[key]:.0f}" for _, key in BOUND_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def apply_tables(tfa, tune_paths) -> dict:
     """Make ``tfa.default_config`` use the tables ``triton_fa2_tune.pick_configs`` picks from the sweep
     files ``tune_paths`` (for this process only: the committed tables are what ``format_tables`` prints
@@ -414,8 +485,9 @@ def main(out_path, quick: bool = False, ns=None, dims=(64, 128), budget_s: float
                     s = shape[0]
                     fmt = lambda x: "n/a" if x is None else f"{x:.2f}"  # noqa: E731
                     print(f"   summary N={n} d={d} causal={causal}: fwd+bwd vs flex {fmt(s['fwd_bwd_vs_flex'])}, "
-                          f"vs sdpa flash {fmt(s['fwd_bwd_vs_sdpa_flash'])}, vs fa4 {fmt(s['fwd_bwd_vs_fa4'])}; gproj dq {fmt(s['gproj_dq_cost_fwd_bwd'])}, "
-                          f"dq_dk {fmt(s['gproj_dq_dk_cost_fwd_bwd'])}; fp32 bwd x{fmt(s['fp32_backward_ratio_fwd_bwd'])}"
+                          f"vs sdpa flash {fmt(s['fwd_bwd_vs_sdpa_flash'])}, vs fa4 {fmt(s['fwd_bwd_vs_fa4'])}; "
+                          f"gproj dq {fmt(s['gproj_dq_cost_fwd_bwd'])}, dq_dk {fmt(s['gproj_dq_dk_cost_fwd_bwd'])}; "
+                          f"fp32 bwd x{fmt(s['fp32_backward_ratio_fwd_bwd'])}"
                           f" (tf32x3 x{fmt(s['fp32_backward_tf32x3_ratio_fwd_bwd'])},"
                           f" bf16x3 x{fmt(s['fp32_backward_bf16x3_ratio_fwd_bwd'])})", flush=True)
     save()
@@ -709,14 +781,15 @@ if __name__ == "__main__":
     if sys.argv[1:2] in (["gproj"], ["flex"]):
         _paired_cli(sys.argv[1], gproj_main if sys.argv[1] == "gproj" else flex_main)
         raise SystemExit(0)
-    if sys.argv[1:2] == ["table"]:
+    if sys.argv[1:2] in (["table"], ["bound"]):
         if len(sys.argv) < 3:
-            raise SystemExit("usage: python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]")
+            raise SystemExit(f"usage: python -m attnum.kernels.triton_fa2_bench {sys.argv[1]} BENCH.json "
+                             "[BENCH2.json ...]")
         missing = [p for p in sys.argv[2:] if not Path(p).is_file()]
         if missing:
             raise SystemExit(f"no such bench file: {', '.join(missing)}")
-        print(summary_table({Path(p).stem.removeprefix("triton_fa2_bench_"): json.loads(Path(p).read_text())
-                             for p in sys.argv[2:]}))
+        print((summary_table if sys.argv[1] == "table" else bound_table)(
+            {Path(p).stem.removeprefix("triton_fa2_bench_"): json.loads(Path(p).read_text()) for p in sys.argv[2:]}))
         raise SystemExit(0)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
     opts = dict(a.split("=", 1) for a in sys.argv[1:] if a.startswith("--") and "=" in a)
