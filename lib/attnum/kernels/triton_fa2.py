@@ -324,9 +324,10 @@ class BlockConfig:
     fwd_exp2: bool | None = None
     dq_exp2: bool | None = None
     kv_exp2: bool | None = None
+    dq_rsum_mma: bool = False
 
     def __post_init__(self):
-        for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap", "exp2"):
+        for name in ("tma", "heavy_first", "dq_overlap", "kv_overlap", "exp2", "dq_rsum_mma"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("fwd_tma", "dq_tma", "kv_tma", "fwd_exp2", "dq_exp2", "kv_exp2"):
@@ -568,6 +569,9 @@ def unavailable_reason(device=None) -> str | None:
 # ---------------------------------------------------------------------------------------------
 if triton is not None:
 
+    # columns of the ones operand that gives GProj's row sum as a product (tl.dot's smallest width)
+    RSUM_COLS = tl.constexpr(16)
+
     # -- masked and unmasked loads/stores: the masks are compile-time choices (constexpr), and a
     #    load that drops them reads the same values, so the arithmetic does not change --
     @triton.jit
@@ -807,10 +811,16 @@ if triton is not None:
     def _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N, D_HEAD, scale,
                    lo, hi, MASK_CAUSAL: tl.constexpr, MASK_COLS: tl.constexpr, MASK_D: tl.constexpr,
                    GPROJ: tl.constexpr, FP32_BWD: tl.constexpr, F32_DOT: tl.constexpr, BLOCK_N: tl.constexpr,
-                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr):
+                   TMA: tl.constexpr, OVERLAP: tl.constexpr, EXP2: tl.constexpr, RSUM_MMA: tl.constexpr):
         """Key blocks [lo, hi) of the dQ kernel's query block, in increasing order (Alg. 2 for dQ).
         TMA: the K, V tiles whose loads need no mask through the descriptors KD, VD, as in ``_fwd_blocks``.
-        EXP2: ``scale`` and ``lse`` come multiplied by log2 e, and P = exp2(S scale - lse) (``_exp_scaled``)."""
+        EXP2: ``scale`` and ``lse`` come multiplied by log2 e, and P = exp2(S scale - lse) (``_exp_scaled``).
+        RSUM_MMA: GProj's r is a [BLOCK_M, RSUM_COLS] accumulator whose first column gathers dS~ times a column of
+        ones on the tensor cores (module docstring, "GProj's row sum"); else r is [BLOCK_M], summed in registers."""
+        if RSUM_MMA:
+            # a [BLOCK_N, RSUM_COLS] operand of the input format: ones in its first column, zeros elsewhere
+            col = tl.arange(0, RSUM_COLS)[None, :] + tl.zeros([BLOCK_N, RSUM_COLS], dtype=tl.int32)
+            ones = tl.where(col == 0, 1.0, 0.0).to(K.dtype.element_ty)
         for start_n in range(lo, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < N
@@ -849,6 +859,8 @@ if triton is not None:
                 # -- GProj: r_i += sum_j dS~_ij (of the values the matmul saw), (P~ K)_i += P~ K_j --
                 if FP32_BWD:
                     r += tl.sum(ds, 1)
+                elif RSUM_MMA:
+                    r = tl.dot(ds_lo, ones, r, input_precision="ieee")
                 else:
                     r += tl.sum(ds_lo.to(tl.float32), 1)
                 if not OVERLAP:
@@ -870,7 +882,7 @@ if triton is not None:
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                        EVEN_N: tl.constexpr, EVEN_D: tl.constexpr, SPLIT: tl.constexpr,
                        F32_DOT: tl.constexpr, TMA: tl.constexpr, HEAVY_FIRST: tl.constexpr,
-                       OVERLAP: tl.constexpr, EXP2: tl.constexpr):
+                       OVERLAP: tl.constexpr, EXP2: tl.constexpr, RSUM_MMA: tl.constexpr):
         # KD, VD: as in the forward (descriptors of K, V when TMA, else None)
         start_m = _query_block(HEAVY_FIRST) * BLOCK_M
         bh = tl.program_id(1)
@@ -892,7 +904,10 @@ if triton is not None:
 
         dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
         # -- GProj: r_i and (P~ K)_i accumulated beside dQ, fp32 (unused, and compiled away, when off) --
-        r = tl.zeros([BLOCK_M], dtype=tl.float32)
+        if RSUM_MMA:
+            r = tl.zeros([BLOCK_M, RSUM_COLS], dtype=tl.float32)
+        else:
+            r = tl.zeros([BLOCK_M], dtype=tl.float32)
         pk = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
         hi = N
@@ -906,20 +921,23 @@ if triton is not None:
                 mid = (N // BLOCK_N) * BLOCK_N
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
                                    D_HEAD, escale, 0, mid, False, False, not EVEN_D, GPROJ, FP32_BWD, F32_DOT, BLOCK_N,
-                                   TMA, OVERLAP, EXP2)
+                                   TMA, OVERLAP, EXP2, RSUM_MMA)
             if CAUSAL:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
                                        N, D_HEAD, escale, mid, hi, True, not EVEN_N, not EVEN_D, GPROJ, FP32_BWD,
-                                       F32_DOT, BLOCK_N, TMA, OVERLAP, EXP2)
+                                       F32_DOT, BLOCK_N, TMA, OVERLAP, EXP2, RSUM_MMA)
             elif not EVEN_N:
                 dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok,
                                        N, D_HEAD, escale, mid, hi, False, True, not EVEN_D, GPROJ, FP32_BWD, F32_DOT,
-                                       BLOCK_N, TMA, OVERLAP, EXP2)
+                                       BLOCK_N, TMA, OVERLAP, EXP2, RSUM_MMA)
         else:
             dq, r, pk = _dq_blocks(dq, r, pk, q, do, lse, delta, K, V, KD, VD, tma_row, base, offs_m, offs_d, d_ok, N,
                                    D_HEAD, escale, 0, hi, CAUSAL, True, True, GPROJ, FP32_BWD, F32_DOT, BLOCK_N, TMA,
-                                   OVERLAP, EXP2)
+                                   OVERLAP, EXP2, RSUM_MMA)
 
+        if RSUM_MMA:
+            # -- r_i: the first column of the product (the others are exact zeros, masked off all the same) --
+            r = tl.sum(tl.where(tl.arange(0, RSUM_COLS)[None, :] == 0, r, 0.0), 1)
         if GPROJ != 0:
             # -- GProj: dQ_i -= r_i (P~ K)_i once every key block has been seen --
             dq = dq - r[:, None] * pk
@@ -1273,7 +1291,9 @@ def backward(q, k, v, out, lse, grad_out, *, causal: bool = False, scale: float 
             FP32_BWD=bool(fp32_backward), BLOCK_M=cfg.dq_m, BLOCK_N=cfg.dq_n, BLOCK_D=block_d,
             EVEN_N=_split and _even(n, cfg.dq_m, cfg.dq_n), EVEN_D=even_d, SPLIT=bool(_split), F32_DOT=f32_dot,
             TMA=cfg.uses_tma("dq"), HEAVY_FIRST=bool(causal and cfg.heavy_first), OVERLAP=cfg.dq_overlap,
-            EXP2=cfg.uses_exp2("dq"), num_warps=warps, num_stages=stages)
+            EXP2=cfg.uses_exp2("dq"), RSUM_MMA=bool(cfg.dq_rsum_mma and code != 0 and not fp32_backward
+                                                     and q.dtype != torch.float32),
+            num_warps=warps, num_stages=stages)
     # -- then dK, dV (key-block outer) --
     warps, stages = cfg.launch("kv")
     if _only != "dq":
