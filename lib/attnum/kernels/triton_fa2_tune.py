@@ -65,6 +65,11 @@ reports each kernel's times in ``"exp2"`` and ``notes`` and its choice in ``"exp
 most ``EXP2_GAIN`` of the time without), printed as a comment, never merged into the tables: the switch changes the
 arithmetic, so adopting it is not a speed decision alone (the GPU tests run first).
 
+``rsum`` (not among the default parts; ``--parts=rsum``): GProj's dQ kernel (under ``"dq"``) with its row sum r in
+registers and as a product with a column of ones (``BlockConfig.dq_rsum_mma``; ``triton_fa2``'s docstring, "GProj's
+row sum"), each at the table's launch and at every ``GPROJ_LAUNCH``, all timed round-robin (part ``dqg_rsum``).
+``pick`` reports each side's fastest in ``"rsum"`` and ``notes``; never merged: the product sums r in another order.
+
 ``--rounds=R`` (default 1): the ``tma``, ``order`` and ``overlap`` parts time a switch's two sides alternately, off then
 on, R times over (each round a median of the repeats), and record every round (``ms_rounds``) and their
 median (``ms``): a switch worth a few percent is smaller than one median's run-to-run spread. With R > 1 the
@@ -114,8 +119,8 @@ TOKENS = 2 ** 18
 HEADS = 16
 CHECK_N = 512
 CHECK_REL = 2.0 ** -4
-PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order", "overlap", "exp2")
-DEFAULT_PARTS = PARTS[:-4]  # tma, order, overlap and exp2 only when asked for
+PARTS = ("fwd", "dq", "kv", "dq_gproj", "kv_gproj", "dq_fp32", "kv_fp32", "tma", "order", "overlap", "exp2", "rsum")
+DEFAULT_PARTS = PARTS[:-5]  # tma, order, overlap, exp2 and rsum only when asked for
 # The ``exp2`` part: (part, GProj mode it is timed under); each kernel at the table's configuration for that mode.
 EXP2_PARTS = (("fwd_exp2", "off"), ("dq_exp2", "off"), ("kv_exp2", "off"), ("dqg_exp2", "dq"))
 # The ``overlap`` part: (part, GProj mode it is timed under, the kernel's TMA and overlap fields); its four
@@ -164,7 +169,8 @@ def _part_options(part: str) -> dict:
             "kv_tma": ("off", False, ("ieee",)), "fwd_order": ("off", False, ("ieee",)),
             "dq_order": ("off", False, ("ieee",)),
             **{name: (gproj, False, ("ieee",)) for name, gproj, _ in OVERLAP_PARTS},
-            **{name: (gproj, False, ("ieee",)) for name, gproj in EXP2_PARTS}}[part]
+            **{name: (gproj, False, ("ieee",)) for name, gproj in EXP2_PARTS},
+            "dqg_rsum": ("dq", False, ("ieee",))}[part]
 
 
 def _check_small(tfa, config, d: int, causal: bool, gproj: str, fp32_backward: bool, fp32_dot: str) -> dict:
@@ -392,6 +398,13 @@ def main(out_path, budget_s: float = 240.0, n: int = 8192, warmup: int = 2, reps
                 key = f"{_kernel_of(part)}_exp2"
                 if not run_rounds(d, causal, part, ({key: False}, {key: True})):
                     return result
+        if "rsum" in parts:
+            # GProj's dQ kernel with its row sum in registers and as a product (BlockConfig.dq_rsum_mma), at its
+            # table launch and at each GProj launch candidate (the product changes the kernel's register use)
+            launches = [{}] + [dict(zip(LAUNCH_KEYS["dq"], launch)) for launch in GPROJ_LAUNCH]
+            changes = [{**launch, "dq_rsum_mma": on} for launch in launches for on in (False, True)]
+            if not run_rounds(d, causal, "dqg_rsum", changes):
+                return result
     for d, causal in shapes:
         for part in ("dq_fp32", "kv_fp32"):
             if part not in parts:
@@ -433,7 +446,7 @@ def pick_configs(results) -> dict:
     picked = {"configs": {}, "gproj_launch": {}, "gproj_launch_same": [], "fp32_bwd": {}, "tma": {}, "tma_flags": {},
               "order": {},
               "order_flags": {}, "overlap": {}, "overlap_flags": {}, "gproj_schedule": {}, "exp2": {},
-              "exp2_flags": {}, "notes": []}
+              "exp2_flags": {}, "rsum": {}, "notes": []}
     for d, causal in shapes:
         best = {kernel: _best(cases, d, causal, kernel) for kernel in ("fwd", "dq", "kv")}
         missing = [kernel for kernel, case in best.items() if case is None]
@@ -528,6 +541,12 @@ def pick_configs(results) -> dict:
                      for part, times in exp2.items() if part != "dqg_exp2" and "on" in times and "off" in times}
             if flags:
                 picked["exp2_flags"][d, causal] = flags
+    for d, causal in shapes:
+        # GProj's row sum: each side's fastest launch (reported only: the product changes the order of r's sum)
+        times = _switch_times(cases, d, causal, "dqg_rsum", lambda cfg: bool(cfg.get("dq_rsum_mma", False)),
+                              picked["notes"], "GProj dQ row sum as a product")
+        if times:
+            picked["rsum"][d, causal] = times
     return picked
 
 
@@ -743,7 +762,7 @@ def parse_change(pairs: str) -> dict:
         if not sep or key not in fields:
             raise SystemExit(f"--same-numerics / --base: {pair!r} is not KEY=VALUE with KEY a BlockConfig field "
                              f"({', '.join(fields)})")
-        if isinstance(fields[key].default, bool) or key.endswith(("_tma", "_overlap", "_exp2")):
+        if isinstance(fields[key].default, bool) or key.endswith(("_tma", "_overlap", "_exp2", "_mma")):
             if value == "None" and fields[key].default is None:
                 change[key] = None
                 continue
