@@ -1398,3 +1398,79 @@ def test_bench_environment_records_the_code_version(monkeypatch):
     monkeypatch.delenv("ATTNUM_GIT_COMMIT")
     monkeypatch.delenv("ATTNUM_GIT_DIRTY")
     assert bench.environment()["git_commit"] == "unknown"
+
+
+@interp
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_interpreter_rsum_mma_is_the_same_row_sum(causal):
+    """``dq_rsum_mma``: GProj's r as dS~ times a column of ones (exact products) gives the register sum's gradients
+    up to the order of r's fp32 sum, and the fp64 tolerances; with GProj off, with the FP32 backward and with fp32
+    inputs the switch changes nothing (the register sum runs there), bit for bit."""
+    on = dataclasses.replace(SMALL, dq_rsum_mma=True)
+    q, k, v, do = inputs((1, 2, 45, 16), torch.float16, seed=31, key_offset=30.0)
+    out, lse = tfa.forward(q, k, v, causal=causal, config=SMALL)
+    for gproj, fp32_backward in VARIANTS + [("dq_dk", True)]:
+        a = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward, config=SMALL)
+        b = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, fp32_backward=fp32_backward, config=on)
+        if gproj == "off" or fp32_backward:
+            assert all(torch.equal(x, y) for x, y in zip(a, b)), (gproj, fp32_backward)
+        else:
+            assert torch.equal(a[2], b[2])  # dV never reads r
+            for x, y in zip(a[:2], b[:2]):
+                assert rel_max(y, x.double(), x.abs().max().item()) <= 2 * U[torch.float16]
+                assert (x != y).float().mean().item() <= 0.02
+    check_against_fp64(q, k, v, do, causal, VARIANTS, on, 4 * U[torch.float16], 8 * U[torch.float16])
+    q32, k32, v32, do32 = (t.float() for t in (q, k, v, do))
+    out32, lse32 = tfa.forward(q32, k32, v32, causal=causal, config=SMALL)
+    for gproj in ("dq", "dq_dk"):
+        assert all(torch.equal(x, y) for x, y in zip(
+            tfa.backward(q32, k32, v32, out32, lse32, do32, causal=causal, gproj=gproj, config=SMALL),
+            tfa.backward(q32, k32, v32, out32, lse32, do32, causal=causal, gproj=gproj, config=on)))
+
+
+def test_ablation_sources_delete_what_they_name():
+    """``triton_fa2_ablate``: each ablation replaces every occurrence of its statements in the kernel's source by
+    ``pass`` (P~ K has two, one per overlap order), leaves the rest alone, and refuses a statement the source no
+    longer holds."""
+    from pathlib import Path
+
+    from attnum.kernels import triton_fa2_ablate as ab
+
+    source = Path(tfa.__file__).read_text()
+    assert source.count(ab.ROW_SUM) == 1 and source.count(ab.PK) == 2
+    for name, statements in ab.ABLATIONS.items():
+        patched = ab.ablated_source(source, statements)
+        assert all(statement not in patched for statement in statements), name
+        removed = sum(source.count(statement) for statement in statements)
+        assert patched.count("pass") == source.count("pass") + removed, name
+        kept = [s for s in (ab.ROW_SUM, ab.PK) if s not in statements]
+        assert all(patched.count(s) == source.count(s) for s in kept), name
+    compile(ab.ablated_source(source, ab.ABLATIONS["neither"]), "ablated", "exec")
+    with pytest.raises(ValueError, match="rewrite the ablation"):
+        ab.ablated_source("x = 1\n", (ab.ROW_SUM,))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gpu_rsum_mma_meets_fp64_and_stays_near_the_register_sum(d, causal):
+    """Compiled in bf16 at the default tiles, GProj's row sum as a product meets the fp64 tolerances in every GProj
+    mode (N a multiple of the tiles and not), and its dQ and dK differ from the register sum's in at most 1 in 1000
+    elements, by at most one bf16 ulp at the gradient's largest magnitude (the order of r's sum alone); dV not at
+    all."""
+    reason = tfa.unavailable_reason("cuda")
+    if reason:
+        pytest.skip(reason)
+    base = tfa.default_config(d, causal=causal)
+    on, off = (dataclasses.replace(base, dq_rsum_mma=flag) for flag in (True, False))
+    for n in (1000, 1024):
+        q, k, v, do = inputs((2, 3, n, d), torch.bfloat16, device="cuda", seed=n + d + 29, key_offset=20.0)
+        check_against_fp64(q, k, v, do, causal, VARIANTS[:3], on, 4 * U[torch.bfloat16], 8 * U[torch.bfloat16])
+        out, lse = tfa.forward(q, k, v, causal=causal, config=base)
+        for gproj in ("dq", "dq_dk"):
+            a = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, config=off)
+            b = tfa.backward(q, k, v, out, lse, do, causal=causal, gproj=gproj, config=on)
+            assert torch.equal(a[2], b[2]), gproj
+            for x, y in zip(a[:2], b[:2]):
+                assert rel_max(y, x.double(), x.abs().max().item()) <= 2 * U[torch.bfloat16], gproj
+                assert (x != y).float().mean().item() <= 1e-3, gproj

@@ -198,6 +198,23 @@ d = 128, so in those files GProj dq still costs +5.0% to +13.4% of forward + bac
 +24.7%: the targets of +5% and +15% (``triton_fa2_bench.TARGETS``) need more of the products to overlap or to
 shrink.
 
+GProj's row sum. ``r_i`` was first a register reduction each key block, ``r += sum_j float(dS~_ij)``: each thread
+adds the elements of the tile it holds and the row's lanes combine theirs by shuffles. On the H200 that reduction
+was most of GProj's cost in the dQ kernel: removing it (timing only) took GProj's dQ kernel from 2.48 to 1.76 ms at
+d = 64 and from 3.72 to 3.34 ms at d = 128, non-causal, N = 8192, against 1.50 and 2.81 ms with GProj off, where
+removing the P~ K product instead left 2.09 and 3.63 ms (an exploratory patched copy of this module, 5 paired
+rounds; not a committed tool). ``BlockConfig.dq_rsum_mma`` forms r on the tensor cores instead, as a product of
+dS~ -- already in registers as the A operand of dS~ K -- with a [BLOCK_N, 16] operand of ones in its first column
+and zeros in the others (16: ``tl.dot``'s smallest width), accumulated in a [BLOCK_M, 16] fp32 accumulator whose
+first column is r once the loop ends (the other columns hold exact zeros and are masked off). Each product
+dS~_ij * 1 is exact, so r is the same sum of the same rounded values, formed in the tensor cores' order and
+accumulation instead of the registers'; like every fp32 order change here it can move a dQ or dK element by one
+rounding where a value sits on a boundary (on the H200 about 3 in 10^5 of dQ's elements). Its cost is one product
+of width 16 beside products of width d. It applies to bf16 and fp16 inputs with GProj on and the FP32 backward off
+(fp32 inputs and the FP32 backward keep the register sum, whose fp32 operands would leave the tensor cores). The
+tables turn it on where the sweep measured a gain (``TUNED_CONFIGS``' comment); at d = 64 causal, at 64 x 128 dQ
+tiles, it was slower at every launch tried.
+
 ``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
 upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32
 dot is silently rounded to TF32: what "FP32 attention backward" costs in the same kernel (the
@@ -293,6 +310,8 @@ class BlockConfig:
     ``dq_overlap`` (GProj only): the dQ kernel issues GProj's P~ K product before dS's elementwise work;
     ``kv_overlap``: the dK/dV kernel issues dV's product after dP's, before dS's elementwise work (module
     docstring, "Overlap").
+    ``dq_rsum_mma`` (off in a bare ``BlockConfig``; GProj only): GProj's row sum r as a product of dS~ with a column
+    of ones on the tensor cores (module docstring, "GProj's row sum"); it changes the order of r's sum.
     ``exp2`` (off in a bare ``BlockConfig``): every exponential as exp2 with log2 e folded into the scale (module
     docstring, "exp2"); it changes the arithmetic (one fp32 rounding fewer per exponent argument), unlike the
     schedule switches. ``fwd_exp2``, ``dq_exp2``, ``kv_exp2`` (None: the shared ``exp2``) set one kernel's own.
@@ -415,16 +434,22 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # The causal dK/dV kernel with exp2 at other tiles and launches (triton_fa2_tune_kv_causal_exp2_{0,1}_2026-12-04
     # .json, --parts=kv with kv_exp2 off, then on): its best exp2 launch 2.604 ms at d = 128 against 2.076 ms with
     # exp at this entry's, 1.402 against 1.401 at d = 64; exp stays there.
+    # GProj's row sum as a product (dq_rsum_mma; module docstring, "GProj's row sum"; it changes the order of r's
+    # sum): outputs/kernels/h200/triton_fa2_tune_rsum_r3_2026-12-04.json (--parts=rsum --rounds=3, GProj's dQ
+    # kernel alone, median of rounds, ms, in registers -> as a product, at the GProj launch below): d = 128
+    # non-causal 3.602 -> 3.481 (faster in 2 of 3 rounds), causal 1.864 -> 1.794 (3 of 3); d = 64 non-causal 2.204
+    # -> 1.804 (3 of 3); d = 64 causal 1.162 -> 1.996 at its launch, 1.479 at the product's fastest (4 warps, 1
+    # stage; faster in 0 of 3 rounds): off there.
     (128, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
                        bwd_stages=2, fwd_tma=True, dq_tma=True, kv_tma=True, kv_overlap=True, fwd_exp2=True,
-                       dq_exp2=True, kv_exp2=True,
+                       dq_exp2=True, kv_exp2=True, dq_rsum_mma=True,
                        source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03; "
-                              "overlap 2026-12-03; exp2 2026-12-04"),
+                              "overlap 2026-12-03; exp2 2026-12-04; GProj row sum 2026-12-04"),
     (128, True): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_stages=3,
                       bwd_stages=2, fwd_tma=True, dq_tma=False, kv_tma=True, kv_overlap=True, fwd_exp2=True,
-                      dq_exp2=True, kv_exp2=False,
+                      dq_exp2=True, kv_exp2=False, dq_rsum_mma=True,
                       source="h200 tune 2026-12-02 (whole backward, dQ and dK/dV tiles tied); TMA 2026-12-03; "
-                             "overlap 2026-12-03; exp2 2026-12-04"),
+                             "overlap 2026-12-03; exp2 2026-12-04; GProj row sum 2026-12-04"),
     # d = 64, non-causal: triton_fa2_tune --dims=64 --parts=fwd,dq,kv,dq_gproj,kv_gproj on the H200
     # (2026-12-02, each kernel timed alone): forward 128 x 64 / 8 warps / 3 stages 1.594 ms, dQ kernel
     # 64 x 64 / 4 warps / 2 stages 1.64 ms, dK/dV kernel 64 x 64 / 4 warps / 3 stages 2.661 ms (that
@@ -440,9 +465,10 @@ TUNED_CONFIGS: dict[tuple[int, bool], dict] = {
     # 128 x 64 / 8 warps / 3 stages 1.395 and 0.738; its TMA loads 1.437 -> 1.424 ms (under 1%: off).
     (64, False): dict(fwd_m=64, fwd_n=64, dq_m=64, dq_n=64, kv_n=64, kv_m=64, num_warps=4, fwd_warps=4,
                       fwd_stages=3, bwd_stages=2, kv_stages=3, fwd_tma=False, dq_tma=True, kv_tma=False,
-                      kv_overlap=True, fwd_exp2=True, dq_exp2=True, kv_exp2=True,
+                      kv_overlap=True, fwd_exp2=True, dq_exp2=True, kv_exp2=True, dq_rsum_mma=True,
                       source="h200 tune 2026-12-02 (--dims=64, each kernel alone); repeated 2026-12-03; TMA "
-                             "2026-12-03; overlap 2026-12-03; exp2 and forward tile 2026-12-04"),
+                             "2026-12-03; overlap 2026-12-03; exp2 and forward tile 2026-12-04; GProj row sum "
+                             "2026-12-04"),
     # d = 64, causal: outputs/kernels/h200/triton_fa2_tune_d64_2026-12-03.json (N = 8192, each kernel
     # alone): forward 64 x 64 / 4 warps / 3 stages 0.910 ms (the entry it replaces, 128 x 64 / 8 warps /
     # 2 stages, 0.995 ms), dQ kernel 64 x 128 / 4 warps / 2 stages 1.041 ms (64 x 64: 1.180 ms at 2
