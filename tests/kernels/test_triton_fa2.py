@@ -1445,9 +1445,31 @@ def test_ablation_sources_delete_what_they_name():
         assert patched.count("pass") == source.count("pass") + removed, name
         kept = [s for s in (ab.ROW_SUM, ab.PK) if s not in statements]
         assert all(patched.count(s) == source.count(s) for s in kept), name
-    compile(ab.ablated_source(source, ab.ABLATIONS["neither"]), "ablated", "exec")
     with pytest.raises(ValueError, match="rewrite the ablation"):
         ab.ablated_source("x = 1\n", (ab.ROW_SUM,))
+
+
+@interp
+def test_ablated_copies_load_and_drop_their_work(tmp_path):
+    """An ablated copy loads as a module of its own and runs: without the row sum, GProj "dq" leaves dQ as GProj
+    off's (r = 0, so the correction r (P~ K) is zero); with both pieces deleted too; without only P~ K likewise
+    (pk = 0), while the kernel as it is does move dQ."""
+    from pathlib import Path
+
+    from attnum.kernels import triton_fa2_ablate as ab
+
+    source = Path(tfa.__file__).read_text()
+    q, k, v, do = inputs((1, 2, 32, 16), torch.float16, seed=41, key_offset=30.0)
+    out, lse = tfa.forward(q, k, v, config=SMALL)
+    off = tfa.backward(q, k, v, out, lse, do, gproj="off", config=SMALL, _only="dq")[0]
+    assert not torch.equal(tfa.backward(q, k, v, out, lse, do, gproj="dq", config=SMALL, _only="dq")[0], off)
+    for name, statements in ab.ABLATIONS.items():
+        path = tmp_path / f"triton_fa2_{name}.py"
+        path.write_text(ab.ablated_source(source, statements))
+        module = ab._load(path, f"_attnum_test_triton_fa2_{name}")
+        assert module is not tfa and module.BlockConfig is not tfa.BlockConfig
+        dq = module.backward(q, k, v, out, lse, do, gproj="dq", config=SMALL, _only="dq")[0]
+        assert torch.equal(dq, off), name
 
 
 @pytest.mark.gpu
