@@ -200,20 +200,21 @@ shrink.
 
 GProj's row sum. ``r_i`` was first a register reduction each key block, ``r += sum_j float(dS~_ij)``: each thread
 adds the elements of the tile it holds and the row's lanes combine theirs by shuffles. On the H200 that reduction
-was most of GProj's cost in the dQ kernel: removing it (timing only) took GProj's dQ kernel from 2.48 to 1.76 ms at
-d = 64 and from 3.72 to 3.34 ms at d = 128, non-causal, N = 8192, against 1.50 and 2.81 ms with GProj off, where
-removing the P~ K product instead left 2.09 and 3.63 ms (an exploratory patched copy of this module, 5 paired
-rounds; not a committed tool). ``BlockConfig.dq_rsum_mma`` forms r on the tensor cores instead, as a product of
-dS~ -- already in registers as the A operand of dS~ K -- with a [BLOCK_N, 16] operand of ones in its first column
-and zeros in the others (16: ``tl.dot``'s smallest width), accumulated in a [BLOCK_M, 16] fp32 accumulator whose
-first column is r once the loop ends (the other columns hold exact zeros and are masked off). Each product
-dS~_ij * 1 is exact, so r is the same sum of the same rounded values, formed in the tensor cores' order and
-accumulation instead of the registers'; like every fp32 order change here it can move a dQ or dK element by one
-rounding where a value sits on a boundary (on the H200 about 3 in 10^5 of dQ's elements). Its cost is one product
-of width 16 beside products of width d. It applies to bf16 and fp16 inputs with GProj on and the FP32 backward off
-(fp32 inputs and the FP32 backward keep the register sum, whose fp32 operands would leave the tensor cores). The
-tables turn it on where the sweep measured a gain (``TUNED_CONFIGS``' comment); at d = 64 causal, at 64 x 128 dQ
-tiles, it was slower at every launch tried.
+cost GProj's dQ kernel more than its extra product did (``triton_fa2_ablate``, which times copies of this module
+with the row sum or the P~ K product deleted; its file is in ``outputs/kernels/h200/README.md``): deleting the row
+sum took away more of GProj's extra time than deleting the product at every shape timed. ``BlockConfig.dq_rsum_mma``
+forms r on the tensor cores instead, as a product of dS~ -- already in registers as the A operand of dS~ K -- with a
+[BLOCK_N, 16] operand of ones in its first column and zeros in the others (16: ``tl.dot``'s smallest width),
+accumulated in a [BLOCK_M, 16] fp32 accumulator whose first column is r once the loop ends (the other columns hold
+exact zeros and are masked off). Each product dS~_ij * 1 is exact, so r is the same sum of the same rounded values,
+formed in the tensor cores' order and accumulation instead of the registers'; like every fp32 order change here it
+can move a dQ or dK element by one rounding where a value sits on a boundary (how many and how far is bounded by
+``test_gpu_rsum_mma_meets_fp64_and_stays_near_the_register_sum``). Its cost is one product of width 16 beside
+products of width d. It applies to bf16 and fp16 inputs with GProj on and the FP32 backward off (fp32 inputs and
+the FP32 backward keep the register sum, whose fp32 operands would leave the tensor cores). The tables turn it on
+where the sweep measured a gain (``TUNED_CONFIGS``' comment); at d = 64 causal, at 64 x 128 dQ tiles, it was slower
+at every
+launch tried.
 
 ``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
 upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32
