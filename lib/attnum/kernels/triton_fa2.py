@@ -213,8 +213,7 @@ can move a dQ or dK element by one rounding where a value sits on a boundary (ho
 products of width d. It applies to bf16 and fp16 inputs with GProj on and the FP32 backward off (fp32 inputs and
 the FP32 backward keep the register sum, whose fp32 operands would leave the tensor cores). The tables turn it on
 where the sweep measured a gain (``TUNED_CONFIGS``' comment); at d = 64 causal, at 64 x 128 dQ tiles, it was slower
-at every
-launch tried.
+at every launch tried.
 
 ``fp32_backward``: P and dS are kept in fp32 for the dV, dQ and dK matmuls (and dO, Q, K are
 upcast exactly to fp32 as the other operands), with ``input_precision="ieee"`` so that no fp32
