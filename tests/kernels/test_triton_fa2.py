@@ -393,6 +393,22 @@ def test_bench_bound_is_the_rate_of_the_gemms_executed():
     assert row[4:] == [f"{s[key]:.0f}" if s[key] is not None else "-" for _, key in BOUND_COLUMNS]
 
 
+def test_bench_gproj_table_reads_the_paired_summaries():
+    """``gproj_table`` (``triton_fa2_bench gproj-table``): one row per file and shape, sorted, each mode's median
+    cost and its range in percent from the file's ``gproj_summary``; "-" for a mode not timed."""
+    from attnum.kernels.triton_fa2_bench import gproj_table
+
+    def cost(median, lo, hi):
+        return {"median": median, "lo": lo, "hi": hi}
+
+    a = {"gproj_summary": [{"n": 8192, "d": 64, "causal": True, "gproj_dq_fwd_bwd": cost(0.1, -0.02, 0.125)}]}
+    b = {"gproj_summary": [{"n": 4096, "d": 128, "causal": False, "gproj_dq_fwd_bwd": cost(0.05, 0.01, 0.2),
+                            "gproj_dq_dk_fwd_bwd": cost(0.25, 0.2, 0.3)}]}
+    lines = gproj_table({"a": a, "b": b}).splitlines()
+    assert lines[2] == "| 4096 | 128 | no | `b` | +5.0% [+1.0, +20.0] | +25.0% [+20.0, +30.0] |"
+    assert lines[3] == "| 8192 | 64 | yes | `a` | +10.0% [-2.0, +12.5] | - |" and len(lines) == 4
+
+
 def test_bench_names_fa4_as_unavailable_on_a_machine_without_it():
     from attnum.kernels.triton_fa2_bench import EXTRA_IMPLS, fa4_unavailable
 

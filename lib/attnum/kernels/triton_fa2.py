@@ -196,7 +196,9 @@ backward) and 0.48-1.27 with them (the ``overlap`` bench files), 0.13-1.56 at d 
 row-sum work per tile is large beside the GEMM. One GEMM's time is about 1/9 to 1/10 of forward + backward at
 d = 128, so in those files GProj dq still costs +5.0% to +13.4% of forward + backward there and dq_dk +17.8% to
 +24.7%: the targets of +5% and +15% (``triton_fa2_bench.TARGETS``) need more of the products to overlap or to
-shrink.
+shrink. ``triton_fa2_bench bound`` states what they ask of the tensor cores: at d = 128 non-causal, the rate of
+backward GEMMs that would meet them is above the rate of every backward pass timed on the H200, FA4's included
+(``outputs/kernels/h200/README.md``).
 
 GProj's row sum. ``r_i`` was first a register reduction each key block, ``r += sum_j float(dS~_ij)``: each thread
 adds the elements of the tile it holds and the row's lanes combine theirs by shuffles. On the H200 that reduction

@@ -4,6 +4,7 @@
                                               [--budget-s=240] [--tables-from=TUNE.json,...]
     python -m attnum.kernels.triton_fa2_bench table BENCH.json [BENCH2.json ...]
     python -m attnum.kernels.triton_fa2_bench bound BENCH.json [BENCH2.json ...]
+    python -m attnum.kernels.triton_fa2_bench gproj-table GPROJ.json [GPROJ2.json ...]
     python -m attnum.kernels.triton_fa2_bench gproj OUT.json [--ns=8192] [--dims=64,128] [--rounds=7]
                                               [--budget-s=240]
     python -m attnum.kernels.triton_fa2_bench flex OUT.json [--ns=4096,8192] [--dims=64,128] [--rounds=7]
@@ -57,6 +58,7 @@ mismatch cannot pass as a speed difference.
 ``table`` prints the ``summary`` rows of bench files as one Markdown table (``summary_table``; the tables of
 ``outputs/kernels/h200/README.md`` are made by it). ``bound`` prints ``gproj_bound``'s rows (``bound_table``): the
 rate of tensor-core work each backward runs at, and the rate GProj's backward would need for its targets.
+``gproj-table`` prints the ``gproj`` files' paired costs the same way (``gproj_table``).
 
 ``summary`` (one entry per shape, rewritten with the JSON): ``triton_fa2``'s forward + backward
 time over compiled FlexAttention's, ``sdpa:flash``'s, cuDNN's and FA4's (and the same for forward and
@@ -401,6 +403,24 @@ def bound_table(results: dict) -> str:
         cells = [str(n), str(d), "yes" if causal else "no", f"`{label}`"]
         cells += ["-" if s.get(key) is None else f"{s[key]:.0f}" for _, key in BOUND_COLUMNS]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def gproj_table(results: dict) -> str:
+    """The ``gproj_summary`` rows of paired GProj files (``{label: result dict}``) as one Markdown table: per file and
+    shape, each mode's median forward + backward cost over GProj off with its [smallest, largest] round, sorted by
+    N, d, causality, file; "-" where a mode was not timed."""
+    lines = ["| N | d | causal | file | GProj dq: median [min, max] | GProj dq_dk: median [min, max] |",
+             "|---|---|---|---|---|---|"]
+    rows = [(s["n"], s["d"], s["causal"], label, s) for label, res in results.items()
+            for s in res.get("gproj_summary", [])]
+    for n, d, causal, label, s in sorted(rows, key=lambda row: row[:4]):
+        cells = []
+        for mode in ("dq", "dq_dk"):
+            c = s.get(f"gproj_{mode}_fwd_bwd")
+            cells.append("-" if not c else
+                         f"{100 * c['median']:+.1f}% [{100 * c['lo']:+.1f}, {100 * c['hi']:+.1f}]")
+        lines.append(f"| {n} | {d} | {'yes' if causal else 'no'} | `{label}` | {cells[0]} | {cells[1]} |")
     return "\n".join(lines)
 
 
@@ -781,14 +801,14 @@ if __name__ == "__main__":
     if sys.argv[1:2] in (["gproj"], ["flex"]):
         _paired_cli(sys.argv[1], gproj_main if sys.argv[1] == "gproj" else flex_main)
         raise SystemExit(0)
-    if sys.argv[1:2] in (["table"], ["bound"]):
+    if sys.argv[1:2] in (["table"], ["bound"], ["gproj-table"]):
         if len(sys.argv) < 3:
             raise SystemExit(f"usage: python -m attnum.kernels.triton_fa2_bench {sys.argv[1]} BENCH.json "
                              "[BENCH2.json ...]")
         missing = [p for p in sys.argv[2:] if not Path(p).is_file()]
         if missing:
             raise SystemExit(f"no such bench file: {', '.join(missing)}")
-        print((summary_table if sys.argv[1] == "table" else bound_table)(
+        print({"table": summary_table, "bound": bound_table, "gproj-table": gproj_table}[sys.argv[1]](
             {Path(p).stem.removeprefix("triton_fa2_bench_"): json.loads(Path(p).read_text()) for p in sys.argv[2:]}))
         raise SystemExit(0)
     args = [a for a in sys.argv[1:] if not a.startswith("--")]
