@@ -1512,3 +1512,19 @@ def test_gpu_rsum_mma_meets_fp64_and_stays_near_the_register_sum(d, causal):
             for x, y in zip(a[:2], b[:2]):
                 assert rel_max(y, x.double(), x.abs().max().item()) <= 2 * U[torch.bfloat16], gproj
                 assert (x != y).float().mean().item() <= 1e-3, gproj
+
+
+def test_tune_pick_reports_the_row_sum_part():
+    """``pick_configs`` reads the ``rsum`` part's cases as a switch (``dq_rsum_mma`` off / on): each side's fastest
+    ok and correct case (an incorrect one is never picked); reported only, never merged into a table."""
+    from attnum.kernels import triton_fa2_tune as tune
+
+    def case(on, ms, rounds, warps=4, correct=True):
+        return {"d": 64, "causal": False, "part": "dqg_rsum", "fp32_dot": "ieee", "status": "ok", "correct": correct,
+                "ms": ms, "ms_rounds": rounds, "config": {"dq_rsum_mma": on, "dq_warps": warps}}
+
+    cases = [case(False, 2.2, [2.2, 2.3, 2.1]), case(True, 1.8, [1.8, 1.9, 2.2]), case(True, 1.5, [1.5] * 3, 8, False),
+             case(False, 2.4, [2.4] * 3, 8)]
+    picked = tune.pick_configs({"cases": cases})
+    assert picked["rsum"] == {(64, False): {"off": 2.2, "on": 1.8}}
+    assert picked["configs"] == {} and picked["gproj_launch"] == {}
