@@ -119,6 +119,9 @@ print(json.dumps({{"row": row, "eight": eight, "both": [(l.kernel, l.kwargs["EVE
     assert (row["block_m"], row["block_n"], row["block_d"]) == (64, 64, 64)
     # Hopper's warpgroup MMA, not the warp-level mma.sync, at either warp count
     assert row["wgmma_ptx"] > 0 and eight["wgmma_ptx"] > 0 and row["mma_sync_ptx"] == eight["mma_sync_ptx"] == 0
+    # every commit group is waited for, each wait named by how many groups it leaves in flight
+    assert row["wgmma_commit_to_wait"] and all(isinstance(n, int) and n >= 0 for n in row["wgmma_commit_to_wait"])
+    assert row["wgmma_waits"] and all(key.isdigit() for key in row["wgmma_waits"])
     # n = 200 is no multiple of the tiles: every kernel launches with the masked tail, in forward/backward's order
     assert out["both"] == [["fwd", False], ["dq", False], ["kv", False]]
 
@@ -185,3 +188,33 @@ def test_cli_tune_refusals(tmp_path):
         regs.main(["--tune", str(bad)])
     with pytest.raises(SystemExit, match="do not apply"):
         regs.main(["--tune", str(bad), "--set", "dq_warps=8"])
+
+
+def test_wgmma_schedule_reads_waits_and_distances():
+    """Per commit, the PTX instructions that follow it before the next wait (a later commit counts; labels,
+    directives, comments and braces do not), and the waits by how many groups they leave in flight; a commit no
+    wait follows gives None."""
+    ptx = """
+.visible .entry k(
+)
+{
+$L__BB0_1:
+    wgmma.fence.sync.aligned;
+    wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%f1}, %rd1, %rd2, p, 1, 1, 0, 1;
+    wgmma.commit_group.sync.aligned;
+    // a comment
+    mov.f32 %f2, 0f00000000;
+    add.f32 %f3, %f2, %f2;
+    wgmma.wait_group.sync.aligned 0;
+    wgmma.commit_group.sync.aligned;
+    wgmma.commit_group.sync.aligned;
+    mul.f32 %f4, %f3, %f3;
+    wgmma.wait_group.sync.aligned 1;
+    wgmma.commit_group.sync.aligned;
+    ret;
+}
+"""
+    out = regs.wgmma_schedule(ptx)
+    assert out == {"wgmma_waits": {"0": 1, "1": 1}, "wgmma_commit_to_wait": [2, 2, 1, None]}
+    with pytest.raises(ValueError, match="ELF"):
+        regs.elf_sections(b"\x7fELF\x01\x01" + bytes(58))  # a 32-bit header

@@ -18,11 +18,13 @@ recorded, and sets each case's time beside its registers (``tune_report``).
 
 Each row: the kernel, its tiles, warps, stages and switches; ptxas's registers per thread, spill stores and loads
 (bytes per thread), stack frame and barriers; the shared memory Triton asks at launch (bytes per block) and
-``shared_fits`` against the target's opt-in limit; and how many tensor-core instructions of each kind the PTX holds
-(``wgmma_ptx``: Hopper's warpgroup MMA; ``mma_sync_ptx``: the warp-level MMA of earlier GPUs). ptxas is rerun on
-Triton's PTX with the flags Triton's own build passes (``-lineinfo -v --gpu-name``, ``--fmad=false`` without fp
-fusion); ``cubin_matches`` says whether that rerun produced Triton's own binary, byte for byte (where it does not,
-the row describes a build of the same PTX, not necessarily the one that runs).
+``shared_fits`` against the target's opt-in limit; how many tensor-core instructions of each kind the PTX holds
+(``wgmma_ptx``: Hopper's warpgroup MMA; ``mma_sync_ptx``: the warp-level MMA of earlier GPUs) and how it waits for
+them (``wgmma_waits``, ``wgmma_commit_to_wait``: ``wgmma_schedule``). ptxas is rerun on Triton's PTX with the flags
+Triton's own build passes (``-lineinfo -v --gpu-name``, ``--fmad=false`` without fp fusion); ``cubin_matches`` says
+whether that rerun produced Triton's own binary, byte for byte in every ELF section but ``.debug_line`` (which
+records the source file's modification time); where it does not, the row describes a build of the same PTX, not
+necessarily the one that runs.
 
 The numbers are properties of the compiler (Triton, its ptxas) and of the kernel's source, not of a run: the
 file records both versions. The kernels' speed is measured on a GPU (``triton_fa2_bench``, ``triton_fa2_tune``);
@@ -187,8 +189,29 @@ def ptxas_report(compiled, arch: int = 90) -> dict:
             raise RuntimeError(f"ptxas failed ({res.returncode}): {res.stderr}")
         cubin = Path(str(src) + ".o").read_bytes()
     version = subprocess.run([ptxas, "--version"], capture_output=True, text=True).stdout.strip().splitlines()
-    return {**parse_ptxas(res.stderr), "ptxas": version[-1] if version else "unknown",
-            "cubin_matches": cubin == compiled.asm["cubin"]}
+    ours, theirs = elf_sections(cubin), elf_sections(compiled.asm["cubin"])
+    # .debug_line records the Python source file's modification time when ptxas ran (DWARF's file entry), so
+    # it differs between two builds of the same PTX whenever the file was touched in between
+    same = ours.keys() == theirs.keys() and all(ours[k] == theirs[k] for k in ours if k != ".debug_line")
+    return {**parse_ptxas(res.stderr), "ptxas": version[-1] if version else "unknown", "cubin_matches": same}
+
+
+def elf_sections(blob: bytes) -> dict[str, bytes]:
+    """The sections of a 64-bit little-endian ELF file (a cubin) by name: their bytes (empty for NOBITS ones).
+    Refuses anything else."""
+    import struct
+
+    if blob[:4] != b"\x7fELF" or blob[4] != 2 or blob[5] != 1:
+        raise ValueError("not a 64-bit little-endian ELF file")
+    shoff = struct.unpack_from("<Q", blob, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", blob, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", blob, shoff + i * shentsize) for i in range(shnum)]
+    names_at = headers[shstrndx][4]
+    out = {}
+    for name, kind, _flags, _addr, offset, size in headers:
+        label = blob[names_at + name:blob.index(b"\0", names_at + name)].decode()
+        out[label] = b"" if kind == 8 else blob[offset:offset + size]  # 8: SHT_NOBITS, no bytes in the file
+    return out
 
 
 _ROW_CONSTEXPRS = ("BLOCK_M", "BLOCK_N", "BLOCK_D", "TMA", "OVERLAP", "EXP2", "RSUM_MMA",
@@ -211,8 +234,38 @@ def kernel_row(launch: Launch, arch: int = 90) -> dict:
     # (wgmma.mma_async) or the warp-level mma.sync of earlier GPUs
     ptx = compiled.asm["ptx"]
     row.update(wgmma_ptx=len(re.findall(r"\bwgmma\.mma_async\b", ptx)),
-               mma_sync_ptx=len(re.findall(r"\bmma\.sync\b", ptx)))
+               mma_sync_ptx=len(re.findall(r"\bmma\.sync\b", ptx)), **wgmma_schedule(ptx))
     return row
+
+
+def wgmma_schedule(ptx: str) -> dict:
+    """How the PTX waits for its warpgroup MMAs, read statically in program order: ``wgmma_waits`` maps the
+    number of groups a ``wgmma.wait_group N`` leaves in flight (N) to how many such waits there are, and
+    ``wgmma_commit_to_wait`` gives, for each ``wgmma.commit_group``, how many PTX instructions follow it before
+    the next wait (instructions: the lines ending in ";" that are not directives; labels, braces and comments are
+    not counted; None where no wait follows). A product waited for a few instructions after it is issued overlaps
+    little with other work; FlashAttention-3 keeps products in flight across the softmax's elementwise work on
+    purpose (Shah et al., "FlashAttention-3", 2024, section 3.2, https://arxiv.org/abs/2407.08608). Static: a
+    loop body's distances are per iteration, and how the warps interleave at run time is not visible here."""
+    waits: dict[str, int] = {}
+    distances: list[int | None] = []
+    open_commits: list[int] = []
+    count = 0
+    for raw in ptx.splitlines():
+        line = raw.split("//", 1)[0].strip()
+        if not line.endswith(";") or line.startswith("."):
+            continue  # an instruction ends with ";"; directives (".reg", ".loc", ...) start with "."
+        if "wgmma.wait_group" in line:
+            pending = re.search(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", line)
+            key = pending.group(1) if pending else "?"
+            waits[key] = waits.get(key, 0) + 1
+            distances.extend(count - start for start in open_commits)
+            open_commits = []
+        count += 1
+        if "wgmma.commit_group" in line:
+            open_commits.append(count)
+    distances.extend(None for _ in open_commits)
+    return {"wgmma_waits": waits, "wgmma_commit_to_wait": distances}
 
 
 def parse_changes(items) -> dict:
