@@ -77,7 +77,8 @@ def _kernels_module():
 @contextlib.contextmanager
 def _recording(tfa, launches: list):
     """Within: ``tfa``'s kernels record their launches into ``launches`` instead of running, and the
-    device check lets CPU tensors through (nothing runs on them)."""
+    device check lets CPU tensors through (nothing runs on them). The module's globals are swapped for the
+    duration, so this is not for a process whose other threads launch the kernels meanwhile."""
 
     class Recorder:
         def __init__(self, name, function):
