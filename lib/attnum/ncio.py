@@ -47,7 +47,6 @@ import os
 import platform
 import re
 import socket
-import subprocess
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -55,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from .paths import UnsafePathError, open_own_file, outputs_root, pointer_target, project_root
+from .paths import UnsafePathError, git_state, open_own_file, outputs_root, pointer_target, project_root  # noqa: F401
 from .versions import accelerator_versions  # noqa: F401  (ncio.accelerator_versions: provenance)
 
 ENGINE = "netcdf4"
@@ -125,33 +124,6 @@ def check_accelerator_provenance(attrs: dict, device: str = "cpu") -> None:
 
 
 # -- provenance --
-
-def git_state(root: Path | None = None) -> dict[str, str]:
-    """Commit hash and dirty flag of the project checkout ("unknown" outside git).
-
-    ``$ATTNUM_GIT_COMMIT`` (and ``$ATTNUM_GIT_DIRTY``) stand in where the code runs
-    from a copy of the tree without its git history, e.g. on a lent GPU machine.
-    """
-    if os.environ.get("ATTNUM_GIT_COMMIT"):
-        return {"git_commit": os.environ["ATTNUM_GIT_COMMIT"],
-                "git_dirty": os.environ.get("ATTNUM_GIT_DIRTY", "unknown")}
-    try:
-        root = root or project_root()
-    except RuntimeError:
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-
-    def git(*args):
-        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20)
-
-    try:
-        head = git("rev-parse", "HEAD")
-        if head.returncode != 0:
-            return {"git_commit": "unknown", "git_dirty": "unknown"}
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return {"git_commit": head.stdout.strip(), "git_dirty": str(bool(dirty.stdout.strip())).lower()}
-    except (OSError, subprocess.SubprocessError):
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-
 
 def package_versions() -> dict[str, str]:
     out = {"python": platform.python_version()}

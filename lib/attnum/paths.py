@@ -1,7 +1,8 @@
-"""Where the project lives: its root, its notebooks, parameters and outputs."""
+"""Where the project lives: its root, its notebooks, parameters and outputs, and the commit it is at."""
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -157,3 +158,30 @@ def pointer_target(study_dir: str | os.PathLike, name: str) -> Path | None:
     except UnsafePathError:
         return None
     return target
+
+
+def git_state(root: Path | None = None) -> dict[str, str]:
+    """Commit hash and dirty flag of the project checkout ("unknown" outside git).
+
+    ``$ATTNUM_GIT_COMMIT`` (and ``$ATTNUM_GIT_DIRTY``) stand in where the code runs
+    from a copy of the tree without its git history, e.g. on a lent GPU machine.
+    """
+    if os.environ.get("ATTNUM_GIT_COMMIT"):
+        return {"git_commit": os.environ["ATTNUM_GIT_COMMIT"],
+                "git_dirty": os.environ.get("ATTNUM_GIT_DIRTY", "unknown")}
+    try:
+        root = root or project_root()
+    except RuntimeError:
+        return {"git_commit": "unknown", "git_dirty": "unknown"}
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=20)
+
+    try:
+        head = git("rev-parse", "HEAD")
+        if head.returncode != 0:
+            return {"git_commit": "unknown", "git_dirty": "unknown"}
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return {"git_commit": head.stdout.strip(), "git_dirty": str(bool(dirty.stdout.strip())).lower()}
+    except (OSError, subprocess.SubprocessError):
+        return {"git_commit": "unknown", "git_dirty": "unknown"}

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import platform
 import re
 import subprocess
@@ -299,24 +298,6 @@ def parse_changes(items) -> dict:
     return out
 
 
-def _git_state() -> dict[str, str]:
-    """The code version: ``ATTNUM_GIT_COMMIT``/``ATTNUM_GIT_DIRTY`` where set (an export without history), else
-    git's answer in this file's checkout ("unknown" where git cannot say)."""
-    if os.environ.get("ATTNUM_GIT_COMMIT"):
-        return {"git_commit": os.environ["ATTNUM_GIT_COMMIT"],
-                "git_dirty": os.environ.get("ATTNUM_GIT_DIRTY", "unknown")}
-    here = Path(__file__).resolve().parent
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=20)
-        status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here,
-                                capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.SubprocessError):
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-    if commit.returncode or status.returncode:
-        return {"git_commit": "unknown", "git_dirty": "unknown"}
-    return {"git_commit": commit.stdout.strip(), "git_dirty": str(bool(status.stdout.strip())).lower()}
-
-
 def report(dims=(64, 128), causals=(False, True), gprojs=("off", "dq", "dq_dk"), n: int = 8192, arch: int = 90,
            changes: dict | None = None, progress=None, kernels=KERNELS) -> dict:
     """Every kernel of every (head dim, causal, GProj mode): rows of ``kernel_row`` with the shape's keys, each
@@ -342,12 +323,13 @@ def report(dims=(64, 128), causals=(False, True), gprojs=("off", "dq", "dq_dk"),
 
 def _header(arch: int) -> dict:
     """Where a report's numbers come from: the machine, the versions, the code and the target."""
+    from ..paths import git_state
     from ..versions import accelerator_versions
 
     versions = accelerator_versions("cpu")
     env = {"python": platform.python_version(), "triton": versions["triton"], "torch": versions["torch"],
            "machine": platform.machine(), "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           **_git_state()}
+           **git_state()}
     return {"environment": env, "target": {"backend": "cuda", "arch": int(arch), "warp_size": 32,
                                            "shared_limit_bytes": SHARED_LIMIT[int(arch)]}, "dtype": "bf16"}
 
